@@ -1,0 +1,49 @@
+# forge: `make run` runs the main job on the bundled tiny model,
+# `make test` runs every check CI runs. Both work on a fresh machine with Go.
+
+GO        ?= go
+BIN       := bin/forge
+MODEL     ?= gguf/testdata/stories260K-Q4_0.gguf
+PROMPT    ?= Once upon a time
+FUZZTIME  ?= 20s
+# Packages whose tests and benchmarks need a GPU; `make device` cross-builds
+# them into bin/device/ to carry to the GPU machine.
+DEVICE_PKGS ?= rocm kernels
+
+GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
+
+.PHONY: all build run test fmt-check vet unit fuzz device clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/forge
+
+run: build
+	./$(BIN) run -m $(MODEL) -p "$(PROMPT)" -n 64
+
+test: fmt-check vet unit fuzz
+
+fmt-check:
+	@out="$$(gofmt -l $(GOFILES))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -timeout 30m ./...
+
+# A short fuzz of the GGUF reader on every run; run it longer by hand with
+# `make fuzz FUZZTIME=10m`.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $(FUZZTIME) ./gguf
+
+device:
+	@mkdir -p bin/device
+	for p in $(DEVICE_PKGS); do \
+		CGO_ENABLED=0 $(GO) test -c -trimpath -o bin/device/$$p.test ./$$p || exit 1; \
+	done
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/device/forge ./cmd/forge
+
+clean:
+	rm -rf bin
