@@ -1,0 +1,154 @@
+package rocm
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// Module is a loaded code object (cubin / AMD code object).
+type Module struct {
+	h     uintptr
+	funcs map[string]Function
+}
+
+// Function is a kernel entry point (CUfunction / hipFunction_t).
+type Function uintptr
+
+// LoadModule loads a compiled code object (from Compiler.Compile).
+func (c *Ctx) LoadModule(image []byte) (*Module, error) {
+	if len(image) == 0 {
+		return nil, fmt.Errorf("rocm: load module: empty image")
+	}
+	var m uintptr
+	if err := c.call(c.name("cuModuleLoadData", "hipModuleLoadData"), c.moduleLoadData, uintptr(unsafe.Pointer(&m)), uintptr(unsafe.Pointer(&image[0]))); err != nil {
+		return nil, fmt.Errorf("rocm: load module (%d bytes): %w", len(image), err)
+	}
+	live.modules.Add(1)
+	return &Module{h: m, funcs: map[string]Function{}}, nil
+}
+
+// UnloadModule unloads m; its functions become invalid.
+func (c *Ctx) UnloadModule(m *Module) error {
+	if m == nil || m.h == 0 {
+		return nil
+	}
+	if err := c.call(c.name("cuModuleUnload", "hipModuleUnload"), c.moduleUnload, m.h); err != nil {
+		return err
+	}
+	m.h = 0
+	live.modules.Add(-1)
+	return nil
+}
+
+// Function looks up the kernel called name (declare kernels extern "C" so the
+// name is not mangled).
+func (c *Ctx) Function(m *Module, name string) (Function, error) {
+	if f, ok := m.funcs[name]; ok {
+		return f, nil
+	}
+	var f uintptr
+	n := cstr(name)
+	if err := c.call(c.name("cuModuleGetFunction", "hipModuleGetFunction"), c.moduleGetFunction, uintptr(unsafe.Pointer(&f)), m.h, uintptr(unsafe.Pointer(&n[0]))); err != nil {
+		return 0, fmt.Errorf("rocm: kernel %q: %w", name, err)
+	}
+	m.funcs[name] = Function(f)
+	return Function(f), nil
+}
+
+// Dim3 is a grid or block shape.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// D1 is a one-dimensional Dim3.
+func D1(x int) Dim3 { return Dim3{uint32(x), 1, 1} }
+
+const (
+	argBlockSize = 4096                             // C block owned by each worker
+	argDataSize  = 3072                             // bytes of argument values
+	maxArgs      = (argBlockSize - argDataSize) / 8 // 128 pointers
+)
+
+// Args packs kernel arguments in the C ABI layout: each value at its natural
+// alignment in a byte buffer, as the kernel's parameter list declares them.
+// Build one per launch on the stack; Launch copies it into C memory.
+//
+//	var a rocm.Args
+//	a.F32(alpha).Ptr(x).Ptr(y).I32(n) // saxpy(float, const float*, float*, int)
+type Args struct {
+	buf  [argDataSize]byte
+	offs [maxArgs]uint16
+	n    int
+	used int
+	err  error
+}
+
+func (a *Args) put(size, align int) []byte {
+	off := (a.used + align - 1) &^ (align - 1)
+	if a.n == maxArgs || off+size > argDataSize {
+		if a.err == nil {
+			a.err = fmt.Errorf("rocm: kernel arguments exceed %d values / %d bytes", maxArgs, argDataSize)
+		}
+		return make([]byte, size)
+	}
+	a.offs[a.n] = uint16(off)
+	a.n++
+	a.used = off + size
+	return a.buf[off : off+size]
+}
+
+// Ptr appends a device pointer.
+func (a *Args) Ptr(p DevPtr) *Args { return a.U64(uint64(p)) }
+
+// U64 appends a 64-bit integer.
+func (a *Args) U64(v uint64) *Args {
+	b := a.put(8, 8)
+	*(*uint64)(unsafe.Pointer(&b[0])) = v
+	return a
+}
+
+// U32 appends a 32-bit unsigned integer.
+func (a *Args) U32(v uint32) *Args {
+	b := a.put(4, 4)
+	*(*uint32)(unsafe.Pointer(&b[0])) = v
+	return a
+}
+
+// I32 appends a 32-bit integer.
+func (a *Args) I32(v int32) *Args { return a.U32(uint32(v)) }
+
+// F32 appends a float.
+func (a *Args) F32(v float32) *Args { return a.U32(math.Float32bits(v)) }
+
+// Raw appends a by-value struct of len(b) bytes aligned to align.
+func (a *Args) Raw(b []byte, align int) *Args {
+	copy(a.put(len(b), align), b)
+	return a
+}
+
+// Reset empties a for reuse.
+func (a *Args) Reset() { a.n, a.used, a.err = 0, 0, nil }
+
+// Len is the number of arguments packed.
+func (a *Args) Len() int { return a.n }
+
+// Launch queues f on s with grid × block threads and shmem bytes of dynamic
+// shared memory. The driver copies the argument values during the call, so the
+// worker's one C argument block is reused by every launch.
+func (c *Ctx) Launch(f Function, grid, block Dim3, shmem int, s Stream, a *Args) error {
+	if a.err != nil {
+		return a.err
+	}
+	base := unsafe.Add(unsafe.Pointer(nil), c.args)
+	copy(unsafe.Slice((*byte)(base), argDataSize), a.buf[:a.used])
+	ptrs := unsafe.Slice((*uintptr)(unsafe.Add(base, argDataSize)), maxArgs)
+	for i := 0; i < a.n; i++ {
+		ptrs[i] = c.args + uintptr(a.offs[i])
+	}
+	r, _, _ := purego.SyscallN(c.launchKernel, uintptr(f),
+		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
+		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
+		uintptr(shmem), uintptr(s), c.args+argDataSize, 0)
+	return c.check("cuLaunchKernel", "hipModuleLaunchKernel", r)
+}
