@@ -8,7 +8,7 @@ PROMPT    ?= Once upon a time
 FUZZTIME  ?= 20s
 # Packages whose tests and benchmarks need a GPU; `make device` cross-builds
 # them into bin/device/ to carry to the GPU machine.
-DEVICE_PKGS ?= rocm kernels
+DEVICE_PKGS ?= rocm kernels kernels/gpu
 
 GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
 
@@ -30,8 +30,10 @@ fmt-check:
 vet:
 	$(GO) vet ./...
 
+# The second line runs the plain-Go twins of the assembly fast paths.
 unit:
 	$(GO) test -race -timeout 30m ./...
+	$(GO) test -tags purego -timeout 15m ./dequant/... ./kernels/cpu/...
 
 # A short fuzz of the GGUF reader on every run; run it longer by hand with
 # `make fuzz FUZZTIME=10m`.

@@ -1,0 +1,128 @@
+// Package model holds the architectures forge runs: the Llama family
+// (llama.go: Llama 2/3, TinyLlama, Mistral) and Qwen2 (qwen2.go). Each is
+// written once against kernels.Backend, so the CPU and GPU backends run the
+// same model code; the model code itself does no arithmetic on activations.
+//
+// A Model owns its KV cache and one scratch allocation, carved into named
+// buffers sized for the largest batch, so a forward step allocates nothing.
+// It reads layer i's weights through Weights.Layer, which may block: the
+// loading pipeline hands layers over as they arrive and the forward pass
+// waits per layer.
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+)
+
+// Config is what the forward pass needs to know about a model's shape.
+type Config struct {
+	Arch    string // "llama" or "qwen2"
+	Embd    int    // model width (d_model)
+	FF      int    // feed-forward hidden width
+	Layers  int
+	Heads   int // query heads
+	KVHeads int // key/value heads (grouped-query attention when < Heads)
+	HeadDim int
+	Vocab   int
+	Ctx     int // training context length
+	NormEps float32
+	// Rope is the rotary embedding; Rope.Freqs is filled from the weights
+	// (Llama 3.1's rope_freqs.weight) when the file has it.
+	Rope kernels.Rope
+	// Bias is true when Q, K and V projections carry biases (Qwen2).
+	Bias bool
+}
+
+// QDim is the width of the query projection, Heads·HeadDim.
+func (c Config) QDim() int { return c.Heads * c.HeadDim }
+
+// KVDim is the width of a key or value row, KVHeads·HeadDim.
+func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
+
+// Attn is the attention description the backend needs.
+func (c Config) Attn() kernels.Attn {
+	return kernels.Attn{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Scale: float32(1 / math.Sqrt(float64(c.HeadDim)))}
+}
+
+// ConfigFromFile reads the model shape from a GGUF file's metadata.
+func ConfigFromFile(f *gguf.File) (Config, error) {
+	gc, err := f.Config()
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := configFrom(gc)
+	if err != nil {
+		return Config{}, fmt.Errorf("model: %s: %w", f.Path, err)
+	}
+	// llama.cpp takes the head size from attention.key_length when given
+	// (models whose heads are not Embd/Heads wide).
+	if kl, ok := f.Uint(gc.Arch + ".attention.key_length"); ok && kl > 0 {
+		c.HeadDim = int(kl)
+		if _, ok := f.Uint(gc.Arch + ".rope.dimension_count"); !ok {
+			c.Rope.Dim = c.HeadDim
+		}
+	}
+	if c.Vocab == 0 {
+		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 {
+			c.Vocab = int(t.Dims[1])
+		}
+	}
+	return c, c.check()
+}
+
+// configFrom maps gguf's generic configuration onto an architecture.
+func configFrom(gc gguf.Config) (Config, error) {
+	c := Config{
+		Arch:    gc.Arch,
+		Embd:    gc.EmbeddingLength,
+		FF:      gc.FeedForwardLength,
+		Layers:  gc.BlockCount,
+		Heads:   gc.HeadCount,
+		KVHeads: gc.HeadCountKV,
+		Vocab:   gc.VocabSize,
+		Ctx:     gc.ContextLength,
+		NormEps: gc.NormEps,
+	}
+	switch gc.Arch {
+	case "llama":
+		// ggml's normal RoPE: adjacent pairs (2i, 2i+1).
+	case "qwen2":
+		c.Rope.NeoX = true // pairs (i, i+Dim/2)
+		c.Bias = true
+	default:
+		return Config{}, fmt.Errorf("architecture %q is not supported (llama, qwen2)", gc.Arch)
+	}
+	if c.Heads > 0 {
+		c.HeadDim = c.Embd / c.Heads
+	}
+	c.Rope.Dim = gc.RopeDim
+	c.Rope.Base = gc.RopeFreqBase
+	c.Rope.Scale = 1
+	switch gc.RopeScalingType {
+	case "", "none":
+	case "linear":
+		if gc.RopeScalingFactor > 0 {
+			c.Rope.Scale = 1 / gc.RopeScalingFactor
+		}
+	default:
+		// YaRN and LongRoPE change the attention math, not just positions.
+		return Config{}, fmt.Errorf("rope scaling %q is not supported (none, linear, rope_freqs)", gc.RopeScalingType)
+	}
+	return c, nil
+}
+
+func (c Config) check() error {
+	switch {
+	case c.Embd <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.FF <= 0 || c.Vocab <= 0:
+		return fmt.Errorf("model: incomplete config %+v", c)
+	case c.Heads%c.KVHeads != 0:
+		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
+	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:
+		return fmt.Errorf("model: rope dimension %d does not fit head size %d", c.Rope.Dim, c.HeadDim)
+	}
+	return nil
+}

@@ -1,0 +1,243 @@
+package model
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/forge-llm/forge/kernels"
+)
+
+// DefaultMaxCtx caps the KV cache when the caller does not ask for a
+// context length: a model trained on 128K positions should not reserve a
+// 128K-position cache to answer a short prompt.
+const DefaultMaxCtx = 4096
+
+// DefaultBatch is the most prompt tokens one forward step evaluates.
+const DefaultBatch = 512
+
+// Options size a Model's buffers.
+type Options struct {
+	Ctx   int // KV cache positions; 0: the model's context, at most DefaultMaxCtx
+	Batch int // most tokens per forward step; 0: DefaultBatch (at most Ctx)
+	// AllLogits keeps the logits of every token of a step (tests); normally
+	// only the last token's row is computed.
+	AllLogits bool
+}
+
+// scratch is the activation memory of one forward step, carved out of one
+// backend allocation. B is the batch size.
+type scratch struct {
+	all    kernels.Tensor // the single allocation the others view
+	x      kernels.Tensor // [B][Embd]  residual stream
+	xb     kernels.Tensor // [B][Embd]  normalised input of a sub-layer
+	xb2    kernels.Tensor // [B][Embd]  output of a sub-layer, before the residual add
+	q      kernels.Tensor // [B][QDim]
+	k      kernels.Tensor // [B][KVDim]
+	v      kernels.Tensor // [B][KVDim]
+	att    kernels.Tensor // [B][QDim]  attention output
+	gate   kernels.Tensor // [B][FF]
+	up     kernels.Tensor // [B][FF]
+	hb     kernels.Tensor // [B][FF]    silu(gate)·up
+	logits kernels.Tensor // [B][Vocab] with AllLogits, else [Vocab]
+}
+
+// layerFunc runs one transformer block on n tokens at positions pos0…,
+// then keeps only the last nOut rows of the residual stream (the rest are
+// not needed after the last block).
+type layerFunc func(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error
+
+// Model runs one architecture's forward pass on a backend, for one
+// sequence: it owns that sequence's KV cache. It is not safe for concurrent
+// use.
+type Model struct {
+	Cfg        Config
+	be         kernels.Backend
+	w          Weights
+	g          *GlobalWeights
+	layer      layerFunc
+	ropeParams kernels.Rope
+	attn       kernels.Attn
+
+	kv        *kernels.KVCache
+	ctx       int
+	batch     int
+	allLogits bool
+	s         scratch
+	logits    []float32 // host copy: [B][Vocab] with AllLogits, else [Vocab]
+	err       error     // first failed op of the current layer (see ops.go)
+}
+
+// New allocates a model's KV cache and scratch on be.
+func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope, allLogits: o.AllLogits}
+	switch cfg.Arch {
+	case "llama":
+		m.layer = llamaLayer
+	case "qwen2":
+		m.layer = qwen2Layer
+	default:
+		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
+	}
+	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
+		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
+	}
+	m.ropeParams.Freqs = m.g.RopeFreqs
+	m.ctx = o.Ctx
+	if m.ctx <= 0 {
+		m.ctx = cfg.Ctx
+		if m.ctx <= 0 || m.ctx > DefaultMaxCtx {
+			m.ctx = DefaultMaxCtx
+		}
+	}
+	m.batch = o.Batch
+	if m.batch <= 0 {
+		m.batch = DefaultBatch
+	}
+	m.batch = min(m.batch, m.ctx)
+
+	var err error
+	if m.kv, err = be.NewKVCache(cfg.Layers, m.ctx, cfg.KVDim()); err != nil {
+		return nil, fmt.Errorf("model: KV cache for %d positions: %w", m.ctx, err)
+	}
+	if err := m.allocScratch(); err != nil {
+		be.FreeKVCache(m.kv)
+		return nil, err
+	}
+	return m, nil
+}
+
+// allocScratch makes the one scratch allocation and names its pieces.
+func (m *Model) allocScratch() error {
+	c, B := m.Cfg, m.batch
+	logitRows := 1
+	if m.allLogits {
+		logitRows = B
+	}
+	sizes := []struct {
+		t *kernels.Tensor
+		n int
+	}{
+		{&m.s.x, B * c.Embd}, {&m.s.xb, B * c.Embd}, {&m.s.xb2, B * c.Embd},
+		{&m.s.q, B * c.QDim()}, {&m.s.k, B * c.KVDim()}, {&m.s.v, B * c.KVDim()},
+		{&m.s.att, B * c.QDim()},
+		{&m.s.gate, B * c.FF}, {&m.s.up, B * c.FF}, {&m.s.hb, B * c.FF},
+		{&m.s.logits, logitRows * c.Vocab},
+	}
+	total := 0
+	for _, p := range sizes {
+		total += p.n
+	}
+	all, err := m.be.Alloc(total)
+	if err != nil {
+		return fmt.Errorf("model: scratch of %d floats: %w", total, err)
+	}
+	m.s.all = all
+	off := 0
+	for _, p := range sizes {
+		*p.t = all.View(off, p.n)
+		off += p.n
+	}
+	m.logits = make([]float32, logitRows*c.Vocab)
+	return nil
+}
+
+// Close releases the KV cache and scratch.
+func (m *Model) Close() {
+	if m.kv != nil {
+		m.be.FreeKVCache(m.kv)
+		m.be.Free(m.s.all)
+		m.kv = nil
+	}
+}
+
+// Ctx is the number of positions the KV cache holds.
+func (m *Model) Ctx() int { return m.ctx }
+
+// Batch is the most tokens one forward step evaluates.
+func (m *Model) Batch() int { return m.batch }
+
+// Backend is the backend the model runs on.
+func (m *Model) Backend() kernels.Backend { return m.be }
+
+// Forward evaluates tokens at positions pos0, pos0+1, … (positions before
+// pos0 must already be in the KV cache) and returns the logits of the last
+// token ([Vocab]), or with AllLogits of every token ([len(tokens)][Vocab]).
+// A prompt longer than Batch is evaluated in batches. The returned slice
+// belongs to the model and is overwritten by the next call.
+func (m *Model) Forward(ctx context.Context, tokens []int32, pos0 int) ([]float32, error) {
+	n := len(tokens)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("model: forward of no tokens")
+	case pos0 < 0 || pos0+n > m.ctx:
+		return nil, fmt.Errorf("model: positions [%d, %d) outside the %d-position context", pos0, pos0+n, m.ctx)
+	case m.allLogits && n > m.batch:
+		return nil, fmt.Errorf("model: %d tokens with all logits exceed the batch of %d", n, m.batch)
+	}
+	for i := 0; i < n; i += m.batch {
+		j := min(i+m.batch, n)
+		nOut := 0 // rows that need logits in this step
+		if j == n {
+			nOut = 1
+			if m.allLogits {
+				nOut = j - i
+			}
+		}
+		if err := m.step(ctx, tokens[i:j], pos0+i, nOut); err != nil {
+			return nil, err
+		}
+	}
+	rows := 1
+	if m.allLogits {
+		rows = n
+	}
+	out := m.logits[:rows*m.Cfg.Vocab]
+	if err := m.be.Read(out, m.s.logits, 0); err != nil {
+		return nil, fmt.Errorf("model: reading logits: %w", err)
+	}
+	return out, nil
+}
+
+// step runs every block on at most Batch tokens and, when nOut > 0, the
+// output head on the last nOut of them.
+func (m *Model) step(ctx context.Context, tokens []int32, pos0, nOut int) error {
+	c, n := m.Cfg, len(tokens)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	// x [n][Embd] = token_embd[tokens]
+	if err := m.be.Embed(m.s.x.View(0, n*c.Embd), m.g.Embed, tokens); err != nil {
+		return fmt.Errorf("model: embedding: %w", err)
+	}
+	for l := range c.Layers {
+		lw, err := m.w.Layer(ctx, l)
+		if err != nil {
+			return fmt.Errorf("model: waiting for layer %d: %w", l, err)
+		}
+		keep := n
+		if l == c.Layers-1 {
+			keep = nOut // after the last block only the rows that need logits matter
+		}
+		m.err = nil
+		if err := m.layer(m, lw, l, pos0, n, keep); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
+		}
+	}
+	if nOut == 0 {
+		return nil
+	}
+	// The last block left the rows that need logits at the end of the batch.
+	//   xb [nOut][Embd] = rmsnorm(x) ⊙ output_norm
+	//   logits [nOut][Vocab] = xb · outputᵀ
+	a := m.s.rows(n-nOut, nOut, c)
+	m.err = nil
+	m.rmsnorm(a.xb, a.x, m.g.OutputNorm, nOut)
+	m.matmul(m.s.logits.View(0, nOut*c.Vocab), m.g.Output, a.xb, nOut)
+	if m.err != nil {
+		return fmt.Errorf("model: output head: %w", m.err)
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+// Package sample picks the next token from a row of logits: greedy argmax
+// or llama.cpp's usual chain (repetition penalty → top-k → top-p → min-p →
+// temperature → a draw from the remaining distribution).
+//
+// A Sampler owns all its scratch, sized to the vocabulary once, so picking a
+// token allocates nothing; and it owns its random source, seeded from
+// Params.Seed, so a given seed always gives the same tokens for the same
+// logits.
+package sample
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Params selects the sampling method. The zero value is greedy with no
+// penalty; Defaults gives llama.cpp's defaults.
+type Params struct {
+	Temp          float32 // ≤ 0: greedy (argmax, ties to the lowest id)
+	TopK          int     // keep the K most likely tokens; ≤ 0: off
+	TopP          float32 // keep the smallest set whose probability reaches P; ≥ 1 or ≤ 0: off
+	MinP          float32 // drop tokens less likely than MinP × the most likely one; ≤ 0: off
+	RepeatPenalty float32 // divide positive logits (multiply negative ones) of recent tokens; ≤ 0 or 1: off
+	RepeatLastN   int     // how many recent tokens the penalty looks at (0: 64, as llama.cpp)
+	Seed          uint64  // seeds the random draws
+}
+
+// Defaults returns llama.cpp's default sampling parameters (common_params).
+func Defaults() Params {
+	return Params{Temp: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05, RepeatPenalty: 1, RepeatLastN: 64}
+}
+
+// Greedy reports whether p always picks the most likely token.
+func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
+
+// candidate is one token still in the running.
+type candidate struct {
+	id    int32
+	logit float32
+	p     float64 // probability after the last softmax
+}
+
+// Sampler picks tokens for one sequence. It is not safe for concurrent use.
+type Sampler struct {
+	p     Params
+	vocab int
+	rng   *rand.Rand
+
+	cand []candidate // [vocab] working set
+	hist []int32     // ring of the last RepeatLastN accepted tokens
+	nh   int         // tokens accepted so far
+	// stamp marks tokens already penalised in this step (stamp[id] == step),
+	// so a token repeated in the window is penalised once, as llama.cpp does.
+	stamp []uint32
+	step  uint32
+}
+
+// New returns a sampler for a vocabulary of vocab tokens.
+func New(p Params, vocab int) *Sampler {
+	if p.RepeatLastN <= 0 {
+		p.RepeatLastN = 64
+	}
+	s := &Sampler{
+		p:     p,
+		vocab: vocab,
+		rng:   rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
+		cand:  make([]candidate, vocab),
+	}
+	if s.penalty() {
+		s.hist = make([]int32, p.RepeatLastN)
+		s.stamp = make([]uint32, vocab)
+	}
+	return s
+}
+
+// Params returns the parameters the sampler was made with.
+func (s *Sampler) Params() Params { return s.p }
+
+func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPenalty != 1 }
+
+// Accept records a token of the sequence (prompt or generated) for the
+// repetition penalty.
+func (s *Sampler) Accept(id int32) {
+	if s.hist == nil {
+		return
+	}
+	s.hist[s.nh%len(s.hist)] = id
+	s.nh++
+}
+
+// Reset forgets the accepted tokens (not the random state).
+func (s *Sampler) Reset() { s.nh = 0 }
+
+// Sample picks the next token from logits ([vocab] values, left unchanged).
+func (s *Sampler) Sample(logits []float32) int32 {
+	n := min(len(logits), s.vocab)
+	c := s.cand[:n]
+	for i := range c {
+		c[i] = candidate{id: int32(i), logit: logits[i]}
+	}
+	s.applyPenalty(c)
+	if s.p.Greedy() {
+		return argmax(c)
+	}
+	if k := s.p.TopK; k > 0 && k < len(c) {
+		c = topK(c, k)
+	} else if s.p.TopP > 0 && s.p.TopP < 1 {
+		slices.SortFunc(c, byLogitDesc)
+	}
+	if p := s.p.TopP; p > 0 && p < 1 {
+		// c is sorted, most likely first.
+		softmax(c, 1)
+		cum, keep := 0.0, len(c)
+		for i := range c {
+			cum += c[i].p
+			if cum >= float64(p) {
+				keep = i + 1
+				break
+			}
+		}
+		c = c[:keep]
+	}
+	if mp := s.p.MinP; mp > 0 && len(c) > 1 {
+		// p_i ≥ mp·p_max  ⇔  logit_i ≥ logit_max + ln(mp)
+		maxL := c[0].logit
+		for _, x := range c {
+			maxL = max(maxL, x.logit)
+		}
+		cut := float64(maxL) + math.Log(float64(mp))
+		kept := c[:0]
+		for _, x := range c {
+			if float64(x.logit) >= cut {
+				kept = append(kept, x)
+			}
+		}
+		c = kept
+	}
+	softmax(c, s.p.Temp)
+	r := s.rng.Float64()
+	cum := 0.0
+	for i := range c {
+		cum += c[i].p
+		if r < cum {
+			return c[i].id
+		}
+	}
+	return c[len(c)-1].id // r rounded past the last cumulative sum
+}
+
+// applyPenalty applies the repetition penalty to every distinct token among
+// the last RepeatLastN accepted ones.
+func (s *Sampler) applyPenalty(c []candidate) {
+	if s.hist == nil || s.nh == 0 {
+		return
+	}
+	s.step++
+	if s.step == 0 { // wrapped: clear the stamps once every 2³² steps
+		clear(s.stamp)
+		s.step = 1
+	}
+	pen := s.p.RepeatPenalty
+	for i := range min(s.nh, len(s.hist)) {
+		id := s.hist[i]
+		if id < 0 || int(id) >= len(c) || s.stamp[id] == s.step {
+			continue
+		}
+		s.stamp[id] = s.step
+		if l := c[id].logit; l > 0 {
+			c[id].logit = l / pen
+		} else {
+			c[id].logit = l * pen
+		}
+	}
+}
+
+// argmax returns the most likely token, the lowest id among equals.
+func argmax(c []candidate) int32 {
+	best := 0
+	for i := 1; i < len(c); i++ {
+		if c[i].logit > c[best].logit {
+			best = i
+		}
+	}
+	return c[best].id
+}
+
+// byLogitDesc orders candidates most likely first, lower id first among
+// equals, so every ordering is deterministic.
+func byLogitDesc(a, b candidate) int {
+	switch {
+	case a.logit > b.logit:
+		return -1
+	case a.logit < b.logit:
+		return 1
+	}
+	return int(a.id - b.id)
+}
+
+// topK moves the k most likely candidates to the front of c, sorted, and
+// returns them. A min-heap of size k keeps it O(n log k).
+func topK(c []candidate, k int) []candidate {
+	h := c[:k]
+	// Build a heap whose root is the least likely of the k (the one to evict).
+	for i := k/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
+	for i := k; i < len(c); i++ {
+		if byLogitDesc(c[i], h[0]) < 0 {
+			h[0], c[i] = c[i], h[0]
+			siftDown(h, 0)
+		}
+	}
+	slices.SortFunc(h, byLogitDesc)
+	return h
+}
+
+// siftDown restores the heap property below i: a parent is never more likely
+// than its children.
+func siftDown(h []candidate, i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && byLogitDesc(h[r], h[l]) > 0 {
+			m = r
+		}
+		if byLogitDesc(h[m], h[i]) <= 0 {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+}
+
+// softmax sets c[i].p = exp(logit_i/temp) / Σ exp(logit_j/temp) in float64.
+func softmax(c []candidate, temp float32) {
+	if temp <= 0 {
+		temp = 1
+	}
+	maxL := c[0].logit
+	for _, x := range c {
+		maxL = max(maxL, x.logit)
+	}
+	t := float64(temp)
+	sum := 0.0
+	for i := range c {
+		e := math.Exp((float64(c[i].logit) - float64(maxL)) / t)
+		c[i].p = e
+		sum += e
+	}
+	for i := range c {
+		c[i].p /= sum
+	}
+}

@@ -1,0 +1,202 @@
+package sample
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func randLogits(r *rand.Rand, n int) []float32 {
+	l := make([]float32, n)
+	for i := range l {
+		l[i] = float32(r.NormFloat64() * 3)
+	}
+	return l
+}
+
+func TestGreedyTiesToLowestID(t *testing.T) {
+	s := New(Params{}, 6)
+	if got := s.Sample([]float32{1, 5, 2, 5, -1, 5}); got != 1 {
+		t.Fatalf("greedy = %d, want 1 (lowest of the tied maxima 1, 3, 5)", got)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	s = New(Params{}, 50)
+	for range 100 {
+		l := randLogits(r, 50)
+		best := 0
+		for i := range l {
+			if l[i] > l[best] {
+				best = i
+			}
+		}
+		if got := s.Sample(l); got != int32(best) {
+			t.Fatalf("greedy = %d, want %d", got, best)
+		}
+	}
+}
+
+func TestRepeatPenalty(t *testing.T) {
+	// Token 0 leads, but it was just seen: penalty 2 halves its positive
+	// logit (4 → 2), below token 1 (3). A negative logit gets more negative.
+	s := New(Params{RepeatPenalty: 2}, 3)
+	s.Accept(0)
+	s.Accept(0) // repeated tokens are penalised once
+	if got := s.Sample([]float32{4, 3, 0}); got != 1 {
+		t.Fatalf("with penalty = %d, want 1", got)
+	}
+	s = New(Params{RepeatPenalty: 2}, 3)
+	s.Accept(2)
+	if got := s.Sample([]float32{-1, -1.5, -0.9}); got != 0 {
+		t.Fatalf("negative logit penalised: got %d, want 0 (-0.9·2 = -1.8 is now last)", got)
+	}
+	// Outside the window the penalty no longer applies.
+	s = New(Params{RepeatPenalty: 2, RepeatLastN: 2}, 3)
+	s.Accept(0)
+	s.Accept(1)
+	s.Accept(1)
+	if got := s.Sample([]float32{4, 3, 0}); got != 0 {
+		t.Fatalf("token 0 left the window: got %d, want 0", got)
+	}
+	// The logits the caller passed are left unchanged.
+	l := []float32{4, 3, 0}
+	s = New(Params{RepeatPenalty: 2}, 3)
+	s.Accept(0)
+	s.Sample(l)
+	if l[0] != 4 {
+		t.Fatalf("Sample modified the caller's logits: %v", l)
+	}
+}
+
+func TestSeedDeterminism(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	rows := make([][]float32, 200)
+	for i := range rows {
+		rows[i] = randLogits(r, 300)
+	}
+	run := func(seed uint64) []int32 {
+		s := New(Params{Temp: 1.2, TopK: 50, TopP: 0.9, MinP: 0.01, RepeatPenalty: 1.1, Seed: seed}, 300)
+		out := make([]int32, len(rows))
+		for i, l := range rows {
+			out[i] = s.Sample(l)
+			s.Accept(out[i])
+		}
+		return out
+	}
+	a, b, c := run(42), run(42), run(43)
+	same := 0
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("step %d: seed 42 gave %d then %d", i, a[i], b[i])
+		}
+		if a[i] == c[i] {
+			same++
+		}
+	}
+	if same == len(a) {
+		t.Fatal("seeds 42 and 43 gave identical sequences of 200 draws")
+	}
+}
+
+func TestTopKOneIsGreedy(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	s := New(Params{Temp: 5, TopK: 1, Seed: 9}, 100)
+	g := New(Params{}, 100)
+	for range 50 {
+		l := randLogits(r, 100)
+		if a, b := s.Sample(l), g.Sample(l); a != b {
+			t.Fatalf("top-k 1 = %d, greedy = %d", a, b)
+		}
+	}
+}
+
+// TestDistribution draws many samples with no filter and compares the
+// frequencies with softmax(logits/T). The seed is fixed, so the test is
+// deterministic; the bound is 5 standard errors.
+func TestDistribution(t *testing.T) {
+	logits := []float32{2, 1, 0.5, 0, -1, -3}
+	const temp, draws = 0.7, 40000
+	s := New(Params{Temp: temp, Seed: 1}, len(logits))
+	count := make([]int, len(logits))
+	for range draws {
+		count[s.Sample(logits)]++
+	}
+	want := make([]float64, len(logits))
+	sum := 0.0
+	for i, l := range logits {
+		want[i] = math.Exp(float64(l) / temp)
+		sum += want[i]
+	}
+	for i := range want {
+		p := want[i] / sum
+		got := float64(count[i]) / draws
+		se := math.Sqrt(p * (1 - p) / draws)
+		if math.Abs(got-p) > 5*se+1e-9 {
+			t.Errorf("token %d: frequency %.4f, want %.4f ± %.4f", i, got, p, 5*se)
+		}
+	}
+}
+
+func TestFiltersNeverPickExcludedTokens(t *testing.T) {
+	// probabilities at T=1 ∝ e^logit: 0.64, 0.24, 0.09, 0.03, …
+	logits := []float32{3, 2, 1, 0, -2, -4}
+	check := func(name string, p Params, allowed map[int32]bool) {
+		t.Helper()
+		s := New(p, len(logits))
+		seen := map[int32]bool{}
+		for range 5000 {
+			id := s.Sample(logits)
+			if !allowed[id] {
+				t.Fatalf("%s: sampled excluded token %d", name, id)
+			}
+			seen[id] = true
+		}
+		if len(seen) != len(allowed) {
+			t.Fatalf("%s: sampled %v, want every one of %v", name, seen, allowed)
+		}
+	}
+	check("top-k 3", Params{Temp: 1, TopK: 3, Seed: 1}, map[int32]bool{0: true, 1: true, 2: true})
+	// cumulative: 0.636, 0.870, 0.956 → top-p 0.9 keeps three tokens.
+	check("top-p 0.9", Params{Temp: 1, TopP: 0.9, Seed: 2}, map[int32]bool{0: true, 1: true, 2: true})
+	check("top-p 0.5", Params{Temp: 1, TopP: 0.5, Seed: 2}, map[int32]bool{0: true})
+	// min-p 0.1 keeps p ≥ 0.1·p_max: e^(l-3) ≥ 0.1 ⇔ l ≥ 0.70.
+	check("min-p 0.1", Params{Temp: 1, MinP: 0.1, Seed: 3}, map[int32]bool{0: true, 1: true, 2: true})
+	check("all", Params{Temp: 2, TopK: 0, Seed: 4}, map[int32]bool{0: true, 1: true, 2: true, 3: true, 4: true, 5: true})
+}
+
+func TestTopKSelectsLargest(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 50 {
+		l := randLogits(r, 500)
+		c := make([]candidate, len(l))
+		for i := range l {
+			c[i] = candidate{id: int32(i), logit: l[i]}
+		}
+		got := topK(c, 17)
+		// The 17th largest value bounds every kept one, and the rest are ≤ it.
+		kept := map[int32]bool{}
+		for i, x := range got {
+			kept[x.id] = true
+			if i > 0 && byLogitDesc(got[i-1], x) > 0 {
+				t.Fatalf("top-k not sorted at %d", i)
+			}
+		}
+		last := got[len(got)-1].logit
+		for i, v := range l {
+			if !kept[int32(i)] && v > last {
+				t.Fatalf("token %d (%.3f) left out but beats kept %.3f", i, v, last)
+			}
+		}
+	}
+}
+
+func TestSampleDoesNotAllocate(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	l := randLogits(r, 32000)
+	for _, p := range []Params{{}, Defaults(), {Temp: 1, TopP: 0.9, RepeatPenalty: 1.1}} {
+		s := New(p, len(l))
+		s.Accept(5)
+		if a := testing.AllocsPerRun(20, func() { s.Accept(s.Sample(l)) }); a != 0 {
+			t.Errorf("%+v: %.1f allocations per token, want 0", p, a)
+		}
+	}
+}
