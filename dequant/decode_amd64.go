@@ -7,6 +7,8 @@ import (
 	"math"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/forge-llm/forge/gguf"
 )
 
 // AVX2 fast paths for every supported type but F32. The Go side widens
@@ -231,7 +233,11 @@ func decodeQ8_K(src []byte, dst []float32) {
 // legacyBlocks decodes 32-element blocks of bb bytes with the assembly
 // routine kernel, after widening each block's f16 d (and, when withMin,
 // the f16 m that follows it) into a float32 buffer.
-func legacyBlocks(src []byte, dst []float32, bb int, withMin bool, kernel func(src *byte, dm *float32, dst *float32, n int)) {
+// legacyBlocks decodes Q4_1, Q5_0 or Q5_1 (t) in chunks. The kernel is
+// chosen by a switch rather than passed as a func value: a call through a
+// func value hides //go:noescape, so dm would move to the heap on every call.
+func legacyBlocks(src []byte, dst []float32, t gguf.Type) {
+	bb, withMin := t.BlockBytes(), t != gguf.TypeQ5_0
 	const bs = 32
 	var dm [2 * chunk]float32
 	nb := len(dst) / bs
@@ -248,7 +254,14 @@ func legacyBlocks(src []byte, dst []float32, bb int, withMin bool, kernel func(s
 				dm[k] = f16(s[k*bb:])
 			}
 		}
-		kernel(&s[0], &dm[0], &y[0], n)
+		switch t {
+		case gguf.TypeQ4_1:
+			q4_1AVX2(&s[0], &dm[0], &y[0], n)
+		case gguf.TypeQ5_0:
+			q5_0AVX2(&s[0], &dm[0], &y[0], n)
+		default:
+			q5_1AVX2(&s[0], &dm[0], &y[0], n)
+		}
 	}
 }
 
@@ -257,7 +270,7 @@ func decodeQ4_1(src []byte, dst []float32) {
 		decodeQ4_1Generic(src, dst)
 		return
 	}
-	legacyBlocks(src, dst, 20, true, q4_1AVX2)
+	legacyBlocks(src, dst, gguf.TypeQ4_1)
 }
 
 func decodeQ5_0(src []byte, dst []float32) {
@@ -265,7 +278,7 @@ func decodeQ5_0(src []byte, dst []float32) {
 		decodeQ5_0Generic(src, dst)
 		return
 	}
-	legacyBlocks(src, dst, 22, false, q5_0AVX2)
+	legacyBlocks(src, dst, gguf.TypeQ5_0)
 }
 
 func decodeQ5_1(src []byte, dst []float32) {
@@ -273,7 +286,7 @@ func decodeQ5_1(src []byte, dst []float32) {
 		decodeQ5_1Generic(src, dst)
 		return
 	}
-	legacyBlocks(src, dst, 24, true, q5_1AVX2)
+	legacyBlocks(src, dst, gguf.TypeQ5_1)
 }
 
 // kScalesMins widens the scales and mins of Q4_K/Q5_K blocks (n blocks of
