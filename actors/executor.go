@@ -1,0 +1,285 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Generator is the model as the executor runs it: pipeline builds one from
+// an architecture, the backend and the weights (whose layers it gets
+// through System.WaitLayer) and hands it over in StartExecutor, so this
+// package never imports the architectures. It owns the KV cache and
+// scratch; the executor runs one request on it at a time.
+type Generator interface {
+	// Generate evaluates prompt and calls emit with each generated token
+	// until a stop condition (returned as stop) or an error. opts is the
+	// request's Opts, which only the Generator interprets. ctx carries the
+	// request's identity: pass it to System.WaitLayer.
+	Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (stop string, err error)
+	// Close releases the KV cache and scratch.
+	Close()
+}
+
+// Request is one generation for the executor.
+type Request struct {
+	Prompt []int32
+	Opts   any
+	// OnToken receives each token on the executor's goroutine; an error
+	// stops the request. It is never called after Submit returned.
+	OnToken func(id int32) error
+}
+
+// Result is a finished request.
+type Result struct {
+	ID     uint64
+	Tokens []int32
+	Stop   string
+}
+
+// executorState is what Close needs of the executor.
+type executorState struct {
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the executor's goroutines
+
+	mu      sync.Mutex
+	closing bool // set by Close; no goroutine starts after it
+}
+
+// spawn runs fn on a goroutine Close waits for, unless Close has begun.
+func (st *executorState) spawn(fn func()) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closing {
+		return false
+	}
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// stop cancels the executor's work and waits for its goroutines.
+func (st *executorState) stop() {
+	st.mu.Lock()
+	st.closing = true
+	st.mu.Unlock()
+	st.cancel()
+	st.wg.Wait()
+}
+
+// StartExecutor starts the executor actor. It waits (off its mailbox) for
+// the model to be ready — for every unit under Eager and HostF32 — then
+// calls build once to make the Generator, and runs requests one at a time
+// in submission order. Call it once, right after Start.
+func (s *System) StartExecutor(build func(ctx context.Context) (Generator, error)) {
+	st := &executorState{}
+	st.ctx, st.cancel = context.WithCancel(context.Background())
+	s.exec = st
+	s.executor = s.as.Root.Spawn(s.props(func() actor.Actor { return &executor{s: s, st: st, build: build} }))
+}
+
+// Submit runs a request and waits for its result. It returns ctx's error
+// as soon as ctx is done (the request stops at its next layer boundary, in
+// the background).
+func (s *System) Submit(ctx context.Context, r Request) (Result, error) {
+	if s.exec == nil {
+		return Result{}, fmt.Errorf("actors: no executor")
+	}
+	id := s.nextReq.Add(1)
+	run := &runReq{ctx: ctx, id: id, req: r, res: make(chan runRes, 1), guard: &guard{fn: r.OnToken}}
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return Result{ID: id}, ErrClosed
+	}
+	s.as.Root.Send(s.executor, run)
+	s.closeMu.Unlock()
+	select {
+	case res := <-run.res:
+		return res.Result, res.err
+	case <-ctx.Done():
+		run.guard.abandon()
+		return Result{ID: id}, ctx.Err()
+	}
+}
+
+type (
+	runReq struct {
+		ctx   context.Context
+		id    uint64
+		req   Request
+		res   chan runRes
+		guard *guard
+	}
+	runRes struct {
+		Result
+		err error
+	}
+	prepared struct {
+		gen Generator
+		err error
+	}
+	ran struct{}
+)
+
+// guard keeps a request's callback from running after Submit returned.
+type guard struct {
+	mu   sync.Mutex
+	gone bool
+	fn   func(int32) error
+}
+
+func (g *guard) call(id int32) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gone {
+		return context.Canceled
+	}
+	if g.fn == nil {
+		return nil
+	}
+	return g.fn(id)
+}
+
+func (g *guard) abandon() {
+	g.mu.Lock()
+	g.gone = true
+	g.mu.Unlock()
+}
+
+// reqKey carries a request's trace in its context, for WaitLayer.
+type reqKey struct{}
+
+type reqTrace struct {
+	id   uint64
+	seen []bool
+}
+
+// executor owns the Generator (the backend, KV cache and scratch). Its
+// mailbox only queues: waiting for readiness and running a request happen
+// on goroutines that report back with a message, so Receive never blocks.
+type executor struct {
+	s     *System
+	st    *executorState
+	build func(ctx context.Context) (Generator, error)
+
+	gen    Generator
+	genErr error
+	busy   bool
+	queue  []*runReq
+}
+
+func (e *executor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		e.busy = true
+		self := c.Self()
+		e.st.spawn(func() {
+			gen, err := e.prepare()
+			e.s.as.Root.Send(self, &prepared{gen: gen, err: err})
+		})
+	case *prepared:
+		e.gen, e.genErr, e.busy = m.gen, m.err, false
+		e.kick(c)
+	case *runReq:
+		e.queue = append(e.queue, m)
+		e.kick(c)
+	case *ran:
+		e.busy = false
+		e.kick(c)
+	case *actor.Stopping:
+		for _, r := range e.queue {
+			r.res <- runRes{Result: Result{ID: r.id}, err: ErrClosed}
+		}
+		e.queue = nil
+		if e.gen != nil {
+			e.gen.Close()
+			e.gen = nil
+		}
+	}
+}
+
+// prepare waits for the weights the strategy starts on, then builds the
+// Generator.
+func (e *executor) prepare() (Generator, error) {
+	f := e.s.Ready()
+	if e.s.cfg.Strategy.waitsForAll() {
+		f = e.s.all
+	}
+	if err := f.Wait(e.st.ctx); err != nil {
+		return nil, err
+	}
+	gen, err := e.build(e.st.ctx)
+	if err != nil {
+		return nil, fmt.Errorf("executor: %w", err)
+	}
+	return gen, nil
+}
+
+// kick starts the next queued request when idle.
+func (e *executor) kick(c actor.Context) {
+	for !e.busy && len(e.queue) > 0 {
+		r := e.queue[0]
+		e.queue = e.queue[1:]
+		if err := r.ctx.Err(); err != nil {
+			r.res <- runRes{Result: Result{ID: r.id}, err: err}
+			continue
+		}
+		if e.genErr != nil {
+			r.res <- runRes{Result: Result{ID: r.id}, err: e.genErr}
+			continue
+		}
+		self, gen := c.Self(), e.gen
+		if !e.st.spawn(func() {
+			r.res <- e.run(gen, r)
+			e.s.as.Root.Send(self, &ran{})
+		}) {
+			r.res <- runRes{Result: Result{ID: r.id}, err: ErrClosed} // Close has begun
+			continue
+		}
+		e.busy = true
+	}
+}
+
+// run executes one request on the executor's goroutine.
+func (e *executor) run(gen Generator, r *runReq) runRes {
+	s := e.s
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	defer context.AfterFunc(e.st.ctx, cancel)()
+	ctx = context.WithValue(ctx, reqKey{}, &reqTrace{id: r.id, seen: make([]bool, s.plan.Layers())})
+
+	start := time.Now()
+	s.publish(RequestStarted{At: s.bus.Since(), Req: r.id, PromptTokens: len(r.req.Prompt)})
+	var toks []int32
+	emit := func(id int32) error {
+		at := s.bus.Since()
+		if len(toks) == 0 {
+			s.publish(FirstToken{At: at, Req: r.id, Token: id, Latency: time.Since(start)})
+		}
+		s.publish(Token{At: at, Req: r.id, Index: len(toks), Token: id})
+		toks = append(toks, id)
+		return r.guard.call(id)
+	}
+	stop, err := gen.Generate(ctx, r.req.Prompt, r.req.Opts, emit)
+	res := Result{ID: r.id, Tokens: toks, Stop: stop}
+	if err != nil {
+		ev := Error{At: s.bus.Since(), Req: r.id, Layer: NoLayer, Err: err}
+		var le *LoadError
+		if errors.As(err, &le) {
+			ev.Layer, ev.Tensor = le.Layer, le.Tensor
+		}
+		s.publish(ev)
+		return runRes{Result: res, err: err}
+	}
+	s.publish(Done{At: s.bus.Since(), Req: r.id, Tokens: len(toks), Stop: stop})
+	return runRes{Result: res}
+}

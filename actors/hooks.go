@@ -1,0 +1,15 @@
+package actors
+
+import "context"
+
+// Hooks let tests and benchmarks slow the pipeline down or inject faults
+// at the stages where real ones happen. Nil hooks cost nothing.
+type Hooks struct {
+	// Read runs on a reader before it reads bytes [off, off+n) of a tensor;
+	// it may sleep (a slow disk; it must return when ctx is done) or return
+	// an error (an unreadable range).
+	Read func(ctx context.Context, tensor string, off, n int64) error
+	// Upload runs on the uploader before each chunk of a tensor is
+	// uploaded; an error is a failed upload.
+	Upload func(tensor string) error
+}

@@ -1,0 +1,309 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Messages of the load pipeline. Each chunk travels as one *chunk from the
+// loader to a reader, back to the loader, to a dequantizer worker, to the
+// uploader, and its completion back to the loader (which bounds the chunks
+// in flight: on a GPU that is the ring of staging buffers).
+type (
+	// loadUnits asks the loader to load units (in the given order, after
+	// what is already queued). Units already queued are skipped, so
+	// concurrent first uses of a lazy layer load it once.
+	loadUnits struct{ units []*Unit }
+	// chunk is rows [row0, row0+rows) of one tensor.
+	chunk struct {
+		t          *Tensor
+		off, n     int64 // file bytes, relative to the tensor
+		outOff     int64 // converted bytes, relative to the tensor
+		outN       int64
+		data       []byte // the converted bytes (set by the dequantizer)
+		reader     int
+		readErr    error
+		convertErr error
+	}
+	// chunkRead: a reader is done with a chunk (readErr set on failure).
+	chunkRead struct{ c *chunk }
+	// chunkDone: a chunk has left the pipeline (uploaded or dropped).
+	chunkDone struct{}
+	// abort: drop the queued chunks of units from index from on.
+	abort struct{ from int }
+	// reserve: make the arena (sent by Start once every actor exists).
+	reserve struct{}
+	// reserved: the uploader's arena exists; conversion may start.
+	reserved struct{}
+	// converted: a dequantizer worker is done with a chunk.
+	converted struct{ c *chunk }
+	// landed: a unit's fence completed.
+	landed struct{ u *Unit }
+)
+
+// loader owns the mapped file: it splits the queued units into chunks,
+// in priority order, and hands them to its reader children, at most
+// maxInflight at once.
+type loader struct {
+	s        *System
+	readers  []*actor.PID
+	idle     []int
+	queue    []*chunk
+	inflight int
+}
+
+func (l *loader) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		for i := range l.s.cfg.Readers {
+			pid := c.Spawn(l.s.props(func() actor.Actor { return &reader{s: l.s, id: i} }))
+			l.readers = append(l.readers, pid)
+			l.idle = append(l.idle, i)
+		}
+	case *loadUnits:
+	units:
+		for _, u := range m.units {
+			if u.queued || l.s.dropped(u) {
+				continue
+			}
+			u.queued = true
+			for _, t := range u.Tensors {
+				if err := l.split(t); err != nil {
+					// Units after u fail with it; those before still load.
+					l.s.fail(u, t.Name(), err)
+					break units
+				}
+			}
+		}
+		l.dispatch(c)
+	case *chunkRead:
+		l.idle = append(l.idle, m.c.reader)
+		t := m.c.t
+		if l.s.dropped(t.unit) {
+			l.inflight--
+			l.dispatch(c)
+			return
+		}
+		if m.c.readErr != nil {
+			l.inflight--
+			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", m.c.off, m.c.off+m.c.n, m.c.readErr))
+			l.dispatch(c)
+			return
+		}
+		if t.read++; t.read == t.chunks {
+			l.s.publish(TensorRead{At: l.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: int64(t.Info.Size)})
+		}
+		c.Send(l.s.dequant, &converted{c: m.c}) // to the pool, which converts it
+		l.dispatch(c)
+	case *chunkDone:
+		l.inflight--
+		l.dispatch(c)
+	case *abort:
+		keep := l.queue[:0]
+		for _, ch := range l.queue {
+			if ch.t.unit.idx < m.from {
+				keep = append(keep, ch)
+			}
+		}
+		l.queue = keep
+	}
+}
+
+// split queues t's chunks: whole rows, about ChunkBytes each.
+func (l *loader) split(t *Tensor) error {
+	src, err := l.s.cfg.File.TensorData(t.Info)
+	if err != nil {
+		return fmt.Errorf("unreadable range: %w", err)
+	}
+	t.src = src
+	total := int64(t.Info.Rows())
+	if total == 0 { // an empty tensor still passes every stage once
+		l.queue = append(l.queue, &chunk{t: t})
+		t.chunks = 1
+		return nil
+	}
+	rowBytes := int64(t.Info.RowBytes())
+	outRow := t.OutBytes / total
+	rows := max(1, l.s.cfg.ChunkBytes/max(rowBytes, 1))
+	for r := int64(0); r < total; r += rows {
+		n := min(rows, total-r)
+		l.queue = append(l.queue, &chunk{t: t, off: r * rowBytes, n: n * rowBytes, outOff: r * outRow, outN: n * outRow})
+		t.chunks++
+	}
+	return nil
+}
+
+// dispatch hands queued chunks to idle readers, in order.
+func (l *loader) dispatch(c actor.Context) {
+	for len(l.queue) > 0 && len(l.idle) > 0 && l.inflight < l.s.cfg.MaxInflight {
+		ch := l.queue[0]
+		l.queue = l.queue[1:]
+		r := l.idle[len(l.idle)-1]
+		l.idle = l.idle[:len(l.idle)-1]
+		ch.reader = r
+		l.inflight++
+		c.Send(l.readers[r], ch)
+	}
+}
+
+// reader reads one chunk at a time: it pages the chunk's bytes in from the
+// mapped file (several readers keep a cold disk's queue full). On a GPU
+// host it would copy them into a pinned staging buffer instead.
+type reader struct {
+	s  *System
+	id int
+}
+
+func (r *reader) Receive(c actor.Context) {
+	ch, ok := c.Message().(*chunk)
+	if !ok {
+		return
+	}
+	if !r.s.dropped(ch.t.unit) {
+		if h := r.s.cfg.Hooks.Read; h != nil {
+			ch.readErr = h(r.s.ctx, ch.t.Name(), ch.off, ch.n)
+		}
+		if ch.readErr == nil {
+			ch.readErr = pageIn(ch.t.src[ch.off : ch.off+ch.n])
+		}
+	}
+	c.Send(c.Parent(), &chunkRead{c: ch})
+}
+
+// dequantizer spreads chunks over its workers round-robin. It holds them
+// until the uploader has made the arena they are converted into.
+type dequantizer struct {
+	s       *System
+	workers []*actor.PID
+	next    int
+	ready   bool
+	held    []*converted
+}
+
+func (d *dequantizer) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		for range d.s.cfg.Converters {
+			d.workers = append(d.workers, c.Spawn(d.s.props(func() actor.Actor { return &converter{s: d.s} })))
+		}
+	case *reserved:
+		d.ready = true
+		for _, h := range d.held {
+			d.route(c, h)
+		}
+		d.held = nil
+	case *converted:
+		if !d.ready {
+			d.held = append(d.held, m)
+			return
+		}
+		d.route(c, m)
+	}
+}
+
+func (d *dequantizer) route(c actor.Context, m *converted) {
+	c.Send(d.workers[d.next], m)
+	d.next = (d.next + 1) % len(d.workers)
+}
+
+// converter turns one chunk into the backend's format (or passes it
+// through) and hands it to the uploader.
+type converter struct{ s *System }
+
+func (w *converter) Receive(c actor.Context) {
+	m, ok := c.Message().(*converted)
+	if !ok {
+		return
+	}
+	ch, t := m.c, m.c.t
+	if !w.s.dropped(t.unit) {
+		src := t.src[ch.off : ch.off+ch.n]
+		if t.PassThrough() {
+			ch.data = src
+		} else if dst, err := w.s.cfg.Uploader.Dest(t, ch.outOff, ch.outN); err != nil {
+			ch.convertErr = err
+		} else if err := w.s.cfg.Converter.Convert(t.Info.Type, t.To, src, dst); err != nil {
+			ch.convertErr = fmt.Errorf("converting %s to %s: %w", t.Info.Type, t.To, err)
+		} else {
+			ch.data = dst
+		}
+		if ch.convertErr == nil && int(t.converted.Add(1)) == t.chunks {
+			w.s.publish(TensorConverted{At: w.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer,
+				From: t.Info.Type, To: t.To, InBytes: int64(t.Info.Size), OutBytes: t.OutBytes})
+		}
+	}
+	c.Send(w.s.uploader, m)
+}
+
+// uploader owns the Uploader: it makes the arena, uploads converted chunks,
+// and resolves a unit's future once all its tensors have landed.
+type uploader struct{ s *System }
+
+func (up *uploader) Receive(c actor.Context) {
+	s := up.s
+	switch m := c.Message().(type) {
+	case *reserve:
+		if err := s.cfg.Uploader.Reserve(s.plan); err != nil {
+			s.failAll(err)
+			return
+		}
+		c.Send(s.dequant, &reserved{})
+	case *converted:
+		c.Send(s.loader, &chunkDone{})
+		ch, t := m.c, m.c.t
+		if s.dropped(t.unit) {
+			return
+		}
+		if ch.convertErr != nil {
+			s.fail(t.unit, t.Name(), ch.convertErr)
+			return
+		}
+		if h := s.cfg.Hooks.Upload; h != nil {
+			if err := h(t.Name()); err != nil {
+				s.fail(t.unit, t.Name(), fmt.Errorf("upload: %w", err))
+				return
+			}
+		}
+		if err := s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {
+			s.fail(t.unit, t.Name(), fmt.Errorf("upload: %w", err))
+			return
+		}
+		if t.uploaded++; t.uploaded < t.chunks {
+			return
+		}
+		s.publish(TensorUploaded{At: s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: t.OutBytes})
+		u := t.unit
+		if u.uploaded++; u.uploaded < len(u.Tensors) {
+			return
+		}
+		fence, err := s.cfg.Uploader.Flush(u)
+		if err != nil {
+			s.fail(u, "", fmt.Errorf("upload: %w", err))
+			return
+		}
+		u.Future.enqueue(fence)
+		if fence.Done() {
+			s.landed(u)
+			return
+		}
+		// Wait for the device off the mailbox; the result comes back as a
+		// message.
+		self := c.Self()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := fence.Wait(s.ctx); err != nil {
+				if s.ctx.Err() == nil { // else the load was cancelled or closed, which fails what is left
+					s.fail(u, "", fmt.Errorf("waiting for the copies: %w", err))
+				}
+				return
+			}
+			s.as.Root.Send(self, &landed{u: u})
+		}()
+	case *landed:
+		if !s.dropped(m.u) {
+			s.landed(m.u)
+		}
+	}
+}

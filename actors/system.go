@@ -1,0 +1,361 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+)
+
+// ErrClosed fails what is still pending when the system closes.
+var ErrClosed = errors.New("actors: pipeline closed")
+
+// Config describes one model's load pipeline.
+type Config struct {
+	// File is the opened model. The system owns it from Start on and
+	// closes it in Close.
+	File *gguf.File
+	// Layers is the number of blocks the architecture runs.
+	Layers   int
+	Strategy Strategy
+	// Converter decides what the backend consumes; nil: Conversion with
+	// AllF32 for HostF32 (pass-through of every type otherwise).
+	Converter Converter
+	// Uploader places the weights; nil: a HostUploader on Memory.
+	Uploader Uploader
+	// Memory accounts the device memory the HostUploader takes; nil: a
+	// private one without limit.
+	Memory *Memory
+	// Readers is the number of reader actors (default 4: a cold file
+	// needs several reads in flight; page cache does not mind).
+	Readers int
+	// Converters is the size of the dequantizer pool (default GOMAXPROCS).
+	Converters int
+	// ChunkBytes is the read and upload unit (default 4 MiB, whole rows).
+	ChunkBytes int64
+	// MaxInflight bounds the chunks between reading and upload (default
+	// 4 per reader): the staging ring of a GPU.
+	MaxInflight int
+	Hooks       Hooks
+	// Start is when event times count from (default: now).
+	Start time.Time
+}
+
+// System is the running load pipeline of one model: the actor system with
+// its loader (and readers), dequantizer pool, uploader and executor, the
+// readiness futures and the event bus.
+type System struct {
+	cfg    Config
+	ctx    context.Context // the load; cancelled by the caller's ctx or Close
+	cancel context.CancelFunc
+	as     *actor.ActorSystem
+	bus    *Bus
+	plan   *Plan
+	all    *Future
+
+	loader, dequant, uploader, executor *actor.PID
+	exec                                *executorState
+
+	failed   atomic.Bool  // the whole load failed (failAll)
+	failFrom atomic.Int32 // units from this index on are failed (fail)
+	resident atomic.Int32 // units resident
+	wg       sync.WaitGroup
+
+	closeMu sync.Mutex
+	closed  bool
+	closing chan struct{}
+	nextReq atomic.Uint64
+}
+
+// Start plans the load of cfg.File and starts the actors; loading runs in
+// the background until everything is resident, something fails, ctx is
+// done or Close. Start itself reads no tensor data.
+func Start(ctx context.Context, cfg Config) (*System, error) {
+	if cfg.File == nil {
+		return nil, fmt.Errorf("actors: no file")
+	}
+	if cfg.Start.IsZero() {
+		cfg.Start = time.Now()
+	}
+	if cfg.Memory == nil {
+		cfg.Memory = NewMemory(0)
+	}
+	if cfg.Converter == nil {
+		cfg.Converter = Conversion{AllF32: cfg.Strategy == HostF32}
+	}
+	if cfg.Uploader == nil {
+		cfg.Uploader = &HostUploader{Mem: cfg.Memory, PerTensor: cfg.Strategy == HostF32}
+	}
+	if cfg.Readers <= 0 {
+		cfg.Readers = 4
+	}
+	if cfg.Converters <= 0 {
+		cfg.Converters = runtime.GOMAXPROCS(0)
+	}
+	if cfg.ChunkBytes <= 0 {
+		cfg.ChunkBytes = 4 << 20
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 4 * cfg.Readers
+	}
+	plan, err := NewPlan(cfg.File, cfg.Layers)
+	if err != nil {
+		return nil, err
+	}
+	if err := plan.Convert(cfg.Converter); err != nil {
+		return nil, fmt.Errorf("actors: %s: %w", cfg.File.Path, err)
+	}
+
+	s := &System{cfg: cfg, plan: plan, all: newFuture("all resident"), closing: make(chan struct{})}
+	s.failFrom.Store(math.MaxInt32)
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.as = actor.NewActorSystem(
+		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }),
+		actor.WithDeadLetterThrottleInterval(time.Millisecond),
+	)
+	s.bus = NewBus(s.as.EventStream, cfg.Start)
+	root := s.as.Root
+	s.uploader = root.Spawn(s.props(func() actor.Actor { return &uploader{s: s} }))
+	s.dequant = root.Spawn(s.props(func() actor.Actor { return &dequantizer{s: s} }))
+	s.loader = root.Spawn(s.props(func() actor.Actor { return &loader{s: s} }))
+	first := plan.Units
+	if cfg.Strategy == Lazy {
+		first = plan.Units[:1]
+	}
+	// The actors know each other's PIDs from here on; only now may they
+	// send to each other.
+	root.Send(s.uploader, &reserve{})
+	root.Send(s.loader, &loadUnits{units: first})
+
+	// A cancelled load fails what it leaves behind.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-s.ctx.Done():
+			select {
+			case <-s.closing:
+			default:
+				s.failAll(fmt.Errorf("load cancelled: %w", context.Cause(s.ctx)))
+			}
+		case <-s.closing:
+		}
+	}()
+	return s, nil
+}
+
+// Plan is the load plan.
+func (s *System) Plan() *Plan { return s.plan }
+
+// Bus is the event bus.
+func (s *System) Bus() *Bus { return s.bus }
+
+// Strategy is the load strategy.
+func (s *System) Strategy() Strategy { return s.cfg.Strategy }
+
+// Ready is the future of the globals (embedding, output norm, LM head).
+func (s *System) Ready() *Future { return s.plan.Units[0].Future }
+
+// Resident is the future of every unit.
+func (s *System) Resident() *Future { return s.all }
+
+// LayerFuture is block i's future.
+func (s *System) LayerFuture(i int) *Future { return s.plan.Layer(i).Future }
+
+// Weight returns the backend's view of a tensor once its unit is resident.
+func (s *System) Weight(name string) (*kernels.Weight, bool) { return s.cfg.Uploader.Weight(name) }
+
+// Demand asks for block i to be loaded (a no-op unless it is still
+// pending and not yet queued; needed only under Lazy).
+func (s *System) Demand(i int) {
+	if st, _ := s.plan.Layer(i).Future.State(); st == Pending {
+		s.send(s.loader, &loadUnits{units: []*Unit{s.plan.Layer(i)}})
+	}
+}
+
+// send delivers a message unless the system is closing (a stopped actor
+// would turn it into a dead letter).
+func (s *System) send(pid *actor.PID, msg any) {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if !s.closed {
+		s.as.Root.Send(pid, msg)
+	}
+}
+
+// WaitLayer blocks until block i is resident (loading it first under
+// Lazy), failed, or ctx is done. Called from a request (see Submit), it
+// publishes a LayerRun event the first time the request enters the layer.
+func (s *System) WaitLayer(ctx context.Context, i int) error {
+	_, err := s.waitLayer(ctx, i, false)
+	return err
+}
+
+// LayerFence is WaitLayer for a GPU executor: it returns as soon as block
+// i's copies are queued, with the fence its compute stream must wait on
+// (cuStreamWaitEvent on Fence.Event), so the wait happens on the device.
+func (s *System) LayerFence(ctx context.Context, i int) (Fence, error) {
+	return s.waitLayer(ctx, i, true)
+}
+
+func (s *System) waitLayer(ctx context.Context, i int, enqueued bool) (Fence, error) {
+	if i < 0 || i >= s.plan.Layers() {
+		return nil, fmt.Errorf("actors: layer %d out of range [0, %d)", i, s.plan.Layers())
+	}
+	f := s.plan.Layer(i).Future
+	start := time.Now()
+	if s.cfg.Strategy == Lazy {
+		s.Demand(i)
+	}
+	var fence Fence = doneFence{}
+	var err error
+	if enqueued {
+		fence, err = f.WaitEnqueued(ctx)
+	} else {
+		err = f.Wait(ctx)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+		return nil, err
+	}
+	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && !rt.seen[i] {
+		rt.seen[i] = true
+		s.publish(LayerRun{At: s.bus.Since(), Req: rt.id, Layer: i, Waited: time.Since(start)})
+	}
+	return fence, nil
+}
+
+func (s *System) publish(e Event) { s.bus.Publish(e) }
+
+// LoadError is the cause a unit's future fails with: it names the unit and,
+// where known, the tensor.
+type LoadError struct {
+	Layer  int    // Globals or block index
+	Tensor string // "" when not about one tensor
+	Err    error
+}
+
+func (e *LoadError) Error() string {
+	where := "layer " + strconv.Itoa(e.Layer)
+	if e.Layer == Globals {
+		where = "ready (embedding, output norm, LM head)"
+	}
+	if e.Tensor != "" {
+		return fmt.Sprintf("%s: tensor %q: %v", where, e.Tensor, e.Err)
+	}
+	return fmt.Sprintf("%s: %v", where, e.Err)
+}
+
+func (e *LoadError) Unwrap() error { return e.Err }
+
+// fail fails unit u because of err (about tensor, if named), and every
+// unit after it in load order (they will not be loaded after a failure:
+// the model can not run past u anyway). Units before u that are in flight
+// finish loading. The loader drops what it has queued from u on.
+func (s *System) fail(u *Unit, tensor string, err error) {
+	cause := &LoadError{Layer: u.Layer, Tensor: tensor, Err: err}
+	for {
+		cur := s.failFrom.Load()
+		if int32(u.idx) >= cur || s.failFrom.CompareAndSwap(cur, int32(u.idx)) {
+			break
+		}
+	}
+	if u.Future.fail(cause) {
+		slog.Debug("actors: load failed", "err", cause)
+		s.publish(Error{At: s.bus.Since(), Layer: u.Layer, Tensor: tensor, Err: cause})
+	}
+	for _, o := range s.plan.Units[u.idx+1:] {
+		o.Future.fail(&LoadError{Layer: o.Layer, Err: fmt.Errorf("not loaded: %w", cause)})
+	}
+	s.all.fail(cause)
+	s.send(s.loader, &abort{from: u.idx})
+}
+
+// dropped reports whether u's work is moot (it or the load failed).
+func (s *System) dropped(u *Unit) bool {
+	return s.failed.Load() || int32(u.idx) >= s.failFrom.Load()
+}
+
+// failAll fails every unresolved unit with err (a failure of the whole
+// load: the arena could not be made, the load was cancelled).
+func (s *System) failAll(err error) {
+	s.failed.Store(true)
+	n := 0
+	for _, u := range s.plan.Units {
+		if u.Future.fail(&LoadError{Layer: u.Layer, Err: err}) {
+			n++
+		}
+	}
+	if s.all.fail(fmt.Errorf("load: %w", err)) || n > 0 {
+		s.publish(Error{At: s.bus.Since(), Layer: NoLayer, Err: err})
+	}
+	s.send(s.loader, &abort{from: 0})
+}
+
+// landed resolves a unit whose copies have landed.
+func (s *System) landed(u *Unit) {
+	if !u.Future.resolve() {
+		return
+	}
+	at := s.bus.Since()
+	if u.Layer == Globals {
+		s.publish(ModelReady{At: at, Bytes: u.Bytes})
+	} else {
+		s.publish(LayerReady{At: at, Layer: u.Layer, Bytes: u.Bytes})
+	}
+	if int(s.resident.Add(1)) == len(s.plan.Units) && s.all.resolve() {
+		s.publish(AllResident{At: s.bus.Since(), Bytes: s.plan.Bytes})
+	}
+}
+
+// Close stops everything: running requests are cancelled, pending futures
+// fail with ErrClosed, the actors stop, the weights are released and the
+// file is closed. Subscriptions receive what was published, then close.
+func (s *System) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.closeMu.Unlock()
+
+	s.cancel()
+	s.failAllQuiet(ErrClosed)
+	if s.exec != nil {
+		s.exec.stop() // running requests see their context cancelled
+		s.as.Root.PoisonFuture(s.executor).Wait()
+	}
+	for _, pid := range []*actor.PID{s.loader, s.dequant, s.uploader} {
+		s.as.Root.PoisonFuture(pid).Wait()
+	}
+	s.wg.Wait()
+	s.bus.Close()
+	s.as.Shutdown()
+	s.cfg.Uploader.Release()
+	return s.cfg.File.Close()
+}
+
+// failAllQuiet fails what is unresolved without publishing (closing).
+func (s *System) failAllQuiet(err error) {
+	s.failed.Store(true)
+	for _, u := range s.plan.Units {
+		u.Future.fail(&LoadError{Layer: u.Layer, Err: err})
+	}
+	s.all.fail(err)
+}

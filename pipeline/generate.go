@@ -1,0 +1,130 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/forge-llm/forge/actors"
+	"github.com/forge-llm/forge/pipeline/generate"
+	"github.com/forge-llm/forge/pipeline/model"
+	"github.com/forge-llm/forge/pipeline/sample"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
+)
+
+// GenerateOptions control one request.
+type GenerateOptions struct {
+	// MaxTokens is the most tokens to generate (≤ 0: until an
+	// end-of-generation token or a full context).
+	MaxTokens int
+	// Sampling picks tokens; the zero value is greedy.
+	Sampling sample.Params
+	// PromptIDs, when set, is the prompt as token ids and the prompt text
+	// is ignored (no BOS is added).
+	PromptIDs []int32
+	// IgnoreEOG keeps generating past end-of-generation tokens.
+	IgnoreEOG bool
+	// OnToken streams the output: it receives each token as it is sampled,
+	// with the text it completes (possibly "" while a multi-byte character
+	// is incomplete). It runs on the executor's goroutine and is never
+	// called after Generate returns; an error from it stops the request.
+	OnToken func(t Token) error
+}
+
+// Token is one generated token.
+type Token struct {
+	ID   int32
+	Text string
+}
+
+// Result is a finished request.
+type Result struct {
+	ID           uint64 // request id in the events
+	PromptTokens int
+	Tokens       []int32
+	Text         string
+	Stop         string // "eog", "max_tokens" or "context_full"
+}
+
+// Generate runs one request: it tokenizes the prompt (BOS as the model
+// asks), waits for the model to be ready (every weight under eager and
+// host-f32), then generates, each layer of the first forward pass waiting
+// for its own weights. It returns when the request ends or ctx is done
+// (within one layer's work).
+func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) (Result, error) {
+	// A prompt given as ids needs no tokenizer: a file without a usable
+	// vocabulary still generates (ids only, no text, no end-of-generation
+	// tokens).
+	tok, err := m.Tokenizer(ctx)
+	if err != nil && (o.PromptIDs == nil || ctx.Err() != nil) {
+		return Result{}, err
+	}
+	ids := o.PromptIDs
+	if ids == nil {
+		ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
+		if err != nil {
+			return Result{}, fmt.Errorf("pipeline: tokenizing the prompt: %w", err)
+		}
+	}
+	if len(ids) == 0 {
+		return Result{}, fmt.Errorf("pipeline: empty prompt")
+	}
+	var stream *tokenizer.Stream
+	if tok != nil {
+		stream = tok.NewStream()
+	}
+	// got collects the tokens as they stream, so that a request cut short
+	// by ctx still returns what it produced. The executor never calls back
+	// after Submit returned, which orders these writes before our read.
+	var got []int32
+	onToken := func(id int32) error {
+		got = append(got, id)
+		if o.OnToken == nil {
+			return nil
+		}
+		t := Token{ID: id}
+		if stream != nil {
+			t.Text = stream.Add(id)
+		}
+		return o.OnToken(t)
+	}
+	req := &request{o: o, tok: tok}
+	res, err := m.sys.Submit(ctx, actors.Request{Prompt: ids, Opts: req, OnToken: onToken})
+	out := Result{ID: res.ID, PromptTokens: len(ids), Tokens: got, Stop: res.Stop}
+	if tok != nil {
+		out.Text = tok.Decode(got)
+	}
+	if err != nil {
+		return out, fmt.Errorf("pipeline: request %d: %w", res.ID, err)
+	}
+	return out, nil
+}
+
+// request is what the executor hands back to the generator.
+type request struct {
+	o   GenerateOptions
+	tok *tokenizer.Tokenizer
+}
+
+// generator is the actors.Generator of a model: the architecture's
+// forward pass on the backend, with its KV cache and scratch, run by the
+// generation loop.
+type generator struct {
+	m   *Model
+	mdl *model.Model
+}
+
+func (g *generator) Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (string, error) {
+	r := opts.(*request)
+	o := generate.Options{
+		MaxTokens: r.o.MaxTokens,
+		Sampler:   sample.New(r.o.Sampling, g.mdl.Cfg.Vocab),
+		OnToken:   emit,
+	}
+	if !r.o.IgnoreEOG && r.tok != nil {
+		o.IsEOG = r.tok.IsEOG
+	}
+	_, st, err := generate.Run(ctx, g.mdl, prompt, o)
+	return st.Stop, err
+}
+
+func (g *generator) Close() { g.mdl.Close() }

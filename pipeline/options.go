@@ -1,0 +1,63 @@
+package pipeline
+
+import (
+	"github.com/forge-llm/forge/actors"
+	"github.com/forge-llm/forge/kernels"
+)
+
+// Strategy is how weights get to the device: Prefetch (the default),
+// Eager, Lazy or HostF32. See package actors for what each does.
+type Strategy = actors.Strategy
+
+// The load strategies.
+const (
+	Prefetch = actors.Prefetch
+	Eager    = actors.Eager
+	Lazy     = actors.Lazy
+	HostF32  = actors.HostF32
+)
+
+// ParseStrategy reads "prefetch", "eager", "lazy" or "host-f32".
+func ParseStrategy(name string) (Strategy, error) { return actors.ParseStrategy(name) }
+
+// Memory accounts (and optionally caps) the memory a device gives models:
+// weights, KV cache and scratch.
+type Memory = actors.Memory
+
+// NewMemory returns an accountant with a limit in bytes (≤ 0: none).
+func NewMemory(limit int64) *Memory { return actors.NewMemory(limit) }
+
+// Hooks slow the pipeline down or inject faults (tests, benchmarks).
+type Hooks = actors.Hooks
+
+// Options configure Open.
+type Options struct {
+	Strategy Strategy
+	// Device is "auto" or "cpu" ("" is auto). GPUs come with the GPU
+	// backend.
+	Device string
+	// Backend runs the model on a backend the caller made (and closes);
+	// it overrides Device.
+	Backend kernels.Backend
+	// Threads is the CPU backend's worker count (0: every core).
+	Threads int
+	// Ctx is the KV cache length in positions (0: the model's, at most
+	// 4096); Batch the most prompt tokens per forward step (0: 512).
+	Ctx, Batch int
+	// Readers is the number of file readers (0: 4).
+	Readers int
+	// ChunkBytes is the unit of reading, conversion and upload, rounded to
+	// whole rows (0: 4 MiB).
+	ChunkBytes int64
+	// Memory accounts weights, KV cache and scratch; with a limit, asking
+	// past it fails like a device out of memory. nil: a private accountant
+	// without limit.
+	Memory *Memory
+	// Uploader places the weights on the device; nil: the backend's
+	// (on the CPU, zero-copy views of the mapped file). A GPU backend brings
+	// its own; tests use actors.StreamUploader for the asynchronous path.
+	Uploader actors.Uploader
+	// Hooks are for tests and benchmarks: a slow disk, a failing read or
+	// upload.
+	Hooks Hooks
+}
