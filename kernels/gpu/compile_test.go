@@ -1,0 +1,92 @@
+package gpu
+
+import (
+	"bytes"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/forge-llm/forge/rocm"
+)
+
+// kernelNames lists the kernels a module must define: the names written
+// out in its source and those its macros stamp out per type.
+func kernelNames(t *testing.T, module, src string) []string {
+	t.Helper()
+	var names []string
+	for _, m := range regexp.MustCompile(`KERNEL void (?:__launch_bounds__\(\d+\) )?([a-z0-9_]+)\(`).FindAllStringSubmatch(src, -1) {
+		if !strings.HasPrefix(m[1], "__") {
+			names = append(names, m[1])
+		}
+	}
+	types := []string{"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"}
+	switch module {
+	case "matvec.cu":
+		for _, ty := range types {
+			names = append(names, "mv_"+ty)
+		}
+		names = append(names, "mv_q4_k_r1u1", "mv_q4_k_r2u1", "mv_q4_k_r1u2", "mv_q4_k_r2u2")
+		for _, r := range []string{"11", "21", "12", "22", "14"} {
+			names = append(names, "mv_q4_k_q"+r, "mv_q6_k_q"+r)
+		}
+	case "dequant.cu":
+		for _, ty := range types {
+			names = append(names, "deq16_"+ty, "deq32_"+ty, "embed_"+ty)
+		}
+	case "attn.cu":
+		for _, kv := range []string{"f16", "f32"} {
+			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_prompt_"+kv)
+		}
+	}
+	return names
+}
+
+// TestCompileHIP compiles every kernel module through hiprtc for a CDNA
+// (gfx90a, wave64) and an RDNA (gfx1030, wave32) target. It needs only
+// hiprtc (ROCm 5.2's libamdhip64, installed by .ci/run), no GPU. The
+// compilations run one at a time: ROCm 5.2's hiprtc crashes when two
+// programs compile at once.
+func TestCompileHIP(t *testing.T) {
+	for _, module := range Modules() {
+		src, err := Source(module)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if includeRE.MatchString(src) {
+			t.Fatalf("%s: a local include survived inlining", module)
+		}
+		for _, arch := range []string{"gfx90a", "gfx1030"} {
+			t.Run(module+"/"+arch, func(t *testing.T) {
+				code, err := rocm.CompileHIP(src, module, arch, nil)
+				if errors.Is(err, rocm.ErrNoDriver) {
+					t.Skipf("hiprtc not installed (CI installs libamdhip64-5, libhiprtc-builtins5): %v", err)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range kernelNames(t, module, src) {
+					if !bytes.Contains(code, []byte(k)) {
+						t.Errorf("%s for %s: no kernel %q in the code object", module, arch, k)
+					}
+				}
+				t.Logf("%s %s: %d bytes", module, arch, len(code))
+			})
+		}
+	}
+}
+
+func TestSourceInlinesHeaders(t *testing.T) {
+	src, err := Source("matvec.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// common.h is reached twice (directly and through quants.h) but
+	// pasted once.
+	if n := strings.Count(src, "DEV float warp_sum("); n != 1 {
+		t.Fatalf("warp_sum defined %d times in the inlined source", n)
+	}
+	if _, err := Source("missing.cu"); err == nil {
+		t.Fatal("Source of a missing module returned no error")
+	}
+}

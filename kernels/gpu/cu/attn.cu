@@ -1,0 +1,270 @@
+// attn.cu: causal grouped-query attention over an f16 KV cache.
+//
+//   q, out [n][heads][D] f32; kc, vc [ctx][kvDim] f16 (one layer), kvDim = kvHeads·D
+//   token i (position pos0+i) attends to positions 0…pos0+i.
+//
+// Both kernels walk the positions in chunks with an online softmax (running
+// max m, running sum l, output rescaled by e^(m_old − m_new)), so shared
+// memory does not grow with the context.
+#include "common.h"
+
+#define ATT_CH 256
+
+// Cache elements are f16 (the default) or f32 (exact, for checking against a
+// float reference); ldkv widens either to float.
+DEV float ldkv(const u16* p, size_t i) { return h2f(p[i]); }
+DEV float ldkv(const float* p, size_t i) { return p[i]; }
+// ld2kv reads elements 2i and 2i+1 with one load (rows are even-sized).
+DEV void ld2kv(const u16* p, int i, float* a, float* b) {
+  u32 v = ((const u32*)p)[i];
+  *a = h2f(v & 0xFFFF);
+  *b = h2f(v >> 16);
+}
+DEV void ld2kv(const float* p, int i, float* a, float* b) {
+  float2 v = ((const float2*)p)[i];
+  *a = v.x;
+  *b = v.y;
+}
+DEV void stkv(u16* p, size_t i, float v) { p[i] = f2h(v); }
+DEV void stkv(float* p, size_t i, float v) { p[i] = v; }
+
+// Store n new keys and values at positions pos0… of one layer's cache
+// ([ctx][kvDim] each).
+template <class KT>
+static __device__ void kv_store(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0) {
+  int total = n * kvDim;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    size_t o = (size_t)pos0 * kvDim + i;
+    stkv(kc, o, k[i]);
+    stkv(vc, o, v[i]);
+  }
+}
+
+// Decode shape: one block per (head, token, split). Split z covers
+// positions [z·splitLen, (z+1)·splitLen) of the token's 0…pos0+t, so a long
+// context spreads over many blocks (flash-decoding); with one split the
+// block writes the output, with several it writes its running max m, sum l
+// and unnormalised output to part [n][heads][splits][D+2] for attn_combine.
+// Keys: one warp per position, lanes split the head dimension; values: one
+// thread per output dimension.
+//   grid (heads, n, splits), block 128, D ≤ 256
+template <class KT>
+static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
+                                   int kvHeads, int D, int pos0, float scale, int splitLen) {
+  __shared__ float qs[256];
+  __shared__ float ps[ATT_CH];
+  __shared__ float scratch[32];
+  int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+  int kvDim = kvHeads * D;
+  int kvh = h / (heads / kvHeads);
+  int L = pos0 + t + 1;
+  int p0 = z * splitLen, p1 = min(L, p0 + splitLen);
+  const float* qh = q + ((size_t)t * heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qh[d];
+  __syncthreads();
+  float m = -3.0e38f, l = 0.0f;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
+  const KT* kb = kc + (size_t)kvh * D;
+  const KT* vb = vc + (size_t)kvh * D;
+  for (int c0 = p0; c0 < p1; c0 += ATT_CH) {
+    int cl = min(ATT_CH, p1 - c0);
+    // scores: one thread per position, its whole key row read in pairs
+    // (many independent loads in flight, unlike a warp reduction per key)
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
+      const KT* kr = kb + (size_t)(c0 + j) * kvDim;
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < D / 2; d++) {
+        float a, b2;
+        ld2kv(kr, d, &a, &b2);
+        s0 = fmaf(qs[2 * d], a, s0);
+        s1 = fmaf(qs[2 * d + 1], b2, s1);
+      }
+      ps[j] = (s0 + s1) * scale;
+    }
+    __syncthreads();
+    float cm = -3.0e38f;
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
+    cm = block_max(cm, scratch);
+    float mn = fmaxf(m, cm);
+    float alpha = expf(m - mn);
+    float ls = 0.0f;
+    __syncthreads();
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
+      float p = expf(ps[j] - mn);
+      ps[j] = p;
+      ls += p;
+    }
+    ls = block_sum(ls, scratch);  // its barriers make every ps[j] visible
+    l = l * alpha + ls;
+    m = mn;
+    acc0 *= alpha;
+    acc1 *= alpha;
+#pragma unroll 8
+    for (int j = 0; j < cl; j++) {
+      const KT* vr = vb + (size_t)(c0 + j) * kvDim;
+      float p = ps[j];
+      if (d0 < D) acc0 = fmaf(p, ldkv(vr, d0), acc0);
+      if (d1 < D) acc1 = fmaf(p, ldkv(vr, d1), acc1);
+    }
+    __syncthreads();
+  }
+  if (part) {
+    float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
+    if (threadIdx.x == 0) {
+      pp[0] = m;
+      pp[1] = l;
+    }
+    if (d0 < D) pp[2 + d0] = acc0;
+    if (d1 < D) pp[2 + d1] = acc1;
+    return;
+  }
+  float* oh = out + ((size_t)t * heads + h) * D;
+  float inv = 1.0f / l;
+  if (d0 < D) oh[d0] = acc0 * inv;
+  if (d1 < D) oh[d1] = acc1 * inv;
+}
+
+// Combine the splits of attn_decode: out = Σ_z e^(m_z−M)·acc_z / Σ_z e^(m_z−M)·l_z.
+//   grid (heads, n), block 128
+KERNEL void attn_combine(float* out, const float* part, int heads, int D, int splits) {
+  int h = blockIdx.x, t = blockIdx.y;
+  const float* pp = part + ((size_t)t * heads + h) * splits * (D + 2);
+  float M = -3.0e38f;
+  for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  float L = 0.0f;
+  for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  float* oh = out + ((size_t)t * heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0.0f;
+    for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
+    oh[d] = a / L;
+  }
+}
+
+// Prompt shape: one block per (head, tile of QT tokens). Each chunk of PCH
+// keys and values is staged once in shared memory and used by all QT
+// queries of the tile, which cuts cache reads by QT against the decode
+// shape. Rows are padded by 4 bytes so the PCH threads scoring one query
+// read distinct banks.
+//   grid (heads, ceil(n/QT)), block 256, D ≤ 256
+#define QT 8
+template <class KT>
+static __device__ void attn_prompt(float* out, const float* q, const KT* kc, const KT* vc, int n, int heads,
+                                   int kvHeads, int D, int pos0, float scale) {
+  constexpr int PCH = 64 / (int)sizeof(KT);  // 32 positions of f16, 16 of f32: 33 KB either way
+  constexpr int PAD = 4 / (int)sizeof(KT);
+  __shared__ float qs[QT][256];
+  __shared__ __attribute__((aligned(16))) KT ks[PCH * (256 + PAD)];
+  __shared__ __attribute__((aligned(16))) KT vs[PCH * (256 + PAD)];
+  __shared__ float ps[QT][PCH];
+  __shared__ float alph[QT];
+  __shared__ float lsum[QT];
+  int h = blockIdx.x, t0 = blockIdx.y * QT;
+  int qn = min(QT, n - t0);
+  int kvDim = kvHeads * D;
+  int kvh = h / (heads / kvHeads);
+  int RS = D + PAD;  // shared row stride in elements
+  int nt = blockDim.x;
+  for (int i = threadIdx.x; i < QT * D; i += nt) {
+    int qi = i / D, d = i % D;
+    qs[qi][d] = qi < qn ? q[((size_t)(t0 + qi) * heads + h) * D + d] : 0.0f;
+  }
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize, nw = nt / warpSize;
+  // running max of query rows w and w+nw (nw ≥ 4 warps of a 256-thread block)
+  float mrow[2] = {-3.0e38f, -3.0e38f};
+  if (threadIdx.x < QT) lsum[threadIdx.x] = 0.0f;
+  float acc[8];  // element threadIdx.x + nt·j of the QT×D output tile
+#pragma unroll
+  for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+  int L = pos0 + t0 + qn;  // positions the last query of the tile sees
+  const KT* kb = kc + (size_t)kvh * D;
+  const KT* vb = vc + (size_t)kvh * D;
+  for (int c0 = 0; c0 < L; c0 += PCH) {
+    int cl = min(PCH, L - c0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < PCH * D; i += nt) {
+      int j = i / D, d = i % D;
+      KT kv = (KT)0, vv = (KT)0;
+      if (j < cl) {
+        kv = kb[(size_t)(c0 + j) * kvDim + d];
+        vv = vb[(size_t)(c0 + j) * kvDim + d];
+      }
+      ks[j * RS + d] = kv;
+      vs[j * RS + d] = vv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < QT * PCH; i += nt) {
+      int qi = i / PCH, j = i % PCH;
+      float s = -3.0e38f;
+      if (qi < qn && j < cl && c0 + j <= pos0 + t0 + qi) {
+        s = 0.0f;
+        const KT* kr = ks + j * RS;
+        for (int d = 0; d < D; d++) s = fmaf(qs[qi][d], ldkv(kr, d), s);
+        s *= scale;
+      }
+      ps[qi][j] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // online softmax, one warp per query row
+      int qi = w + nw * r;
+      if (qi >= QT) break;
+      float cm = -3.0e38f;
+      for (int j = lane; j < PCH; j += warpSize) cm = fmaxf(cm, ps[qi][j]);
+      cm = warp_max(cm);
+      float mn = fmaxf(mrow[r], cm);
+      float ls = 0.0f;
+      for (int j = lane; j < PCH; j += warpSize) {
+        float s = ps[qi][j];
+        float p = s <= -3.0e38f ? 0.0f : expf(s - mn);
+        ps[qi][j] = p;
+        ls += p;
+      }
+      ls = warp_sum(ls);
+      float a = expf(mrow[r] - mn);
+      mrow[r] = mn;
+      if (lane == 0) {
+        alph[qi] = a;
+        lsum[qi] = lsum[qi] * a + ls;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      int o = threadIdx.x + nt * j;
+      if (o < QT * D) {
+        int qi = o / D, d = o % D;
+        float a = acc[j] * alph[qi];
+        for (int c = 0; c < cl; c++) a = fmaf(ps[qi][c], ldkv(vs + c * RS, d), a);
+        acc[j] = a;
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    int o = threadIdx.x + nt * j;
+    if (o < QT * D) {
+      int qi = o / D, d = o % D;
+      if (qi < qn) out[((size_t)(t0 + qi) * heads + h) * D + d] = acc[j] / lsum[qi];
+    }
+  }
+}
+
+#define ATTN_KERNELS(sfx, KT)                                                                               \
+  KERNEL void kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0) {   \
+    kv_store<KT>(kc, vc, k, v, n, kvDim, pos0);                                                             \
+  }                                                                                                         \
+  KERNEL void attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
+                                int heads, int kvHeads, int D, int pos0, float scale, int splitLen) {        \
+    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen);                        \
+  }                                                                                                         \
+  KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
+                                                       const KT* vc, int n, int heads, int kvHeads, int D,   \
+                                                       int pos0, float scale) {                              \
+    attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale);                                     \
+  }
+ATTN_KERNELS(f16, u16)
+ATTN_KERNELS(f32, float)

@@ -1,0 +1,133 @@
+// common.h: the name-mapping header that lets one kernel source build with
+// nvrtc (CUDA) and hiprtc (HIP). It includes no system header, so it works
+// with the bare run-time compilers: every type and conversion it needs is
+// defined here. The Go side pastes it in front of each .cu file in place of
+// its `#include "common.h"` line.
+//
+// Rules for the kernels:
+//   - the warp size is never a constant: use warpSize (32 on NVIDIA and RDNA,
+//     64 on CDNA); shared arrays sized per warp assume at least 32 lanes.
+//   - every kernel is extern "C" so the launcher finds it by its plain name.
+#pragma once
+
+#if defined(__HIP__) || defined(__HIPCC_RTC__) || defined(__HIP_PLATFORM_AMD__)
+#define FORGE_HIP 1
+#else
+#define FORGE_CUDA 1
+#endif
+
+// hiprtc and nvrtc pre-include their runtime's device declarations; an
+// offline hipcc build (the quick syntax check) needs the header.
+#if defined(FORGE_HIP) && !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>
+#endif
+
+typedef decltype(sizeof(0)) size_t;  // same type as the runtime's, if it has one
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define KERNEL extern "C" __global__
+#if defined(FORGE_CUDA)
+#define FORGE_INLINE __forceinline__
+#else
+#define FORGE_INLINE inline __attribute__((always_inline))
+#endif
+// DEV marks a file-local device helper; DEVM a static member function of a
+// type-traits struct (quants.h).
+#define DEV static __device__ FORGE_INLINE
+#define DEVM __device__ FORGE_INLINE
+
+// ---- half and bfloat16 <-> float --------------------------------------------
+
+#if defined(FORGE_CUDA)
+DEV float h2f(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+DEV u16 f2h(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#else
+DEV float h2f(u16 h) {
+  union { u16 u; _Float16 f; } c;
+  c.u = h;
+  return (float)c.f;
+}
+DEV u16 f2h(float f) {
+  union { u16 u; _Float16 f; } c;
+  c.f = (_Float16)f;
+  return c.u;
+}
+#endif
+
+DEV float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// The float whose bits are 0x4B000000|q is 2^23+q for q < 2^23, so a small
+// unsigned integer becomes a float with one OR and one subtraction instead of
+// a conversion instruction (which runs at a quarter rate or less).
+DEV float u2f_small(u32 q) { return __uint_as_float(0x4B000000u | q) - 8388608.0f; }
+
+// ---- warp and block reductions ----------------------------------------------
+
+#if defined(FORGE_CUDA)
+#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#else
+#define SHFL_XOR(v, m) __shfl_xor((v), (m))
+#endif
+
+// WARP_SYNC orders shared-memory writes of one warp before its later reads.
+#if defined(FORGE_CUDA)
+#define WARP_SYNC() __syncwarp()
+#else
+#define WARP_SYNC() __builtin_amdgcn_wave_barrier()
+#endif
+
+DEV float warp_sum(float v) {
+  for (int o = warpSize / 2; o > 0; o >>= 1) v += SHFL_XOR(v, o);
+  return v;
+}
+
+DEV float warp_max(float v) {
+  for (int o = warpSize / 2; o > 0; o >>= 1) v = fmaxf(v, SHFL_XOR(v, o));
+  return v;
+}
+
+// block_sum returns the sum of v over the block to every thread. scratch
+// holds one float per warp (32 is enough for 1024 threads at warp 32).
+DEV float block_sum(float v, float* scratch) {
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize;
+  int nw = (blockDim.x + warpSize - 1) / warpSize;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+DEV float block_max(float v, float* scratch) {
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize;
+  int nw = (blockDim.x + warpSize - 1) / warpSize;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[w] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : -3.0e38f;
+  return warp_max(v);
+}
+
+// Unaligned little-endian loads for block fields that are not naturally
+// aligned (blocks of 18, 22, 34 bytes…).
+DEV u32 ld_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }
+DEV u32 ld_u32(const u8* p) {
+  return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}

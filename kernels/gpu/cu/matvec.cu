@@ -1,0 +1,770 @@
+// matvec.cu: matrix–vector products that read GGUF blocks directly.
+//
+//   w [rows][cols] in blocks, x [nx][cols] f32, y [nx][rows] f32
+//   y[j][r] = Σ_c w[r][c]·x[j][c]
+//
+// Generic kernels (every type): one warp per row, lanes stride over the
+// row's parts (quants.h) and decode them into registers; nx ≤ MV_MAXNX
+// activation rows share one read of the weights.
+//
+// Fast kernels (Q4_K, Q6_K: the bulk of a Q4_K_M model): one warp per one
+// or two rows, wide loads of whole 16-byte chunks, and integer codes turned
+// into floats by byte permutes onto the 2^23 exponent (no conversion
+// instructions, which run at a quarter rate).
+#include "quants.h"
+
+#define MV_MAXNX 8
+
+template <class T>
+static __device__ void mv_block(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                int rows, int cols, int nx) {
+  int lane = threadIdx.x % warpSize;
+  int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+  if (row >= rows) return;
+  const u8* wr = w + (size_t)row * (size_t)(cols / T::BS) * T::BB;
+  int nparts = cols / T::PE;
+  float acc[MV_MAXNX];
+#pragma unroll
+  for (int j = 0; j < MV_MAXNX; j++) acc[j] = 0.0f;
+  for (int p = lane; p < nparts; p += warpSize) {
+    float v[T::PE];
+    T::deq(wr + (size_t)(p / T::PARTS) * T::BB, p % T::PARTS, v);
+    const float* xp = x + (size_t)p * T::PE;
+#pragma unroll
+    for (int j = 0; j < MV_MAXNX; j++) {
+      if (j < nx) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < T::PE; i++) s = fmaf(v[i], xp[(size_t)j * cols + i], s);
+        acc[j] += s;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MV_MAXNX; j++) {
+    if (j < nx) {
+      float s = warp_sum(acc[j]);
+      if (lane == 0) y[(size_t)j * rows + row] = s;
+    }
+  }
+}
+
+template <class T>
+static __device__ void mv_plain(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                int rows, int cols, int nx) {
+  int lane = threadIdx.x % warpSize;
+  int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+  if (row >= rows) return;
+  const u8* wr = w + (size_t)row * cols * T::ES;
+  float acc[MV_MAXNX];
+#pragma unroll
+  for (int j = 0; j < MV_MAXNX; j++) acc[j] = 0.0f;
+  for (int c = lane; c < cols; c += warpSize) {
+    float v = T::get(wr, c);
+#pragma unroll
+    for (int j = 0; j < MV_MAXNX; j++)
+      if (j < nx) acc[j] = fmaf(v, x[(size_t)j * cols + c], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < MV_MAXNX; j++) {
+    if (j < nx) {
+      float s = warp_sum(acc[j]);
+      if (lane == 0) y[(size_t)j * rows + row] = s;
+    }
+  }
+}
+
+#define MV_BLOCK(name, T)                                                                               \
+  KERNEL void mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+    mv_block<T>(w, x, y, rows, cols, nx);                                                               \
+  }
+#define MV_PLAIN(name, T)                                                                               \
+  KERNEL void mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+    mv_plain<T>(w, x, y, rows, cols, nx);                                                               \
+  }
+FOR_BLOCK_TYPES(MV_BLOCK)
+FOR_PLAIN_TYPES(MV_PLAIN)
+
+// ---- fast kernels -----------------------------------------------------------
+
+// byte_f(w, i): byte i of w as a float offset by 2^23 (subtract 8388608).
+#if defined(FORGE_CUDA)
+#define BYTE_F(w, i) __uint_as_float(__byte_perm((w), 0x4B000000u, 0x7540u | (i)))
+#else
+#define BYTE_F(w, i) __uint_as_float((((w) >> (8 * (i))) & 0xFFu) | 0x4B000000u)
+#endif
+
+// dot4: Σ_i x[i]·(byte i of w − off), off folding in the 2^23 bias.
+DEV float dot4(u32 w, float4 x, float off, float s) {
+  s = fmaf(x.x, BYTE_F(w, 0) - off, s);
+  s = fmaf(x.y, BYTE_F(w, 1) - off, s);
+  s = fmaf(x.z, BYTE_F(w, 2) - off, s);
+  s = fmaf(x.w, BYTE_F(w, 3) - off, s);
+  return s;
+}
+
+DEV float sum4(float4 a) { return (a.x + a.y) + (a.z + a.w); }
+
+// Q4_K, R rows per warp, U super-blocks per lane in flight. Eight lanes
+// share a super-block: lane j of the eight takes the 16 code bytes
+// qs[16j…16j+15], which hold elements 64c + 16(j&1) + i (low nibbles,
+// sub-block 2c) and 64c + 32 + 16(j&1) + i (high nibbles, sub-block 2c+1),
+// c = j/2. With y = d·sc·q − dmin·m the min term needs only Σx per
+// sub-block, shared by the R rows. All weight loads of an iteration are
+// issued before any arithmetic, so R·U·32 bytes per lane are in flight.
+// Needs w and x 16-byte aligned (every Q4_K row is 144·k bytes).
+template <int R, int U>
+static __device__ void mv_q4_k_fast(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
+  if (row0 >= rows) return;
+  int nsb = cols / 256;
+  int step = warpSize / 8;
+  size_t rb = (size_t)nsb * 144;
+  int j = lane & 7, c = j >> 1, p0 = 2 * c;
+  int xo = 64 * c + 16 * (j & 1);
+  int sh = 8 * (p0 & 3);  // byte of each scales word for sub-blocks 2c (and 2c+1 at sh+8)
+  float acc[R];
+  const u8* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+  }
+  for (int sb0 = lane >> 3; sb0 < nsb; sb0 += U * step) {
+    uint4 hdv[U][R], qv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int sb = min(sb0 + u * step, nsb - 1);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const u8* bp = wr[r] + (size_t)sb * 144;
+        hdv[u][r] = *(const uint4*)bp;
+        qv[u][r] = *(const uint4*)(bp + 16 + 16 * j);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int sb = sb0 + u * step;
+      if (sb >= nsb) break;
+      const float4* xp = (const float4*)(x + (size_t)sb * 256 + xo);
+      float4 xl0 = xp[0], xl1 = xp[1], xl2 = xp[2], xl3 = xp[3];
+      float4 xh0 = xp[8], xh1 = xp[9], xh2 = xp[10], xh3 = xp[11];
+      float sl = (sum4(xl0) + sum4(xl1)) + (sum4(xl2) + sum4(xl3));
+      float shx = (sum4(xh0) + sum4(xh1)) + (sum4(xh2) + sum4(xh3));
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        uint4 hd = hdv[u][r], q = qv[u][r];
+        float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
+        // scales bytes 0..3 = hd.y, 4..7 = hd.z, 8..11 = hd.w
+        u32 sc1, m1, sc2, m2;
+        {
+          u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
+          u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
+          if (p0 < 4) {
+            sc1 = Y & 63; m1 = Z & 63;
+            sc2 = Y2 & 63; m2 = Z2 & 63;
+          } else {
+            sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
+            sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
+          }
+        }
+        const float B = 8388608.0f;
+        float dl = 0.0f, dh = 0.0f;
+        dl = dot4(q.x & 0x0F0F0F0Fu, xl0, B, dl);
+        dl = dot4(q.y & 0x0F0F0F0Fu, xl1, B, dl);
+        dl = dot4(q.z & 0x0F0F0F0Fu, xl2, B, dl);
+        dl = dot4(q.w & 0x0F0F0F0Fu, xl3, B, dl);
+        dh = dot4((q.x >> 4) & 0x0F0F0F0Fu, xh0, B, dh);
+        dh = dot4((q.y >> 4) & 0x0F0F0F0Fu, xh1, B, dh);
+        dh = dot4((q.z >> 4) & 0x0F0F0F0Fu, xh2, B, dh);
+        dh = dot4((q.w >> 4) & 0x0F0F0F0Fu, xh3, B, dh);
+        acc[r] += d * ((float)sc1 * dl + (float)sc2 * dh) - dmin * ((float)m1 * sl + (float)m2 * shx);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
+}
+
+// Q4_K, R rows per warp, software-pipelined: the blocks of the next
+// iteration are loaded into registers before the arithmetic of this one, so
+// every warp always has a load in flight (without it a warp alternates
+// between waiting and computing and the memory pipe idles). Same lane
+// layout and arithmetic as mv_q4_k_fast.
+template <int R>
+static __device__ void mv_q4_k_pipe(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
+  if (row0 >= rows) return;
+  int nsb = cols / 256;
+  int step = warpSize / 8;
+  size_t rb = (size_t)nsb * 144;
+  int j = lane & 7, c = j >> 1, p0 = 2 * c;
+  int xo = 64 * c + 16 * (j & 1);
+  int sh = 8 * (p0 & 3);
+  float acc[R];
+  const u8* wr[R];
+  uint4 hdn[R], qn[R];
+  int sb = lane >> 3;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+    const u8* bp = wr[r] + (size_t)min(sb, nsb - 1) * 144;
+    hdn[r] = *(const uint4*)bp;
+    qn[r] = *(const uint4*)(bp + 16 + 16 * j);
+  }
+  for (; sb < nsb; sb += step) {
+    uint4 hdv[R], qv[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      hdv[r] = hdn[r];
+      qv[r] = qn[r];
+    }
+    int sbn = min(sb + step, nsb - 1);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const u8* bp = wr[r] + (size_t)sbn * 144;
+      hdn[r] = *(const uint4*)bp;
+      qn[r] = *(const uint4*)(bp + 16 + 16 * j);
+    }
+    const float4* xp = (const float4*)(x + (size_t)sb * 256 + xo);
+    float4 xl0 = xp[0], xl1 = xp[1], xl2 = xp[2], xl3 = xp[3];
+    float4 xh0 = xp[8], xh1 = xp[9], xh2 = xp[10], xh3 = xp[11];
+    float sl = (sum4(xl0) + sum4(xl1)) + (sum4(xl2) + sum4(xl3));
+    float shx = (sum4(xh0) + sum4(xh1)) + (sum4(xh2) + sum4(xh3));
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      uint4 hd = hdv[r], q = qv[r];
+      float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
+      u32 sc1, m1, sc2, m2;
+      {
+        u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
+        u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
+        if (p0 < 4) {
+          sc1 = Y & 63; m1 = Z & 63;
+          sc2 = Y2 & 63; m2 = Z2 & 63;
+        } else {
+          sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
+          sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
+        }
+      }
+      const float B = 8388608.0f;
+      float dl = 0.0f, dh = 0.0f;
+      dl = dot4(q.x & 0x0F0F0F0Fu, xl0, B, dl);
+      dl = dot4(q.y & 0x0F0F0F0Fu, xl1, B, dl);
+      dl = dot4(q.z & 0x0F0F0F0Fu, xl2, B, dl);
+      dl = dot4(q.w & 0x0F0F0F0Fu, xl3, B, dl);
+      dh = dot4((q.x >> 4) & 0x0F0F0F0Fu, xh0, B, dh);
+      dh = dot4((q.y >> 4) & 0x0F0F0F0Fu, xh1, B, dh);
+      dh = dot4((q.z >> 4) & 0x0F0F0F0Fu, xh2, B, dh);
+      dh = dot4((q.w >> 4) & 0x0F0F0F0Fu, xh3, B, dh);
+      acc[r] += d * (u2f_small(sc1) * dl + u2f_small(sc2) * dh) - dmin * (u2f_small(m1) * sl + u2f_small(m2) * shx);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
+}
+
+KERNEL void mv_q4_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void mv_q4_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void mv_q4_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<2>(w, x, y, rows, cols); }
+
+#define MV_Q4K_FAST(R, U)                                                                         \
+  KERNEL void mv_q4_k_r##R##u##U(const u8* w, const float* x, float* y, int rows, int cols) {     \
+    mv_q4_k_fast<R, U>(w, x, y, rows, cols);                                                      \
+  }
+MV_Q4K_FAST(1, 1)
+MV_Q4K_FAST(2, 1)
+MV_Q4K_FAST(1, 2)
+MV_Q4K_FAST(2, 2)
+
+// Q6_K, R rows per warp. Four lanes share a super-block: lane t4 = 2n + t
+// takes elements 128n + 32k + 16t + i (k = 0..3, i = 0..15): low bits from
+// ql[64n + 16t + i] (k = 0 low nibble, k = 2 high) and ql[64n + 32 + 16t + i]
+// (k = 1, 3), high bits from qh[32n + 16t + i] (bits 2k), scale
+// sc[8n + 2k + t]. Blocks are 210 bytes, so only 2-byte loads are aligned.
+DEV u32 ld2x16(const u8* p) {
+  const u16* q = (const u16*)p;
+  return (u32)q[0] | ((u32)q[1] << 16);
+}
+
+template <int R>
+static __device__ void mv_q6_k_fast(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
+  if (row0 >= rows) return;
+  int nsb = cols / 256;
+  size_t rb = (size_t)nsb * 210;
+  int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  float acc[R];
+  const u8* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+  }
+  for (int sb = lane >> 2; sb < nsb; sb += warpSize / 4) {
+    const float* xb = x + (size_t)sb * 256 + 128 * n + 16 * t;
+    float4 xv[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+      for (int g = 0; g < 4; g++) xv[k][g] = ((const float4*)(xb + 32 * k))[g];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const u8* bp = wr[r] + (size_t)sb * 210;
+      const u8* pa = bp + 64 * n + 16 * t;
+      const u8* pb = pa + 32;
+      const u8* ph = bp + 128 + 32 * n + 16 * t;
+      const u8* ps = bp + 192 + 8 * n;
+      float d = h2f(*(const u16*)(bp + 208));
+      u32 s01 = ld2x16(ps), s23 = ld2x16(ps + 4);  // scale bytes 8n + 0..7
+      // scale for k: byte 2k + t of the 8
+      float sck[4];
+      sck[0] = (float)(i8)((s01 >> (8 * t)) & 0xFF);
+      sck[1] = (float)(i8)((s01 >> (8 * (2 + t))) & 0xFF);
+      sck[2] = (float)(i8)((s23 >> (8 * t)) & 0xFF);
+      sck[3] = (float)(i8)((s23 >> (8 * (2 + t))) & 0xFF);
+      float dk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const float B = 8388608.0f + 32.0f;
+#pragma unroll
+      for (int g = 0; g < 4; g++) {
+        u32 wa = ld2x16(pa + 4 * g), wb = ld2x16(pb + 4 * g), wh = ld2x16(ph + 4 * g);
+        u32 q0 = (wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u);
+        u32 q1 = (wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u);
+        u32 q2 = ((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u);
+        u32 q3 = ((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u);
+        dk[0] = dot4(q0, xv[0][g], B, dk[0]);
+        dk[1] = dot4(q1, xv[1][g], B, dk[1]);
+        dk[2] = dot4(q2, xv[2][g], B, dk[2]);
+        dk[3] = dot4(q3, xv[3][g], B, dk[3]);
+      }
+      acc[r] += d * ((sck[0] * dk[0] + sck[1] * dk[1]) + (sck[2] * dk[2] + sck[3] * dk[3]));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
+}
+
+// Q6_K, R rows per warp, software-pipelined like mv_q4_k_pipe: the 2-byte
+// words a lane needs from the next super-block (16 bytes each of the two
+// ql runs and of qh, 8 scale bytes, d) are loaded before the arithmetic on
+// the current one.
+struct Q6Words {
+  u32 a[4], b[4], h[4], s01, s23, d;
+};
+DEV void q6_load(Q6Words& q, const u8* bp, int n, int t) {
+  const u8* pa = bp + 64 * n + 16 * t;
+  const u8* pb = pa + 32;
+  const u8* ph = bp + 128 + 32 * n + 16 * t;
+  const u8* ps = bp + 192 + 8 * n;
+#pragma unroll
+  for (int g = 0; g < 4; g++) {
+    q.a[g] = ld2x16(pa + 4 * g);
+    q.b[g] = ld2x16(pb + 4 * g);
+    q.h[g] = ld2x16(ph + 4 * g);
+  }
+  q.s01 = ld2x16(ps);
+  q.s23 = ld2x16(ps + 4);
+  q.d = *(const u16*)(bp + 208);
+}
+
+template <int R>
+static __device__ void mv_q6_k_pipe(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                    int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
+  if (row0 >= rows) return;
+  int nsb = cols / 256;
+  int step = warpSize / 4;
+  size_t rb = (size_t)nsb * 210;
+  int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  float acc[R];
+  const u8* wr[R];
+  Q6Words nx[R];
+  int sb = lane >> 2;
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+    q6_load(nx[r], wr[r] + (size_t)min(sb, nsb - 1) * 210, n, t);
+  }
+  for (; sb < nsb; sb += step) {
+    Q6Words cur[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) cur[r] = nx[r];
+    int sbn = min(sb + step, nsb - 1);
+#pragma unroll
+    for (int r = 0; r < R; r++) q6_load(nx[r], wr[r] + (size_t)sbn * 210, n, t);
+    const float* xb = x + (size_t)sb * 256 + 128 * n + 16 * t;
+    float4 xv[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+      for (int g = 0; g < 4; g++) xv[k][g] = ((const float4*)(xb + 32 * k))[g];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const Q6Words& q = cur[r];
+      float d = h2f((u16)q.d);
+      // signed scale bytes as floats without conversion instructions:
+      // (b ^ 0x80) is b + 128 as an unsigned byte
+      const float S = 8388608.0f + 128.0f;
+      float sck[4];
+      sck[0] = BYTE_F(q.s01 ^ 0x80808080u, 0 + t) - S;
+      sck[1] = BYTE_F(q.s01 ^ 0x80808080u, 2 + t) - S;
+      sck[2] = BYTE_F(q.s23 ^ 0x80808080u, 0 + t) - S;
+      sck[3] = BYTE_F(q.s23 ^ 0x80808080u, 2 + t) - S;
+      float dk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const float B = 8388608.0f + 32.0f;
+#pragma unroll
+      for (int g = 0; g < 4; g++) {
+        u32 wa = q.a[g], wb = q.b[g], wh = q.h[g];
+        dk[0] = dot4((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u), xv[0][g], B, dk[0]);
+        dk[1] = dot4((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u), xv[1][g], B, dk[1]);
+        dk[2] = dot4(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u), xv[2][g], B, dk[2]);
+        dk[3] = dot4(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u), xv[3][g], B, dk[3]);
+      }
+      acc[r] += d * ((sck[0] * dk[0] + sck[1] * dk[1]) + (sck[2] * dk[2] + sck[3] * dk[3]));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
+}
+
+KERNEL void mv_q6_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void mv_q6_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void mv_q6_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<2>(w, x, y, rows, cols); }
+
+KERNEL void mv_q6_k_r1u1(const u8* w, const float* x, float* y, int rows, int cols) {
+  mv_q6_k_fast<1>(w, x, y, rows, cols);
+}
+KERNEL void mv_q6_k_r2u1(const u8* w, const float* x, float* y, int rows, int cols) {
+  mv_q6_k_fast<2>(w, x, y, rows, cols);
+}
+
+// Q6_K staged: the same arithmetic as mv_q6_k_fast, but each warp first
+// copies the warpSize/4 super-blocks it is about to use (a contiguous,
+// 16-byte aligned run of whole 210-byte blocks: warpSize/4·210 is a multiple
+// of 16) into shared memory with 16-byte loads, then reads the fields from
+// there. Global traffic becomes full-width loads instead of 2-byte ones.
+//   block 128 threads; shared 128/4·210·R bytes whatever the warp size
+template <int R>
+static __device__ void mv_q6_k_stage(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                     int rows, int cols) {
+  __shared__ __attribute__((aligned(16))) u8 stage[R * 32 * 210];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + warp) * R;
+  if (row0 >= rows) return;
+  int S = warpSize / 4;                   // super-blocks per step
+  u8* st = stage + warp * R * S * 210;    // this warp's R·S blocks
+  int nsb = cols / 256;
+  size_t rb = (size_t)nsb * 210;
+  int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  float acc[R];
+  const u8* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+  }
+  for (int sb0 = 0; sb0 < nsb; sb0 += S) {
+    int nb = min(S, nsb - sb0);
+    int bytes = nb * 210;
+    WARP_SYNC();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const u8* src = wr[r] + (size_t)sb0 * 210;
+      u8* dst = st + r * S * 210;
+      int n16 = bytes >> 4;
+      for (int i = lane; i < n16; i += warpSize) ((uint4*)dst)[i] = ((const uint4*)src)[i];
+      for (int i = (n16 << 3) + lane; i < (bytes >> 1); i += warpSize) ((u16*)dst)[i] = ((const u16*)src)[i];
+    }
+    WARP_SYNC();
+    int sb = sb0 + (lane >> 2);
+    if (lane >> 2 < nb) {
+      const float* xb = x + (size_t)sb * 256 + 128 * n + 16 * t;
+      float4 xv[4][4];
+#pragma unroll
+      for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int g = 0; g < 4; g++) xv[k][g] = ((const float4*)(xb + 32 * k))[g];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const u8* bp = st + r * S * 210 + (lane >> 2) * 210;
+        const u8* pa = bp + 64 * n + 16 * t;
+        const u8* pb = pa + 32;
+        const u8* ph = bp + 128 + 32 * n + 16 * t;
+        const u8* ps = bp + 192 + 8 * n;
+        float d = h2f(*(const u16*)(bp + 208));
+        u32 s01 = ld2x16(ps), s23 = ld2x16(ps + 4);
+        float sck[4];
+        sck[0] = (float)(i8)((s01 >> (8 * t)) & 0xFF);
+        sck[1] = (float)(i8)((s01 >> (8 * (2 + t))) & 0xFF);
+        sck[2] = (float)(i8)((s23 >> (8 * t)) & 0xFF);
+        sck[3] = (float)(i8)((s23 >> (8 * (2 + t))) & 0xFF);
+        float dk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float B = 8388608.0f + 32.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+          u32 wa = ld2x16(pa + 4 * g), wb = ld2x16(pb + 4 * g), wh = ld2x16(ph + 4 * g);
+          u32 q0 = (wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u);
+          u32 q1 = (wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u);
+          u32 q2 = ((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u);
+          u32 q3 = ((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u);
+          dk[0] = dot4(q0, xv[0][g], B, dk[0]);
+          dk[1] = dot4(q1, xv[1][g], B, dk[1]);
+          dk[2] = dot4(q2, xv[2][g], B, dk[2]);
+          dk[3] = dot4(q3, xv[3][g], B, dk[3]);
+        }
+        acc[r] += d * ((sck[0] * dk[0] + sck[1] * dk[1]) + (sck[2] * dk[2] + sck[3] * dk[3]));
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
+}
+
+KERNEL void __launch_bounds__(128) mv_q6_k_s1(const u8* w, const float* x, float* y, int rows, int cols) {
+  mv_q6_k_stage<1>(w, x, y, rows, cols);
+}
+KERNEL void __launch_bounds__(128) mv_q6_k_s2(const u8* w, const float* x, float* y, int rows, int cols) {
+  mv_q6_k_stage<2>(w, x, y, rows, cols);
+}
+
+// ---- 8-bit activations ------------------------------------------------------
+//
+// Profiling the float kernels above on an H100 showed them bound by L1
+// traffic, not DRAM: every lane reads 4 bytes of x per weight element
+// (7 bytes of x per byte of Q4_K weight with two rows per warp). Here x is
+// first quantized to int8 in blocks of 32 with one float scale (as
+// llama.cpp's Q8_1), which cuts that traffic by four and lets a dp4a
+// instruction do four multiply-adds. The rounding of x costs about 0.5 % of
+// a dot product of random data (the conformance bound for quantized weights
+// allows 2 %).
+
+#if defined(FORGE_CUDA)
+DEV int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#else
+DEV int dp4a(int a, int b, int c) {
+  return c + (int)(i8)a * (int)(i8)b + (int)(i8)(a >> 8) * (int)(i8)(b >> 8) +
+         (int)(i8)(a >> 16) * (int)(i8)(b >> 16) + (int)(i8)(a >> 24) * (int)(i8)(b >> 24);
+}
+#endif
+
+// x [n] f32 -> q [n] int8, d [n/32] f32 with x ≈ q·d, d = max|x|/127.
+// One thread per value; 32 consecutive threads share a block.
+KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float v = i < n ? x[i] : 0.0f;
+  float a = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
+  float s = a / 127.0f;
+  float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  if (i < n) {
+    q[i] = (i8)(int)rintf(v * inv);
+    if ((i & 31) == 0) d[i >> 5] = s;
+  }
+}
+
+// Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
+// of eight takes qs[16j…16j+15]: 16 values of sub-block 2c and 16 of 2c+1).
+//   y = Σ_sub d·sc·(dx·Σ q·qx) − dmin·m·(dx·Σ qx)
+template <int R, int U>
+static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  // grid-stride over groups of R rows: the launcher may size the grid to
+  // one resident wave (no partial last wave)
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    int nsb = cols / 256;
+    int step = warpSize / 8;
+    size_t rb = (size_t)nsb * 144;
+    int j = lane & 7, c = j >> 1, p0 = 2 * c;
+    int xo = 64 * c + 16 * (j & 1);
+    int sh = 8 * (p0 & 3);
+    float acc[R];
+    const u8* wr[R];
+  #pragma unroll
+    for (int r = 0; r < R; r++) {
+      acc[r] = 0.0f;
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+    }
+    for (int sb0 = lane >> 3; sb0 < nsb; sb0 += U * step) {
+      // every load of the U super-blocks is issued before any arithmetic
+      uint4 hdv[U][R], qv[U][R], xlv[U], xhv[U];
+  #pragma unroll
+      for (int u = 0; u < U; u++) {
+        int sb = min(sb0 + u * step, nsb - 1);
+  #pragma unroll
+        for (int r = 0; r < R; r++) {
+          const u8* bp = wr[r] + (size_t)sb * 144;
+          hdv[u][r] = *(const uint4*)bp;
+          qv[u][r] = *(const uint4*)(bp + 16 + 16 * j);
+        }
+        xlv[u] = *(const uint4*)(xq + (size_t)sb * 256 + xo);
+        xhv[u] = *(const uint4*)(xq + (size_t)sb * 256 + xo + 32);
+      }
+  #pragma unroll
+      for (int u = 0; u < U; u++) {
+        int sb = sb0 + u * step;
+        if (sb >= nsb) break;
+        uint4 xl = xlv[u], xh = xhv[u];
+        float dx1 = xd[sb * 8 + p0], dx2 = xd[sb * 8 + p0 + 1];
+        const int ones = 0x01010101;
+        int sxl = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
+        int sxh = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, 0))));
+        float fl = dx1 * (float)sxl, fh = dx2 * (float)sxh;  // Σx of this lane's halves
+  #pragma unroll
+        for (int r = 0; r < R; r++) {
+          uint4 hd = hdv[u][r], q = qv[u][r];
+          float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
+          u32 sc1, m1, sc2, m2;
+          {
+            u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
+            u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
+            if (p0 < 4) {
+              sc1 = Y & 63; m1 = Z & 63;
+              sc2 = Y2 & 63; m2 = Z2 & 63;
+            } else {
+              sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
+              sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
+            }
+          }
+          int il = dp4a((int)(q.x & 0x0F0F0F0Fu), (int)xl.x, 0);
+          il = dp4a((int)(q.y & 0x0F0F0F0Fu), (int)xl.y, il);
+          il = dp4a((int)(q.z & 0x0F0F0F0Fu), (int)xl.z, il);
+          il = dp4a((int)(q.w & 0x0F0F0F0Fu), (int)xl.w, il);
+          int ih = dp4a((int)((q.x >> 4) & 0x0F0F0F0Fu), (int)xh.x, 0);
+          ih = dp4a((int)((q.y >> 4) & 0x0F0F0F0Fu), (int)xh.y, ih);
+          ih = dp4a((int)((q.z >> 4) & 0x0F0F0F0Fu), (int)xh.z, ih);
+          ih = dp4a((int)((q.w >> 4) & 0x0F0F0F0Fu), (int)xh.w, ih);
+          acc[r] += d * (u2f_small(sc1) * dx1 * (float)il + u2f_small(sc2) * dx2 * (float)ih) -
+                    dmin * (u2f_small(m1) * fl + u2f_small(m2) * fh);
+        }
+      }
+    }
+  #pragma unroll
+    for (int r = 0; r < R; r++) {
+      float s = warp_sum(acc[r]);
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+  }
+}
+
+// Q6_K · q8 x, R rows per warp, lanes as in mv_q6_k_fast (lane 2n+t of
+// four takes elements 128n + 32k + 16t + i). Codes are q − 32:
+//   Σ (q−32)·qx = Σ q·qx − 32·Σ qx
+template <int R, int U>
+static __device__ void mv_q6_k_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  // grid-stride over groups of R rows: the launcher may size the grid to
+  // one resident wave (no partial last wave)
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    int nsb = cols / 256;
+    int step = warpSize / 4;
+    size_t rb = (size_t)nsb * 210;
+    int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+    float acc[R];
+    const u8* wr[R];
+  #pragma unroll
+    for (int r = 0; r < R; r++) {
+      acc[r] = 0.0f;
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+    }
+    for (int sb0 = lane >> 2; sb0 < nsb; sb0 += U * step) {
+      Q6Words cur[U][R];
+  #pragma unroll
+      for (int u = 0; u < U; u++) {
+        int sb = min(sb0 + u * step, nsb - 1);
+  #pragma unroll
+        for (int r = 0; r < R; r++) q6_load(cur[u][r], wr[r] + (size_t)sb * 210, n, t);
+      }
+  #pragma unroll
+      for (int u = 0; u < U; u++) {
+        int sb = sb0 + u * step;
+        if (sb >= nsb) break;
+        const i8* xb = xq + (size_t)sb * 256 + 128 * n + 16 * t;
+        uint4 xv[4];
+        float dxk[4];
+        int sx[4];
+        const int ones = 0x01010101;
+  #pragma unroll
+        for (int k = 0; k < 4; k++) {
+          xv[k] = *(const uint4*)(xb + 32 * k);
+          dxk[k] = xd[sb * 8 + 4 * n + k];
+          sx[k] = dp4a(ones, xv[k].x, dp4a(ones, xv[k].y, dp4a(ones, xv[k].z, dp4a(ones, xv[k].w, 0))));
+        }
+  #pragma unroll
+        for (int r = 0; r < R; r++) {
+          const Q6Words& q = cur[u][r];
+          float d = h2f((u16)q.d);
+          const float S = 8388608.0f + 128.0f;
+          float sck[4];
+          sck[0] = BYTE_F(q.s01 ^ 0x80808080u, 0 + t) - S;
+          sck[1] = BYTE_F(q.s01 ^ 0x80808080u, 2 + t) - S;
+          sck[2] = BYTE_F(q.s23 ^ 0x80808080u, 0 + t) - S;
+          sck[3] = BYTE_F(q.s23 ^ 0x80808080u, 2 + t) - S;
+          int ik[4] = {0, 0, 0, 0};
+  #pragma unroll
+          for (int g = 0; g < 4; g++) {
+            u32 wa = q.a[g], wb = q.b[g], wh = q.h[g];
+            u32 xg0 = g == 0 ? xv[0].x : g == 1 ? xv[0].y : g == 2 ? xv[0].z : xv[0].w;
+            u32 xg1 = g == 0 ? xv[1].x : g == 1 ? xv[1].y : g == 2 ? xv[1].z : xv[1].w;
+            u32 xg2 = g == 0 ? xv[2].x : g == 1 ? xv[2].y : g == 2 ? xv[2].z : xv[2].w;
+            u32 xg3 = g == 0 ? xv[3].x : g == 1 ? xv[3].y : g == 2 ? xv[3].z : xv[3].w;
+            ik[0] = dp4a((int)((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u)), (int)xg0, ik[0]);
+            ik[1] = dp4a((int)((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u)), (int)xg1, ik[1]);
+            ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
+            ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
+          }
+          float s = 0.0f;
+  #pragma unroll
+          for (int k = 0; k < 4; k++) s += sck[k] * dxk[k] * (float)(ik[k] - 32 * sx[k]);
+          acc[r] += d * s;
+        }
+      }
+    }
+  #pragma unroll
+    for (int r = 0; r < R; r++) {
+      float s = warp_sum(acc[r]);
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+  }
+}
+
+#define MV_Q8X(R, U)                                                                                           \
+  KERNEL void mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+    mv_q4_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
+  }                                                                                                            \
+  KERNEL void mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+    mv_q6_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
+  }
+// q{R}{U}: R rows per warp, U super-blocks per lane in flight
+MV_Q8X(1, 1)
+MV_Q8X(2, 1)
+MV_Q8X(1, 2)
+MV_Q8X(2, 2)
+MV_Q8X(1, 4)

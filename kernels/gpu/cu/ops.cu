@@ -1,0 +1,140 @@
+// ops.cu: the element-wise and per-row ops of the forward pass.
+#include "common.h"
+
+// RMSNorm, one block per row: dst[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w.
+KERNEL void rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
+  __shared__ float scratch[32];
+  const float* xr = x + (size_t)blockIdx.x * cols;
+  float* dr = dst + (size_t)blockIdx.x * cols;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
+  s = block_sum(s, scratch);
+  float inv = 1.0f / sqrtf(s / (float)cols + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = xr[c] * inv * w[c];
+}
+
+// dst = silu(gate) ⊙ up, silu(g) = g / (1 + e^-g).
+KERNEL void silu_mul(float* dst, const float* gate, const float* up, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    float g = gate[i];
+    dst[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+// dst = a + b.
+KERNEL void add(float* dst, const float* a, const float* b, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = a[i] + b[i];
+}
+
+// x [n][cols] += b [cols].
+KERNEL void add_bias(float* x, const float* b, int n, int cols) {
+  int total = n * cols;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) x[i] += b[i % cols];
+}
+
+// RoPE in place, one thread per rotated pair.
+//   x [n][heads][headDim]; pairs i < dim/2 of each head; token t at pos0+t.
+// The angle (pos·scale·base^(-2i/dim) / freqs[i]) and its sine and cosine
+// are computed in double: positions reach 10^5 and a float angle would be
+// off by 10^-2 radians there.
+KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, float base, float scale,
+                 const float* freqs, int neox) {
+  int half = dim / 2;
+  int total = n * heads * half;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int p = i % half;
+    int h = (i / half) % heads;
+    int t = i / (half * heads);
+    double ang = (double)(pos0 + t) * (double)scale * pow((double)base, -2.0 * p / (double)dim);
+    if (freqs) ang /= (double)freqs[p];
+    double s, c;
+    sincos(ang, &s, &c);
+    float* hx = x + ((size_t)t * heads + h) * headDim;
+    int i0 = neox ? p : 2 * p;
+    int i1 = neox ? p + half : 2 * p + 1;
+    float x0 = hx[i0], x1 = hx[i1];
+    hx[i0] = (float)(x0 * c - x1 * s);
+    hx[i1] = (float)(x0 * s + x1 * c);
+  }
+}
+
+// Argmax of each row: one block per row; ties go to the lowest index.
+//   x [rows][cols] -> out [rows]
+KERNEL void argmax_rows(const float* x, i32* out, int cols) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* xr = x + (size_t)blockIdx.x * cols;
+  float bv = -3.4e38f;
+  int bi = 0x7fffffff;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = xr[c];
+    if (v > bv) { bv = v; bi = c; }
+  }
+  for (int o = warpSize / 2; o > 0; o >>= 1) {
+    float ov = SHFL_XOR(bv, o);
+    int oi = SHFL_XOR(bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize, nw = blockDim.x / warpSize;
+  if (lane == 0) { sv[w] = bv; si[w] = bi; }
+  __syncthreads();
+  if (w == 0) {
+    bv = lane < nw ? sv[lane] : -3.4e38f;
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = warpSize / 2; o > 0; o >>= 1) {
+      float ov = SHFL_XOR(bv, o);
+      int oi = SHFL_XOR(bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) out[blockIdx.x] = bi;
+  }
+}
+
+// One top-k step: block b takes candidates [b·chunk, (b+1)·chunk) of
+// (vals, idx) (idx null: the index is the position) and writes its k best,
+// in descending order, to ovals/oidx [b·k…]. k rounds of a block argmax
+// over the chunk held in shared memory; ties go to the lowest index.
+#define TOPK_CHUNK 4096
+KERNEL void topk_step(const float* vals, const i32* idx, int count, int k, float* ovals, i32* oidx) {
+  __shared__ float sv[TOPK_CHUNK];
+  __shared__ float rv[32];
+  __shared__ int ri[32];
+  int base = blockIdx.x * TOPK_CHUNK;
+  int m = min(TOPK_CHUNK, count - base);
+  for (int i = threadIdx.x; i < TOPK_CHUNK; i += blockDim.x) sv[i] = i < m ? vals[base + i] : -3.4e38f;
+  __syncthreads();
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize, nw = blockDim.x / warpSize;
+  for (int r = 0; r < k; r++) {
+    float bv = -3.4e38f;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+      float v = sv[i];
+      int gi = idx ? idx[base + i] : base + i;
+      if (v > bv || (v == bv && gi < bi)) { bv = v; bi = gi; }
+    }
+    for (int o = warpSize / 2; o > 0; o >>= 1) {
+      float ov = SHFL_XOR(bv, o);
+      int oi = SHFL_XOR(bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { rv[w] = bv; ri[w] = bi; }
+    __syncthreads();
+    bv = lane < nw ? rv[lane] : -3.4e38f;
+    bi = lane < nw ? ri[lane] : 0x7fffffff;
+    for (int o = warpSize / 2; o > 0; o >>= 1) {
+      float ov = SHFL_XOR(bv, o);
+      int oi = SHFL_XOR(bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    // bv, bi now the block's best in every thread; remove it from the chunk
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+      int gi = idx ? idx[base + i] : base + i;
+      if (gi == bi) sv[i] = -3.4e38f;
+    }
+    if (threadIdx.x == 0) {
+      ovals[blockIdx.x * k + r] = bv;
+      oidx[blockIdx.x * k + r] = bi;
+    }
+    __syncthreads();
+  }
+}

@@ -1,0 +1,339 @@
+// Package gpu is the GPU implementation of kernels.Backend: one kernel
+// source for CUDA and HIP (cu/*.cu, embedded), compiled at run time by
+// nvrtc or hiprtc through package rocm and cached on disk, and the Go
+// launchers that queue the kernels on one compute stream.
+//
+// Every op only queues work; Read (and the sampling helpers that return
+// host values) wait for it. All driver calls go through the rocm.Worker
+// that owns the device's context, so a Backend may be used from any
+// goroutine; ops are serialised by a mutex, as they share one stream.
+//
+// Weights stay in their GGUF block form on the device: the matrix–vector
+// kernels (matvec.cu) read the blocks directly (Q4_K and Q6_K, the bulk of
+// a Q4_K_M model, on activations quantized to 8-bit blocks with dp4a; the
+// other types on float activations); the prompt path (9 or more rows)
+// dequantizes the weight to f16 on the device and multiplies through
+// cuBLAS where it is installed, else through gemm.cu's mma.sync kernel.
+// Measurements: bench/results/2026-11-22-kernels-h100.md.
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// Options tune a Backend.
+type Options struct {
+	// CacheDir is where compiled kernels are cached ("" = rocm's default).
+	CacheDir string
+	// KVF32 stores the KV cache in float32 instead of f16: twice the memory,
+	// no rounding of keys and values. For checks against a float reference.
+	KVF32 bool
+	// NoVendorGEMM keeps the prompt GEMM on gemm.cu even where cuBLAS is
+	// installed.
+	NoVendorGEMM bool
+}
+
+// Backend runs the ops of kernels.Backend on one GPU.
+type Backend struct {
+	w      *rocm.Worker
+	owned  bool // w was opened by Open and is closed by Close
+	opts   Options
+	name   string
+	warp   int
+	stream rocm.Stream
+	mods   []*rocm.Module
+	fns    map[string]rocm.Function
+	vendor *VendorGEMM // cuBLAS for the prompt GEMM, nil where absent
+
+	mu      sync.Mutex
+	allocs  map[uintptr]int64          // Alloc'd tensors and caches: base → bytes
+	weights map[*kernels.Weight]devBuf // weights uploaded by LoadWeight
+	scratch map[string]devBuf          // grow-only work buffers, by use
+	closed  bool
+	// mvVariant forces the Q4_K/Q6_K matvec kernel: "q{R}{U}" on
+	// activations quantized to 8 bits, R rows per warp, U super-blocks per
+	// lane in flight (q11, q21, q12, q22, q14); "p1", "p2" software-
+	// pipelined, 1 or 2 rows per warp; "r{R}u{U}" direct loads, R rows per
+	// warp, U super-blocks per lane in flight (U = 2 for Q4_K only); "s1",
+	// "s2" Q6_K staged through shared memory. "" chooses by shape. For
+	// tests and benchmarks.
+	mvVariant string
+	// mvBlocksPerSM caps the grid of the q* kernels at that many blocks per
+	// multiprocessor (they loop over rows); 0 launches one block per row group.
+	mvBlocksPerSM int
+	// gemmKernel forces the prompt GEMM kernel ("gemm_f16": ldmatrix
+	// fragments, "gemm_f16_lds": 32-bit shared loads); "" is cuBLAS where
+	// found, else gemm_f16.
+	gemmKernel string
+}
+
+type devBuf struct {
+	ptr  rocm.DevPtr
+	size int64
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// Open opens the first GPU runtime that works (CUDA or HIP), starts a
+// worker for device ordinal and returns a Backend on it; Close closes the
+// worker too.
+func Open(ordinal int, o Options) (*Backend, error) {
+	rt, err := rocm.OpenAny()
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	w, err := rt.NewWorker(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: device %d: %w", ordinal, err)
+	}
+	b, err := New(w, o)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	b.owned = true
+	return b, nil
+}
+
+// New compiles (or loads from the cache) every kernel module for the
+// worker's device and returns a Backend that queues work on a new stream.
+func New(w *rocm.Worker, o Options) (*Backend, error) {
+	comp, err := w.NewCompiler(o.CacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	mods := Modules()
+	codes := make([][]byte, len(mods))
+	errs := make([]error, len(mods))
+	// nvrtc compiles several programs at once; ROCm 5.2's hiprtc crashes
+	// doing so, so HIP compiles one module at a time.
+	parallel := w.Device.Backend == rocm.CUDA
+	var wg sync.WaitGroup
+	for i, m := range mods {
+		wg.Add(1)
+		compile := func() {
+			defer wg.Done()
+			src, err := Source(m)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			code, hit, err := comp.Compile(src, m, nil)
+			if err != nil {
+				errs[i] = fmt.Errorf("gpu: compile %s for %s: %w", m, w.Device.Arch, err)
+				return
+			}
+			slog.Debug("gpu: kernel module", "module", m, "arch", w.Device.Arch, "cached", hit, "bytes", len(code))
+			codes[i] = code
+		}
+		if parallel {
+			go compile()
+		} else {
+			compile()
+		}
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return nil, e
+		}
+	}
+	b := &Backend{
+		w: w, opts: o, warp: w.Device.WarpSize,
+		name:    fmt.Sprintf("%s:%d", strings.ToLower(w.Device.Backend.String()), w.Device.Ordinal),
+		fns:     map[string]rocm.Function{},
+		allocs:  map[uintptr]int64{},
+		weights: map[*kernels.Weight]devBuf{},
+		scratch: map[string]devBuf{},
+	}
+	if b.warp <= 0 {
+		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)
+	}
+	err = b.do(func(c *rocm.Ctx) error {
+		for i, code := range codes {
+			m, err := c.LoadModule(code)
+			if err != nil {
+				return fmt.Errorf("gpu: load %s: %w", mods[i], err)
+			}
+			b.mods = append(b.mods, m)
+		}
+		s, err := c.NewStream()
+		if err != nil {
+			return err
+		}
+		b.stream = s
+		return nil
+	})
+	if err != nil {
+		b.release()
+		return nil, err
+	}
+	if w.Device.Backend == rocm.CUDA && !o.NoVendorGEMM {
+		if b.vendor, err = b.OpenVendorGEMM(); err != nil {
+			slog.Info("gpu: prompt GEMM uses gemm.cu", "reason", err)
+			b.vendor = nil
+		}
+	}
+	return b, nil
+}
+
+// Name is "cuda:0" or "hip:0".
+func (b *Backend) Name() string { return b.name }
+
+// Worker is the rocm worker the backend runs on.
+func (b *Backend) Worker() *rocm.Worker { return b.w }
+
+// Stream is the compute stream every op is queued on.
+func (b *Backend) Stream() rocm.Stream { return b.stream }
+
+// WarpSize is the device's warp (wavefront) size.
+func (b *Backend) WarpSize() int { return b.warp }
+
+func (b *Backend) do(fn func(c *rocm.Ctx) error) error {
+	return b.w.Do(context.Background(), fn)
+}
+
+// fn returns the kernel called name from whichever module defines it.
+func (b *Backend) fn(c *rocm.Ctx, name string) (rocm.Function, error) {
+	if f, ok := b.fns[name]; ok {
+		return f, nil
+	}
+	for _, m := range b.mods {
+		if f, err := c.Function(m, name); err == nil {
+			b.fns[name] = f
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("gpu: no kernel %q in any module", name)
+}
+
+// launch queues kernel name on the compute stream.
+func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *rocm.Args) error {
+	f, err := b.fn(c, name)
+	if err != nil {
+		return err
+	}
+	if err := c.Launch(f, grid, block, 0, b.stream, a); err != nil {
+		return fmt.Errorf("gpu: launch %s grid %v block %v: %w", name, grid, block, err)
+	}
+	return nil
+}
+
+// Sync waits for all queued work.
+func (b *Backend) Sync() error {
+	return b.do(func(c *rocm.Ctx) error { return c.SyncStream(b.stream) })
+}
+
+// Close waits for queued work and frees everything the backend allocated:
+// tensors not yet freed, loaded weights, scratch, the stream and the
+// modules; it closes the worker if Open made it.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	err := b.release()
+	if b.owned {
+		b.w.Close()
+	}
+	return err
+}
+
+func (b *Backend) release() error {
+	return b.do(func(c *rocm.Ctx) error {
+		var first error
+		keep := func(err error) {
+			if err != nil && first == nil {
+				first = err
+			}
+		}
+		if b.stream != 0 {
+			keep(c.SyncStream(b.stream))
+		}
+		if b.vendor != nil {
+			keep(b.vendor.destroyLocked())
+			b.vendor = nil
+		}
+		for p, n := range b.allocs {
+			keep(c.Free(rocm.DevPtr(p), n))
+		}
+		for w, d := range b.weights {
+			keep(c.Free(d.ptr, d.size))
+			w.Dev = 0
+		}
+		for _, d := range b.scratch {
+			keep(c.Free(d.ptr, d.size))
+		}
+		b.allocs, b.weights, b.scratch = map[uintptr]int64{}, map[*kernels.Weight]devBuf{}, map[string]devBuf{}
+		if b.stream != 0 {
+			keep(c.DestroyStream(b.stream))
+			b.stream = 0
+		}
+		for _, m := range b.mods {
+			keep(c.UnloadModule(m))
+		}
+		b.mods = nil
+		return first
+	})
+}
+
+// scratchBuf returns a device buffer of at least n bytes for one use (key),
+// growing it when needed. Growing waits for queued work, which may still
+// read the old buffer.
+func (b *Backend) scratchBuf(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, error) {
+	d, ok := b.scratch[key]
+	if ok && d.size >= n {
+		return d.ptr, nil
+	}
+	if ok {
+		if err := c.SyncStream(b.stream); err != nil {
+			return 0, err
+		}
+		if err := c.Free(d.ptr, d.size); err != nil {
+			return 0, err
+		}
+		delete(b.scratch, key)
+	}
+	n = (n + 1<<20 - 1) &^ (1<<20 - 1)
+	p, err := c.Malloc(n)
+	if err != nil {
+		return 0, fmt.Errorf("gpu: scratch %s (%d bytes): %w", key, n, err)
+	}
+	b.scratch[key] = devBuf{p, n}
+	return p, nil
+}
+
+// kernelType is the suffix of a type's kernels ("q4_k"), and whether the
+// GPU reads that type at all.
+func kernelType(t gguf.Type) (string, bool) {
+	switch t {
+	case gguf.TypeF32, gguf.TypeF16, gguf.TypeBF16,
+		gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0,
+		gguf.TypeQ2_K, gguf.TypeQ3_K, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K,
+		gguf.TypeIQ4_NL, gguf.TypeIQ4_XS, gguf.TypeMXFP4:
+		return strings.ToLower(t.String()), true
+	}
+	return "", false
+}
+
+// Supported reports whether the GPU multiplies, embeds and dequantizes t.
+func Supported(t gguf.Type) bool { _, ok := kernelType(t); return ok }
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// grid1 is a one-dimensional grid of 256-thread blocks covering n items
+// with grid-stride loops past 65535 blocks.
+func grid1(n int) rocm.Dim3 {
+	g := ceilDiv(max(n, 1), 256)
+	return rocm.D1(min(g, 65535))
+}

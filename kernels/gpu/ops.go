@@ -1,0 +1,640 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// mvMaxN is how many activation rows one matvec launch multiplies (the
+// kernels' MV_MAXNX); gemmMinN is the smallest n that goes through
+// dequantize-to-f16 + GEMM instead.
+const (
+	mvMaxN   = 8
+	gemmMinN = 9
+)
+
+func dptr(t kernels.Tensor) rocm.DevPtr { return rocm.DevPtr(t.Dev) }
+
+func off(t kernels.Tensor, n int) rocm.DevPtr { return rocm.DevPtr(t.Dev + uintptr(n)*4) }
+
+// Embed copies rows ids of table into dst, decoding the blocks on the device.
+//
+//	dst [len(ids)][table.Cols]
+func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) error {
+	kt, ok := kernelType(table.Type)
+	if !ok {
+		return fmt.Errorf("gpu: embed %q: type %s is not supported on the GPU", table.Name, table.Type)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := checkTensor("embed: dst", dst, len(ids)*table.Cols); err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= table.Rows {
+			return fmt.Errorf("gpu: embed %q: id %d (position %d) outside [0,%d)", table.Name, id, i, table.Rows)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.weightPtr(table)
+	if err != nil {
+		return err
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		var idp rocm.DevPtr
+		if len(ids) > 1 {
+			p, err := b.scratchBuf(c, "ids", int64(4*len(ids)))
+			if err != nil {
+				return err
+			}
+			if err := c.SyncStream(b.stream); err != nil { // the buffer may still be read
+				return err
+			}
+			raw := make([]byte, 4*len(ids))
+			for i, id := range ids {
+				raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(id), byte(id>>8), byte(id>>16), byte(id>>24)
+			}
+			if err := c.CopyHtoD(p, raw); err != nil {
+				return err
+			}
+			idp = p
+		}
+		var a rocm.Args
+		a.Ptr(wp).Ptr(idp).I32(ids[0]).Ptr(dptr(dst)).I32(int32(table.Cols))
+		return b.launch(c, "embed_"+kt, rocm.D1(len(ids)), rocm.D1(128), &a)
+	})
+}
+
+// MatMul multiplies n activation rows by a weight in block form.
+//
+//	x [n][w.Cols], dst [n][w.Rows]
+//
+// n < 9 (and F32 weights at any n, which must stay exact to float32): the
+// matrix–vector kernels, eight rows per launch, reading the blocks once per
+// launch. Otherwise the weight is dequantized to f16 on the device and
+// multiplied by the f16-rounded activations in a tensor-core GEMM.
+func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
+	kt, ok := kernelType(w.Type)
+	if !ok {
+		return fmt.Errorf("gpu: matmul %q: type %s is not supported on the GPU", w.Name, w.Type)
+	}
+	if n <= 0 {
+		return nil
+	}
+	if err := checkTensor("matmul: x", x, n*w.Cols); err != nil {
+		return err
+	}
+	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.weightPtr(w)
+	if err != nil {
+		return err
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		if n >= gemmMinN && w.Type != gguf.TypeF32 {
+			return b.gemm(c, kt, w, wp, dst, x, n)
+		}
+		for i0 := 0; i0 < n; i0 += mvMaxN {
+			nx := min(mvMaxN, n-i0)
+			if err := b.matvec(c, kt, w, wp, off(dst, i0*w.Rows), off(x, i0*w.Cols), nx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// matvec queues y [nx][rows] = x [nx][cols] · wᵀ.
+func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x rocm.DevPtr, nx int) error {
+	const block = 128
+	wpb := block / b.warp // warps (one row each) per block
+	var a rocm.Args
+	if nx == 1 && (w.Type == gguf.TypeQ4_K || w.Type == gguf.TypeQ6_K) && uintptr(wp)%16 == 0 {
+		v := b.mvVariant
+		if v == "" {
+			v = autoVariant(w)
+		}
+		if v[0] == 'q' { // 8-bit activations: any x alignment (x is copied)
+			xq, xd, err := b.quantizeX(c, x, w.Cols)
+			if err != nil {
+				return err
+			}
+			return b.mvQ8(c, kt, v, w, wp, y, xq, xd)
+		}
+		if uintptr(x)%16 == 0 {
+			if v[0] == 's' && (w.Cols/256)%8 != 0 {
+				v = "p2" // staging copies 16-byte runs: rows must start 16-byte aligned
+			}
+			rows := int(v[1] - '0') // rows per warp: "p2", "r2u1", "s2"
+			a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
+			return b.launch(c, "mv_"+kt+"_"+v, rocm.D1(ceilDiv(w.Rows, wpb*rows)), rocm.D1(block), &a)
+		}
+	}
+	a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
+	return b.launch(c, "mv_"+kt, rocm.D1(ceilDiv(w.Rows, wpb)), rocm.D1(block), &a)
+}
+
+// autoVariant picks the Q4_K/Q6_K matvec kernel, on 8-bit activations:
+// the fastest variants on an H100 at Llama 8B shapes
+// (bench/results/2026-11-22-kernels-h100.md): for Q4_K two rows per warp
+// when there are many rows, else one row with two super-blocks per lane in
+// flight; for Q6_K two rows per warp.
+func autoVariant(w *kernels.Weight) string {
+	if w.Type == gguf.TypeQ4_K && w.Rows < 8192 {
+		return "q12"
+	}
+	return "q21"
+}
+
+// quantizeX queues x [cols] f32 -> int8 blocks of 32 with f32 scales, into
+// scratch; it returns the codes and the scales.
+func (b *Backend) quantizeX(c *rocm.Ctx, x rocm.DevPtr, cols int) (xq, xd rocm.DevPtr, err error) {
+	codes := int64((cols + 255) &^ 255)
+	p, err := b.scratchBuf(c, "xq", codes+int64(cols/32)*4)
+	if err != nil {
+		return 0, 0, err
+	}
+	var a rocm.Args
+	a.Ptr(x).Ptr(p).Ptr(p + rocm.DevPtr(codes)).I32(int32(cols))
+	if err := b.launch(c, "quantize_q8", rocm.D1(ceilDiv(cols, 256)), rocm.D1(256), &a); err != nil {
+		return 0, 0, err
+	}
+	return p, p + rocm.DevPtr(codes), nil
+}
+
+// mvQ8 queues the Q4_K/Q6_K kernel on 8-bit activations ("q{R}{U}": R rows
+// per warp, U super-blocks per lane in flight).
+func (b *Backend) mvQ8(c *rocm.Ctx, kt, v string, w *kernels.Weight, wp, y, xq, xd rocm.DevPtr) error {
+	rows := int(v[1] - '0')
+	grid := ceilDiv(w.Rows, 128/b.warp*rows)
+	if b.mvBlocksPerSM > 0 { // one resident wave, the kernel loops over rows
+		grid = min(grid, b.mvBlocksPerSM*max(b.w.Device.SMs, 1))
+	}
+	var a rocm.Args
+	a.Ptr(wp).Ptr(xq).Ptr(xd).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
+	return b.launch(c, "mv_"+kt+"_"+v, rocm.D1(grid), rocm.D1(128), &a)
+}
+
+// gemm queues the prompt path: w to f16 [rows][kpad], x to f16 [n][kpad],
+// then dst [n][rows] = x·wᵀ on the matrix units.
+func (b *Backend) gemm(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
+	kpad := (w.Cols + 31) &^ 31
+	wh, err := b.scratchBuf(c, "gemm-w", int64(w.Rows)*int64(kpad)*2)
+	if err != nil {
+		return err
+	}
+	xh, err := b.scratchBuf(c, "gemm-x", int64(n)*int64(kpad)*2)
+	if err != nil {
+		return err
+	}
+	if err := b.dequantF16(c, kt, w, wp, wh, kpad); err != nil {
+		return err
+	}
+	var a rocm.Args
+	a.Ptr(dptr(x)).Ptr(xh).I32(int32(n)).I32(int32(w.Cols)).I32(int32(kpad))
+	if err := b.launch(c, "f32_to_f16", grid1(n*kpad), rocm.D1(256), &a); err != nil {
+		return err
+	}
+	return b.gemmF16(c, wh, xh, dptr(dst), w.Rows, n, kpad)
+}
+
+// gemmF16 queues C [n][m] = X [n][k] · W [m][k]ᵀ on f16 operands: through
+// cuBLAS when it was found (three times gemm_f16's speed on an H100), else
+// gemm.cu.
+func (b *Backend) gemmF16(c *rocm.Ctx, wh, xh, dst rocm.DevPtr, m, n, k int) error {
+	var a rocm.Args
+	a.Ptr(wh).Ptr(xh).Ptr(dst).I32(int32(m)).I32(int32(n)).I32(int32(k))
+	if b.vendor != nil && b.gemmKernel == "" {
+		return b.vendor.gemm(dst, wh, xh, m, n, k)
+	}
+	name := "gemm_f16"
+	if b.gemmKernel != "" {
+		name = b.gemmKernel
+	}
+	return b.launch(c, name, rocm.Dim3{X: uint32(ceilDiv(m, 128)), Y: uint32(ceilDiv(n, 128)), Z: 1}, rocm.D1(256), &a)
+}
+
+func (b *Backend) dequantF16(c *rocm.Ctx, kt string, w *kernels.Weight, wp, out rocm.DevPtr, kpad int) error {
+	items := w.Rows * kpad
+	if bs := w.Type.BlockSize(); bs > 1 {
+		items = w.Rows * (w.Cols / 32) // one thread per 32-value part
+	}
+	var a rocm.Args
+	a.Ptr(wp).Ptr(out).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(kpad))
+	return b.launch(c, "deq16_"+kt, grid1(items), rocm.D1(256), &a)
+}
+
+// Dequantize decodes a whole weight on the device: dst [w.Rows][w.Cols] f32.
+// For types without a kernel of their own elsewhere, and for checks.
+func (b *Backend) Dequantize(dst kernels.Tensor, w *kernels.Weight) error {
+	kt, ok := kernelType(w.Type)
+	if !ok {
+		return fmt.Errorf("gpu: dequantize %q: type %s is not supported on the GPU", w.Name, w.Type)
+	}
+	if err := checkTensor("dequantize: dst", dst, w.Rows*w.Cols); err != nil {
+		return err
+	}
+	if dst.Dev%16 != 0 {
+		return fmt.Errorf("gpu: dequantize %q: dst must be 16-byte aligned (the kernel stores float4)", w.Name)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.weightPtr(w)
+	if err != nil {
+		return err
+	}
+	items := w.Rows * w.Cols
+	if w.Type.BlockSize() > 1 {
+		items /= 32
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(wp).Ptr(dptr(dst)).I32(int32(w.Rows)).I32(int32(w.Cols))
+		return b.launch(c, "deq32_"+kt, grid1(items), rocm.D1(256), &a)
+	})
+}
+
+// DequantizeF16 decodes w into f16 rows of kpad values (kpad ≥ w.Cols, a
+// multiple of 32; the tail is zero) at out, the operand layout of GEMMF16.
+func (b *Backend) DequantizeF16(out rocm.DevPtr, w *kernels.Weight, kpad int) error {
+	kt, ok := kernelType(w.Type)
+	if !ok {
+		return fmt.Errorf("gpu: dequantize %q: type %s is not supported on the GPU", w.Name, w.Type)
+	}
+	if kpad < w.Cols || kpad%32 != 0 || (w.Type.BlockSize() > 1 && kpad != w.Cols) {
+		return fmt.Errorf("gpu: dequantize %q: row stride %d for %d columns of %s", w.Name, kpad, w.Cols, w.Type)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.weightPtr(w)
+	if err != nil {
+		return err
+	}
+	return b.do(func(c *rocm.Ctx) error { return b.dequantF16(c, kt, w, wp, out, kpad) })
+}
+
+// GEMMF16 queues C [n][m] f32 = X [n][k] · W [m][k]ᵀ for f16 operands in
+// device memory (k a multiple of 32, rows 16-byte aligned).
+func (b *Backend) GEMMF16(cOut, w, x rocm.DevPtr, m, n, k int) error {
+	if k%32 != 0 || m <= 0 || n <= 0 {
+		return fmt.Errorf("gpu: gemm %d×%d×%d: k must be a positive multiple of 32", m, n, k)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error { return b.gemmF16(c, w, x, cOut, m, n, k) })
+}
+
+func (b *Backend) normWeight(op string, w *kernels.Weight, cols int) (rocm.DevPtr, error) {
+	if w == nil || w.Type != gguf.TypeF32 {
+		return 0, fmt.Errorf("gpu: %s: weight must be F32", op)
+	}
+	if w.Cols < cols {
+		return 0, fmt.Errorf("gpu: %s: weight %q has %d values, need %d", op, w.Name, w.Cols, cols)
+	}
+	return b.weightPtr(w)
+}
+
+// RMSNorm normalises n rows of w.Cols values and scales them by w.
+func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
+	if w == nil {
+		return fmt.Errorf("gpu: rmsnorm: nil weight")
+	}
+	cols := w.Cols
+	if err := checkTensor("rmsnorm: x", x, n*cols); err != nil {
+		return err
+	}
+	if err := checkTensor("rmsnorm: dst", dst, n*cols); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.normWeight("rmsnorm", w, cols)
+	if err != nil {
+		return err
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
+		return b.launch(c, "rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+	})
+}
+
+// AddBias adds the F32 vector bias to each of n rows of x in place.
+func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
+	if bias == nil {
+		return fmt.Errorf("gpu: add bias: nil weight")
+	}
+	if err := checkTensor("add bias: x", x, n*bias.Cols); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bp, err := b.normWeight("add bias", bias, bias.Cols)
+	if err != nil {
+		return err
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(x)).Ptr(bp).I32(int32(n)).I32(int32(bias.Cols))
+		return b.launch(c, "add_bias", grid1(n*bias.Cols), rocm.D1(256), &a)
+	})
+}
+
+// RoPE rotates n tokens of heads×headDim values in place (token i at
+// position pos0+i).
+func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.Rope) error {
+	dim := r.Dim
+	if dim == 0 {
+		dim = headDim
+	}
+	if dim <= 0 || dim%2 != 0 || dim > headDim {
+		return fmt.Errorf("gpu: rope: rotated dimension %d must be even and within the head dimension %d", dim, headDim)
+	}
+	if heads <= 0 || pos0 < 0 {
+		return fmt.Errorf("gpu: rope: %d heads at position %d", heads, pos0)
+	}
+	if err := checkTensor("rope: x", x, n*heads*headDim); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return nil
+	}
+	scale := r.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var fp rocm.DevPtr
+	if r.Freqs != nil {
+		var err error
+		if fp, err = b.normWeight("rope freqs", r.Freqs, dim/2); err != nil {
+			return err
+		}
+	}
+	neox := int32(0)
+	if r.NeoX {
+		neox = 1
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(x)).I32(int32(n)).I32(int32(heads)).I32(int32(headDim)).I32(int32(pos0)).I32(int32(dim)).
+			F32(r.Base).F32(scale).Ptr(fp).I32(neox)
+		return b.launch(c, "rope", grid1(n*heads*dim/2), rocm.D1(256), &a)
+	})
+}
+
+// Attention stores the n new keys and values of one layer in the cache and
+// computes causal grouped-query attention for the n queries. One or two
+// tokens take the decode kernel (a block per head and token); more take the
+// prompt kernel (a block per head and 8 tokens, keys and values staged in
+// shared memory once for all 8).
+func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn) error {
+	if kc == nil {
+		return fmt.Errorf("gpu: attention: nil kv cache")
+	}
+	kb, ok := kc.Impl.(*kvBuf)
+	if !ok || kb.base == 0 {
+		return fmt.Errorf("gpu: attention: kv cache was not made by this backend (or was freed)")
+	}
+	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
+		return fmt.Errorf("gpu: attention: bad heads=%d kvHeads=%d headDim=%d", at.Heads, at.KVHeads, at.HeadDim)
+	}
+	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
+		return fmt.Errorf("gpu: attention: head dimension %d: only even sizes up to 256 are supported", at.HeadDim)
+	}
+	kvDim := at.KVHeads * at.HeadDim
+	if kvDim != kc.KVDim {
+		return fmt.Errorf("gpu: attention: kvHeads·headDim = %d but the cache holds rows of %d", kvDim, kc.KVDim)
+	}
+	if layer < 0 || layer >= kc.Layers {
+		return fmt.Errorf("gpu: attention: layer %d out of range [0,%d)", layer, kc.Layers)
+	}
+	if pos0 < 0 || n < 0 || pos0+n > kc.Ctx {
+		return fmt.Errorf("gpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, kc.Ctx)
+	}
+	qDim := at.Heads * at.HeadDim
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"q", q, n * qDim}, {"out", out, n * qDim}, {"k", k, n * kvDim}, {"v", v, n * kvDim}} {
+		if err := checkTensor("attention: "+c.what, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	sfx := "f16"
+	if kb.esize == 4 {
+		sfx = "f32"
+	}
+	layerBytes := int64(kc.Ctx) * int64(kvDim) * int64(kb.esize)
+	kp := kb.base + rocm.DevPtr(int64(2*layer)*layerBytes)
+	vp := kp + rocm.DevPtr(layerBytes)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0))
+		if err := b.launch(c, "kv_store_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
+			return err
+		}
+		a.Reset()
+		if n <= 2 {
+			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, at)
+		}
+		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
+		return b.launch(c, "attn_prompt_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, 8)), Z: 1}, rocm.D1(256), &a)
+	})
+}
+
+// attnDecode queues the decode-shape attention. A long context is split
+// over several blocks per head (each at least 64 positions) so that about
+// four blocks per multiprocessor run; attn_combine merges the splits.
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n int, at kernels.Attn) error {
+	L := pos0 + n
+	splits := ceilDiv(4*max(b.w.Device.SMs, 1), at.Heads*n)
+	splits = max(1, min(splits, ceilDiv(L, 64)))
+	splitLen := ceilDiv(L, splits)
+	splits = ceilDiv(L, splitLen)
+	var part rocm.DevPtr
+	if splits > 1 {
+		var err error
+		part, err = b.scratchBuf(c, "attn-part", int64(n*at.Heads*splits*(at.HeadDim+2)*4))
+		if err != nil {
+			return err
+		}
+	}
+	var a rocm.Args
+	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen))
+	grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
+	if err := b.launch(c, "attn_decode_"+sfx, grid, rocm.D1(128), &a); err != nil || splits == 1 {
+		return err
+	}
+	a.Reset()
+	a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
+	return b.launch(c, "attn_combine", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+}
+
+func (b *Backend) elementwise(op, kernel string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {
+	if err := checkTensor(op+": dst", dst, n); err != nil {
+		return err
+	}
+	for _, s := range srcs {
+		if err := checkTensor(op+": input", s, n); err != nil {
+			return err
+		}
+	}
+	if n <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dst))
+		for _, s := range srcs {
+			a.Ptr(dptr(s))
+		}
+		a.I32(int32(n))
+		return b.launch(c, kernel, grid1(n), rocm.D1(256), &a)
+	})
+}
+
+// SiLUMul computes dst = silu(gate) ⊙ up over n values.
+func (b *Backend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
+	return b.elementwise("silu·mul", "silu_mul", dst, []kernels.Tensor{gate, up}, n)
+}
+
+// Add computes dst = a + b over n values.
+func (b *Backend) Add(dst, x, y kernels.Tensor, n int) error {
+	return b.elementwise("add", "add", dst, []kernels.Tensor{x, y}, n)
+}
+
+// Argmax returns the index of the largest value of each of rows rows of
+// cols values (ties: the lowest index). It waits for the result.
+func (b *Backend) Argmax(x kernels.Tensor, rows, cols int) ([]int32, error) {
+	if rows <= 0 || cols <= 0 {
+		return nil, fmt.Errorf("gpu: argmax of %d×%d", rows, cols)
+	}
+	if err := checkTensor("argmax: x", x, rows*cols); err != nil {
+		return nil, err
+	}
+	out := make([]int32, rows)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := b.do(func(c *rocm.Ctx) error {
+		p, err := b.scratchBuf(c, "argmax", int64(4*rows))
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		a.Ptr(dptr(x)).Ptr(p).I32(int32(cols))
+		if err := b.launch(c, "argmax_rows", rocm.D1(rows), rocm.D1(256), &a); err != nil {
+			return err
+		}
+		if err := c.SyncStream(b.stream); err != nil {
+			return err
+		}
+		raw := make([]byte, 4*rows)
+		if err := c.CopyDtoH(raw, p); err != nil {
+			return err
+		}
+		for i := range out {
+			out[i] = int32(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: argmax: %w", err)
+	}
+	return out, nil
+}
+
+const topkChunk = 4096 // the kernel's TOPK_CHUNK
+
+// TopK returns the k largest of cols values (a row of logits), in
+// descending order with their indices (ties: the lower index first). It
+// waits for the result. k ≤ 1024.
+func (b *Backend) TopK(x kernels.Tensor, cols, k int) ([]int32, []float32, error) {
+	if k <= 0 || k > cols || k > 1024 {
+		return nil, nil, fmt.Errorf("gpu: top-%d of %d values", k, cols)
+	}
+	if err := checkTensor("top-k: x", x, cols); err != nil {
+		return nil, nil, err
+	}
+	idx := make([]int32, k)
+	vals := make([]float32, k)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := b.do(func(c *rocm.Ctx) error {
+		// Each step cuts count candidates to k per chunk of 4096, until one
+		// chunk is left; its k best are the answer.
+		maxOut := int64(ceilDiv(cols, topkChunk) * k)
+		bufs := [2][2]rocm.DevPtr{}
+		for i := range 2 {
+			var err error
+			if bufs[i][0], err = b.scratchBuf(c, fmt.Sprintf("topk-v%d", i), 4*maxOut); err != nil {
+				return err
+			}
+			if bufs[i][1], err = b.scratchBuf(c, fmt.Sprintf("topk-i%d", i), 4*maxOut); err != nil {
+				return err
+			}
+		}
+		src, srcIdx, count := dptr(x), rocm.DevPtr(0), cols
+		cur := 0
+		for {
+			blocks := ceilDiv(count, topkChunk)
+			var a rocm.Args
+			a.Ptr(src).Ptr(srcIdx).I32(int32(count)).I32(int32(k)).Ptr(bufs[cur][0]).Ptr(bufs[cur][1])
+			if err := b.launch(c, "topk_step", rocm.D1(blocks), rocm.D1(256), &a); err != nil {
+				return err
+			}
+			src, srcIdx, count = bufs[cur][0], bufs[cur][1], blocks*k
+			cur ^= 1
+			if blocks == 1 {
+				break
+			}
+		}
+		if err := c.SyncStream(b.stream); err != nil {
+			return err
+		}
+		raw := make([]byte, 4*k)
+		if err := c.CopyDtoH(raw, src); err != nil {
+			return err
+		}
+		for i := range vals {
+			vals[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		if err := c.CopyDtoH(raw, srcIdx); err != nil {
+			return err
+		}
+		for i := range idx {
+			idx[i] = int32(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("gpu: top-k: %w", err)
+	}
+	return idx, vals, nil
+}
