@@ -1,0 +1,108 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/forge-llm/forge/kernels"
+)
+
+// Attention appends the n new keys and values of one layer to the cache at
+// positions pos0…pos0+n-1, then computes causal grouped-query attention:
+// query head h of token i reads key/value head h/(Heads/KVHeads) over
+// positions 0…pos0+i. Scores are scaled, the maximum subtracted before the
+// exponential, and the softmax accumulated in float32.
+//
+//	q, out [n][a.Heads][a.HeadDim]; k, v [n][a.KVHeads][a.HeadDim]
+func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, layer, pos0, n int, a kernels.Attn) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c == nil {
+		return fmt.Errorf("cpu: attention: nil kv cache")
+	}
+	s, ok := c.Impl.(*kvStore)
+	if !ok {
+		return fmt.Errorf("cpu: attention: kv cache was not made by the cpu backend (or was freed)")
+	}
+	if a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Heads%a.KVHeads != 0 {
+		return fmt.Errorf("cpu: attention: bad heads=%d kvHeads=%d headDim=%d", a.Heads, a.KVHeads, a.HeadDim)
+	}
+	kvDim := a.KVHeads * a.HeadDim
+	if kvDim != c.KVDim {
+		return fmt.Errorf("cpu: attention: kvHeads·headDim = %d but the cache holds rows of %d", kvDim, c.KVDim)
+	}
+	if layer < 0 || layer >= c.Layers {
+		return fmt.Errorf("cpu: attention: layer %d out of range [0,%d)", layer, c.Layers)
+	}
+	if pos0 < 0 || n < 0 || pos0+n > c.Ctx {
+		return fmt.Errorf("cpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, c.Ctx)
+	}
+	qDim := a.Heads * a.HeadDim
+	if err := checkTensor("attention: q", q, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor("attention: out", out, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor("attention: k", k, n*kvDim); err != nil {
+		return err
+	}
+	if err := checkTensor("attention: v", v, n*kvDim); err != nil {
+		return err
+	}
+	copy(s.k[layer][pos0*kvDim:(pos0+n)*kvDim], k.Host[:n*kvDim])
+	copy(s.v[layer][pos0*kvDim:(pos0+n)*kvDim], v.Host[:n*kvDim])
+
+	for w := range b.scratch {
+		if cap(b.scratch[w].scores) < pos0+n {
+			b.scratch[w].scores = make([]float32, c.Ctx)
+		}
+	}
+	b.att = attnTask{b: b, out: out.Host, q: q.Host, kc: s.k[layer], vc: s.v[layer], pos0: pos0, a: a}
+	b.pool.parallel(&b.att, n*a.Heads, 1)
+	b.att = attnTask{}
+	return nil
+}
+
+// attnTask computes one (token, query head) pair per item.
+type attnTask struct {
+	b      *Backend
+	out, q []float32
+	kc, vc []float32 // this layer's cache, [ctx][kvDim]
+	pos0   int
+	a      kernels.Attn
+}
+
+func (t *attnTask) run(w, lo, hi int) {
+	a := t.a
+	hd, group := a.HeadDim, a.Heads/a.KVHeads
+	kvDim := a.KVHeads * hd
+	for item := lo; item < hi; item++ {
+		i, h := item/a.Heads, item%a.Heads
+		g := h / group
+		qv := t.q[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
+		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
+		npos := t.pos0 + i + 1
+		sc := t.b.scratch[w].scores[:npos]
+		mx := float32(math.Inf(-1))
+		for p := range npos {
+			s := dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale
+			sc[p] = s
+			mx = max(mx, s)
+		}
+		var sum float32
+		for p, s := range sc {
+			e := float32(math.Exp(float64(s - mx)))
+			sc[p] = e
+			sum += e
+		}
+		clear(o)
+		for p, e := range sc {
+			axpyF32(o, t.vc[p*kvDim+g*hd:p*kvDim+(g+1)*hd], e)
+		}
+		inv := 1 / sum
+		for j := range o {
+			o[j] *= inv
+		}
+	}
+}

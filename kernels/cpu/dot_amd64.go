@@ -1,0 +1,243 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/forge-llm/forge/gguf"
+)
+
+// Assembly kernels (dot_amd64.s). Each takes raw pointers and a block
+// count; the wrappers below check the slice lengths once per row so the
+// assembly never reads out of bounds.
+
+//go:noescape
+func dotQ8_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+
+//go:noescape
+func dotQ8_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+
+//go:noescape
+func dotQ4_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+
+//go:noescape
+func dotQ5_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+
+//go:noescape
+func dotQ4_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+
+//go:noescape
+func dotQ5_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+
+//go:noescape
+func dotF16x4AVX512(w *byte, x *float32, cols, n int, out *float32)
+
+//go:noescape
+func dotQ4_KVNNI(w *byte, xq *int8, xd *float32, bs *int16, nb int) float32
+
+//go:noescape
+func dotQ4_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+
+//go:noescape
+func dotQ6_KVNNI(w *byte, xq *int8, xd *float32, bs *int16, nb int) float32
+
+//go:noescape
+func dotQ6_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+
+//go:noescape
+func dotF16AVX512(w *byte, x *float32, n int) float32
+
+//go:noescape
+func dotF16SeqAVX512(w *byte, x *float32, n int) float32
+
+//go:noescape
+func dotF32SeqAVX512(w, x *float32, n int) float32
+
+//go:noescape
+func dotF32AVX512(a, b *float32, n int) float32
+
+//go:noescape
+func axpyF32AVX512(y, x *float32, a float32, n int)
+
+// hasVNNI reports whether the CPU runs the AVX-512 kernels: F (zmm, EVEX
+// f16 conversion), BW (byte/word ops), VL (EVEX on ymm), VNNI (VPDPBUSD,
+// VPDPWSSD) and FMA.
+var hasVNNI = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL &&
+	cpu.X86.HasAVX512VNNI && cpu.X86.HasFMA && cpu.X86.HasAVX2
+
+func init() {
+	if !hasVNNI {
+		return
+	}
+	for t, k := range asmKernels {
+		fastKernels[t] = k
+	}
+	asmEnabled = true
+	dotF32 = dotF32Fast
+	axpyF32 = axpyF32Fast
+}
+
+// asmKernels are the types with assembly dot products.
+var asmKernels = map[gguf.Type]kernel{
+	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm},
+	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm},
+	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm},
+	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm},
+	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm},
+	gguf.TypeF32:  {actF32, dotWF32Asm, nil},
+	gguf.TypeBF16: {actBF16, dotWBF16Go, nil},
+}
+
+func dotQ8_0Asm(w []byte, x *qrow) float32 {
+	nb := len(x.d)
+	_, _ = w[34*nb-1], x.q[32*nb-1]
+	return dotQ8_0VNNI(&w[0], &x.q[0], &x.d[0], nb)
+}
+
+// dotQ8_0x4Asm multiplies one weight row by activation rows j…j+3.
+func dotQ8_0x4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	nb := a.cols / 32
+	_, _, _ = w[34*nb-1], a.q[(j+4)*a.cols-1], a.d[(j+4)*nb-1]
+	dotQ8_0x4VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], a.cols, nb, &out[0])
+}
+
+func dotQ4_0Asm(w []byte, x *qrow) float32 {
+	nb := len(x.d)
+	_, _ = w[18*nb-1], x.q[32*nb-1]
+	return dotQ4_0VNNI(&w[0], &x.q[0], &x.d[0], nb)
+}
+
+func dotQ5_0Asm(w []byte, x *qrow) float32 {
+	nb := len(x.d)
+	_, _ = w[22*nb-1], x.q[32*nb-1]
+	return dotQ5_0VNNI(&w[0], &x.q[0], &x.d[0], nb)
+}
+
+func dotQ4_0x4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	nb := a.cols / 32
+	_, _, _ = w[18*nb-1], a.q[(j+4)*a.cols-1], a.d[(j+4)*nb-1]
+	dotQ4_0x4VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], a.cols, nb, &out[0])
+}
+
+func dotQ5_0x4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	nb := a.cols / 32
+	_, _, _ = w[22*nb-1], a.q[(j+4)*a.cols-1], a.d[(j+4)*nb-1]
+	dotQ5_0x4VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], a.cols, nb, &out[0])
+}
+
+// dotWF16x4Asm: four tokens at once for rows that are multiples of 16
+// (the tinyBLAS arithmetic, bit-identical to dotWF16Asm per token); other
+// row lengths take the single-token path four times.
+func dotWF16x4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	n := a.cols
+	if n%16 != 0 {
+		for k := range 4 {
+			out[k] = dotWF16Asm(w, &a.rows[j+k])
+		}
+		return
+	}
+	_, _ = w[2*n-1], a.f[(j+4)*n-1]
+	dotF16x4AVX512(&w[0], &a.f[j*n], n, n, &out[0])
+}
+
+func dotQ4_KAsm(w []byte, x *qrow) float32 {
+	nb := len(x.d)
+	_, _, _ = w[144*nb-1], x.q[256*nb-1], x.bs[16*nb-1]
+	return dotQ4_KVNNI(&w[0], &x.q[0], &x.d[0], &x.bs[0], nb)
+}
+
+// dotQ4_Kx4Asm multiplies one weight row by activation rows j…j+3.
+func dotQ4_Kx4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	nb := a.cols / 256
+	_, _, _ = w[144*nb-1], a.q[(j+4)*a.cols-1], a.bs[(j+4)*a.cols/16-1]
+	dotQ4_Kx4VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], &a.bs[j*a.cols/16], a.cols, nb, &out[0])
+}
+
+func dotQ6_KAsm(w []byte, x *qrow) float32 {
+	nb := len(x.d)
+	_, _, _ = w[210*nb-1], x.q[256*nb-1], x.bs[16*nb-1]
+	return dotQ6_KVNNI(&w[0], &x.q[0], &x.d[0], &x.bs[0], nb)
+}
+
+// dotQ6_Kx4Asm multiplies one weight row by activation rows j…j+3.
+func dotQ6_Kx4Asm(w []byte, a *actBuf, j int, out *[4]float32) {
+	nb := a.cols / 256
+	_, _, _ = w[210*nb-1], a.q[(j+4)*a.cols-1], a.bs[(j+4)*a.cols/16-1]
+	dotQ6_Kx4VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], &a.bs[j*a.cols/16], a.cols, nb, &out[0])
+}
+
+// dotWF16Asm reproduces llama.cpp's float arithmetic for F16 weights, so
+// that greedy outputs match it through near-ties: rows whose length is a
+// multiple of 16 go through llamafile's tinyBLAS there (one accumulator),
+// other rows through ggml_vec_dot_f16 (four accumulators over steps of 64,
+// the rest added in float64).
+func dotWF16Asm(w []byte, x *qrow) float32 {
+	n := len(x.f)
+	if n%16 == 0 {
+		_ = w[2*n-1]
+		return dotF16SeqAVX512(&w[0], &x.f[0], n)
+	}
+	m := n &^ 63
+	var s float32
+	if m > 0 {
+		_ = w[2*m-1]
+		s = dotF16AVX512(&w[0], &x.f[0], m)
+	}
+	if m == n {
+		return s
+	}
+	sum := float64(s)
+	w = w[:2*n]
+	for i := m; i < n; i++ {
+		sum += float64(f16Table[uint16(w[2*i])|uint16(w[2*i+1])<<8] * x.f[i])
+	}
+	return float32(sum)
+}
+
+// dotWF32Asm: as dotWF16Asm, tinyBLAS's single accumulator for rows that
+// are multiples of 16.
+func dotWF32Asm(w []byte, x *qrow) float32 {
+	n := len(x.f)
+	if n%16 == 0 {
+		_ = w[4*n-1]
+		return dotF32SeqAVX512((*float32)(unsafePointer(&w[0])), &x.f[0], n)
+	}
+	m := n &^ 31
+	var s float32
+	if m > 0 {
+		_ = w[4*m-1]
+		s = dotF32AVX512((*float32)(unsafePointer(&w[0])), &x.f[0], m)
+	}
+	if m < n {
+		s += dotWF32Go(w[4*m:], &qrow{f: x.f[m:]})
+	}
+	return s
+}
+
+func dotF32Fast(a, b []float32) float32 {
+	n := len(a)
+	m := n &^ 31
+	var s float32
+	if m > 0 {
+		_ = b[m-1]
+		s = dotF32AVX512(&a[0], &b[0], m)
+	}
+	if m < n {
+		s += dotF32Go(a[m:], b[m:])
+	}
+	return s
+}
+
+func axpyF32Fast(y, x []float32, a float32) {
+	n := len(y)
+	m := n &^ 15
+	if m > 0 {
+		_ = x[m-1]
+		axpyF32AVX512(&y[0], &x[0], a, m)
+	}
+	if m < n {
+		axpyF32Go(y[m:], x[m:], a)
+	}
+}

@@ -1,0 +1,958 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// AVX-512 (F, BW, VL, VNNI) dot products of one GGUF weight row with one
+// quantized activation row; the plain-Go twins in dot_go.go define what
+// each computes. Register use: DI weights, SI activation codes, DX
+// activation scales, R8 activation sums, CX block count, Z0 the float
+// accumulator.
+
+// HSUM16 adds the 16 floats of Z0 into X0's low lane.
+#define HSUM16 \
+	VEXTRACTF64X4 $1, Z0, Y1 \
+	VADDPS        Y1, Y0, Y0 \
+	VEXTRACTF128  $1, Y0, X1 \
+	VADDPS        X1, X0, X0 \
+	VMOVHLPS      X0, X0, X1 \
+	VADDPS        X1, X0, X0 \
+	VMOVSHDUP     X0, X1     \
+	VADDSS        X1, X0, X0
+
+// HALF loads the f16 at off(DI) widened to float32 into X5.
+#define HALF(off) \
+	MOVWLZX   off(DI), AX \
+	VMOVD     AX, X5      \
+	VCVTPH2PS X5, X5
+
+// HSUM8(Y, X, T) adds the 8 floats of Y into X's low lane (T: scratch).
+#define HSUM8(y, x, t, tx) \
+	VEXTRACTF128 $1, y, tx \
+	VADDPS       tx, x, x  \
+	VMOVHLPS     x, x, tx  \
+	VADDPS       tx, x, x  \
+	VMOVSHDUP    x, tx     \
+	VADDSS       tx, x, x
+
+// The 32-element kernels reproduce the float arithmetic of llama.cpp's
+// AVX2 vec_dot_*_q8_0 exactly, so that greedy decoding follows llama.cpp
+// token for token even through near-ties: per block, the exact signed
+// integer products summed in 8 int32 lanes (4 adjacent bytes per lane,
+// taken as |w| times x with w's sign by VPDPBUSD), converted to float and
+// added with one fused multiply-add by d = d_w·d_x into 8 float lanes;
+// the lanes are summed at the end as hsum_float_8 does.
+
+// BLOCKDOT leaves in Y4 the 8 float lane sums of the signed codes in Y1
+// times the activation codes at xa.
+#define BLOCKDOT(xa) \
+	VMOVDQU   xa, Y2     \
+	VPABSB    Y1, Y3     \
+	VPSIGNB   Y1, Y2, Y2 \
+	VPXOR     Y4, Y4, Y4 \
+	VPDPBUSD  Y2, Y3, Y4 \
+	VCVTDQ2PS Y4, Y4
+
+// BLOCKACC adds d_w·d_x·Y4 to acc; d_w is the f16 at woff(DI), d_x the
+// float at da.
+#define BLOCKACC(woff, da, acc) \
+	HALF(woff)               \
+	VMULSS       da, X5, X5  \
+	VBROADCASTSS X5, Y5      \
+	VFMADD231PS  Y4, Y5, acc
+
+// X4PROLOGUE loads the arguments of a four-token 32-element kernel:
+// (w, xq, xd, cols, nb, out), strides R9 (codes) and R11 (scales).
+#define X4PROLOGUE \
+	MOVQ   w+0(FP), DI         \
+	MOVQ   xq+8(FP), SI        \
+	MOVQ   xd+16(FP), DX       \
+	MOVQ   cols+24(FP), R9     \
+	MOVQ   nb+32(FP), CX       \
+	LEAQ   (R9)(R9*2), R10     \
+	MOVQ   CX, R11             \
+	SHLQ   $2, R11             \
+	LEAQ   (R11)(R11*2), R12   \
+	VXORPS Y0, Y0, Y0          \
+	VXORPS Y6, Y6, Y6          \
+	VXORPS Y7, Y7, Y7          \
+	VXORPS Y8, Y8, Y8
+
+// X4TOKENS multiplies the signed codes in Y1 with the 4 tokens' blocks.
+#define X4TOKENS \
+	BLOCKDOT((SI))                \
+	BLOCKACC(0, (DX), Y0)         \
+	BLOCKDOT((SI)(R9*1))          \
+	BLOCKACC(0, (DX)(R11*1), Y6)  \
+	BLOCKDOT((SI)(R9*2))          \
+	BLOCKACC(0, (DX)(R11*2), Y7)  \
+	BLOCKDOT((SI)(R10*1))         \
+	BLOCKACC(0, (DX)(R12*1), Y8)
+
+// X4EPILOGUE stores the 4 sums to out.
+#define X4EPILOGUE \
+	MOVQ   out+40(FP), AX      \
+	HSUM8(Y0, X0, Y1, X1)      \
+	VMOVSS X0, 0(AX)           \
+	HSUM8(Y6, X6, Y1, X1)      \
+	VMOVSS X6, 4(AX)           \
+	HSUM8(Y7, X7, Y1, X1)      \
+	VMOVSS X7, 8(AX)           \
+	HSUM8(Y8, X8, Y1, X1)      \
+	VMOVSS X8, 12(AX)          \
+	VZEROUPPER
+
+// func dotQ8_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+// Q8_0 block: d f16, 32 int8 codes (34 bytes).
+TEXT ·dotQ8_0VNNI(SB), NOSPLIT, $0-36
+	MOVQ   w+0(FP), DI
+	MOVQ   xq+8(FP), SI
+	MOVQ   xd+16(FP), DX
+	MOVQ   nb+24(FP), CX
+	VXORPS Y0, Y0, Y0
+	TESTQ  CX, CX
+	JEQ    q80done
+
+q80loop:
+	PREFETCHT0 512(DI) // weights stream from memory once: ask early
+	VMOVDQU 2(DI), Y1
+	BLOCKDOT((SI))
+	BLOCKACC(0, (DX), Y0)
+	ADDQ    $34, DI
+	ADDQ    $32, SI
+	ADDQ    $4, DX
+	DECQ    CX
+	JNZ     q80loop
+
+q80done:
+	HSUM8(Y0, X0, Y1, X1)
+	VMOVSS X0, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func dotQ8_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+// dotQ8_0VNNI for 4 activation rows (tokens) cols codes apart, each weight
+// block loaded once; the same arithmetic per token, so results equal 4
+// single calls bit for bit. out receives 4 floats.
+TEXT ·dotQ8_0x4VNNI(SB), NOSPLIT, $0-48
+	MOVQ   w+0(FP), DI
+	MOVQ   xq+8(FP), SI
+	MOVQ   xd+16(FP), DX
+	MOVQ   cols+24(FP), R9
+	MOVQ   nb+32(FP), CX
+	LEAQ   (R9)(R9*2), R10
+	MOVQ   CX, R11
+	SHLQ   $2, R11
+	LEAQ   (R11)(R11*2), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	TESTQ  CX, CX
+	JEQ    q80x4done
+
+q80x4loop:
+	VMOVDQU 2(DI), Y1
+	BLOCKDOT((SI))
+	BLOCKACC(0, (DX), Y0)
+	BLOCKDOT((SI)(R9*1))
+	BLOCKACC(0, (DX)(R11*1), Y6)
+	BLOCKDOT((SI)(R9*2))
+	BLOCKACC(0, (DX)(R11*2), Y7)
+	BLOCKDOT((SI)(R10*1))
+	BLOCKACC(0, (DX)(R12*1), Y8)
+	ADDQ    $34, DI
+	ADDQ    $32, SI
+	ADDQ    $4, DX
+	DECQ    CX
+	JNZ     q80x4loop
+
+q80x4done:
+	MOVQ   out+40(FP), AX
+	HSUM8(Y0, X0, Y1, X1)
+	VMOVSS X0, 0(AX)
+	HSUM8(Y6, X6, Y1, X1)
+	VMOVSS X6, 4(AX)
+	HSUM8(Y7, X7, Y1, X1)
+	VMOVSS X7, 8(AX)
+	HSUM8(Y8, X8, Y1, X1)
+	VMOVSS X8, 12(AX)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+// Q4_0 block: d f16, 16 bytes of nibbles (byte j: element j low, j+16
+// high); codes nibble − 8.
+TEXT ·dotQ4_0VNNI(SB), NOSPLIT, $0-36
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         nb+24(FP), CX
+	VXORPS       Y0, Y0, Y0
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Y15
+	MOVL         $0x08080808, AX
+	VPBROADCASTD AX, Y14
+	TESTQ        CX, CX
+	JEQ          q40done
+
+q40loop:
+	PREFETCHT0  512(DI)
+	VMOVDQU     2(DI), X1
+	VPSRLW      $4, X1, X2
+	VINSERTI128 $1, X2, Y1, Y1
+	VPAND       Y15, Y1, Y1
+	VPSUBB      Y14, Y1, Y1
+	BLOCKDOT((SI))
+	BLOCKACC(0, (DX), Y0)
+	ADDQ        $18, DI
+	ADDQ        $32, SI
+	ADDQ        $4, DX
+	DECQ        CX
+	JNZ         q40loop
+
+q40done:
+	HSUM8(Y0, X0, Y1, X1)
+	VMOVSS X0, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func dotQ5_0VNNI(w *byte, xq *int8, xd *float32, nb int) float32
+// Q5_0 block: d f16, qh u32 (fifth bits), 16 bytes of nibbles; codes
+// (nibble | bit<<4) − 16, formed as nibble | 0xF0 where the bit is clear.
+TEXT ·dotQ5_0VNNI(SB), NOSPLIT, $0-36
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         nb+24(FP), CX
+	VXORPS       Y0, Y0, Y0
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Y15
+	MOVL         $0xF0F0F0F0, AX
+	VPBROADCASTD AX, Y14
+	TESTQ        CX, CX
+	JEQ          q50done
+
+q50loop:
+	PREFETCHT0  512(DI)
+	VMOVDQU     6(DI), X1
+	VPSRLW      $4, X1, X2
+	VINSERTI128 $1, X2, Y1, Y1
+	VPAND       Y15, Y1, Y1
+	MOVL        2(DI), AX
+	KMOVD       AX, K1
+	VPMOVM2B    K1, Y3
+	VPANDN      Y14, Y3, Y3
+	VPOR        Y3, Y1, Y1
+	BLOCKDOT((SI))
+	BLOCKACC(0, (DX), Y0)
+	ADDQ        $22, DI
+	ADDQ        $32, SI
+	ADDQ        $4, DX
+	DECQ        CX
+	JNZ         q50loop
+
+q50done:
+	HSUM8(Y0, X0, Y1, X1)
+	VMOVSS X0, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func dotQ4_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+TEXT ·dotQ4_0x4VNNI(SB), NOSPLIT, $0-48
+	X4PROLOGUE
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Y15
+	MOVL         $0x08080808, AX
+	VPBROADCASTD AX, Y14
+	TESTQ        CX, CX
+	JEQ          q40x4done
+
+q40x4loop:
+	VMOVDQU     2(DI), X1
+	VPSRLW      $4, X1, X2
+	VINSERTI128 $1, X2, Y1, Y1
+	VPAND       Y15, Y1, Y1
+	VPSUBB      Y14, Y1, Y1
+	X4TOKENS
+	ADDQ        $18, DI
+	ADDQ        $32, SI
+	ADDQ        $4, DX
+	DECQ        CX
+	JNZ         q40x4loop
+
+q40x4done:
+	X4EPILOGUE
+	RET
+
+// func dotQ5_0x4VNNI(w *byte, xq *int8, xd *float32, cols, nb int, out *float32)
+TEXT ·dotQ5_0x4VNNI(SB), NOSPLIT, $0-48
+	X4PROLOGUE
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Y15
+	MOVL         $0xF0F0F0F0, AX
+	VPBROADCASTD AX, Y14
+	TESTQ        CX, CX
+	JEQ          q50x4done
+
+q50x4loop:
+	VMOVDQU     6(DI), X1
+	VPSRLW      $4, X1, X2
+	VINSERTI128 $1, X2, Y1, Y1
+	VPAND       Y15, Y1, Y1
+	MOVL        2(DI), AX
+	KMOVD       AX, K1
+	VPMOVM2B    K1, Y3
+	VPANDN      Y14, Y3, Y3
+	VPOR        Y3, Y1, Y1
+	X4TOKENS
+	ADDQ        $22, DI
+	ADDQ        $32, SI
+	ADDQ        $4, DX
+	DECQ        CX
+	JNZ         q50x4loop
+
+q50x4done:
+	X4EPILOGUE
+	RET
+
+// func dotF16x4AVX512(w *byte, x *float32, cols, n int, out *float32)
+// dotF16SeqAVX512 for 4 activation rows cols floats apart: each 16 weights
+// are widened once and used 4 times; every output keeps its own single
+// accumulator, so results equal 4 single calls bit for bit.
+TEXT ·dotF16x4AVX512(SB), NOSPLIT, $0-40
+	MOVQ   w+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   cols+16(FP), R9
+	MOVQ   n+24(FP), CX
+	SHLQ   $2, R9
+	LEAQ   (R9)(R9*2), R10
+	VXORPS Z0, Z0, Z0
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+
+f16x4loop:
+	VCVTPH2PS   (DI), Z4
+	VFMADD231PS (SI), Z4, Z0
+	VFMADD231PS (SI)(R9*1), Z4, Z6
+	VFMADD231PS (SI)(R9*2), Z4, Z7
+	VFMADD231PS (SI)(R10*1), Z4, Z8
+	ADDQ        $32, DI
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JNZ         f16x4loop
+	MOVQ        out+32(FP), AX
+	HSUM16
+	VMOVSS      X0, 0(AX)
+	VMOVAPS     Z6, Z0
+	HSUM16
+	VMOVSS      X0, 4(AX)
+	VMOVAPS     Z7, Z0
+	HSUM16
+	VMOVSS      X0, 8(AX)
+	VMOVAPS     Z8, Z0
+	HSUM16
+	VMOVSS      X0, 12(AX)
+	VZEROUPPER
+	RET
+
+// Word lanes 0–15 = 0 and 16–31 = 4: shifts the upper 32 bytes of a
+// broadcast 32-byte load right by a nibble.
+DATA shiftQ4K<>+0(SB)/8, $0
+DATA shiftQ4K<>+8(SB)/8, $0
+DATA shiftQ4K<>+16(SB)/8, $0
+DATA shiftQ4K<>+24(SB)/8, $0
+DATA shiftQ4K<>+32(SB)/8, $0x0004000400040004
+DATA shiftQ4K<>+40(SB)/8, $0x0004000400040004
+DATA shiftQ4K<>+48(SB)/8, $0x0004000400040004
+DATA shiftQ4K<>+56(SB)/8, $0x0004000400040004
+GLOBL shiftQ4K<>(SB), RODATA|NOPTR, $64
+
+// Word lanes 0–15 = 0 and 16–31 = 1: picks the scales of groups 2p and
+// 2p+1 (after adding 2p) for the 64 products of one 32-byte chunk.
+DATA idxQ4K<>+0(SB)/8, $0
+DATA idxQ4K<>+8(SB)/8, $0
+DATA idxQ4K<>+16(SB)/8, $0
+DATA idxQ4K<>+24(SB)/8, $0
+DATA idxQ4K<>+32(SB)/8, $0x0001000100010001
+DATA idxQ4K<>+40(SB)/8, $0x0001000100010001
+DATA idxQ4K<>+48(SB)/8, $0x0001000100010001
+DATA idxQ4K<>+56(SB)/8, $0x0001000100010001
+GLOBL idxQ4K<>(SB), RODATA|NOPTR, $64
+
+// Constants for the vector unpacking of Q4_K's 12 scale bytes.
+DATA k4m3f<>+0(SB)/8, $0x3f3f3f3f3f3f3f3f
+DATA k4m3f<>+8(SB)/8, $0x3f3f3f3f3f3f3f3f
+GLOBL k4m3f<>(SB), RODATA|NOPTR, $16
+DATA k4m0f<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA k4m0f<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL k4m0f<>(SB), RODATA|NOPTR, $16
+DATA k4m03<>+0(SB)/8, $0x0303030303030303
+DATA k4m03<>+8(SB)/8, $0x0303030303030303
+GLOBL k4m03<>(SB), RODATA|NOPTR, $16
+DATA k4sh<>+0(SB)/8, $0x0000000400000000
+DATA k4sh<>+8(SB)/8, $0
+GLOBL k4sh<>(SB), RODATA|NOPTR, $16
+
+// Word indices {8,8,9,9,…,15,15}: each min twice, to pair with the two
+// 16-value sums of its group.
+DATA k4minidx<>+0(SB)/8, $0x0009000900080008
+DATA k4minidx<>+8(SB)/8, $0x000b000b000a000a
+DATA k4minidx<>+16(SB)/8, $0x000d000d000c000c
+DATA k4minidx<>+24(SB)/8, $0x000f000f000e000e
+GLOBL k4minidx<>(SB), RODATA|NOPTR, $32
+
+// Q4KUNPACK leaves in Y1 the 16 words sc0…sc7, mn0…mn7 of the super-block
+// at DI (see dequant.BlockQ4_K for the packing), using vector ops only.
+#define Q4KUNPACK \
+	VMOVDQU    4(DI), X1              \
+	VPSRLD     $6, X1, X2             \
+	VPAND      k4m03<>(SB), X2, X2    \
+	VPSLLD     $4, X2, X2             \
+	VPSHUFD    $0xAA, X1, X3          \
+	VPSRLVD    k4sh<>(SB), X3, X3     \
+	VPAND      k4m0f<>(SB), X3, X3    \
+	VPOR       X2, X3, X3             \
+	VPAND      k4m3f<>(SB), X1, X1    \
+	VPUNPCKLDQ X3, X1, X1             \
+	VPMOVZXBW  X1, Y1
+
+// Q4KCHUNK handles groups 2p, 2p+1: the 32 bytes at qoff(DI) (low nibbles
+// group 2p, high nibbles group 2p+1) against the 64 codes at xoff(SI),
+// adding sc·Σ q·x to the int32 lanes of Z4. Z6 holds the scale indices.
+#define Q4KCHUNK(qoff, xoff) \
+	VBROADCASTI64X4 qoff(DI), Z7  \
+	VPSRLVW         Z14, Z7, Z7   \
+	VPANDD          Z15, Z7, Z7   \
+	VPERMW          Z1, Z6, Z8    \
+	VPMADDUBSW      xoff(SI), Z7, Z10 \
+	VPDPWSSD        Z8, Z10, Z4   \
+	VPADDW          Z12, Z6, Z6
+
+// func dotQ4_KVNNI(w *byte, xq *int8, xd *float32, bs *int16, nb int) float32
+// Per super-block (144 bytes: d, dmin f16, 12 bytes of 6-bit scales and
+// mins, 128 bytes of nibbles): d_x·(d·Σ_g sc_g·Σ q·x − dmin·Σ_g mn_g·Σx_g).
+TEXT ·dotQ4_KVNNI(SB), NOSPLIT, $0-44
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         nb+32(FP), CX
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Y9, Y9, Y9
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	VMOVDQU64    shiftQ4K<>(SB), Z14
+	VMOVDQU64    idxQ4K<>(SB), Z13
+	MOVL         $0x00020002, AX
+	VPBROADCASTD AX, Z12
+	VMOVDQU      k4minidx<>(SB), Y11
+	TESTQ        CX, CX
+	JEQ          q4kdone
+
+q4kloop:
+	PREFETCHT0 576(DI)
+	PREFETCHT0 640(DI)
+	PREFETCHT0 704(DI)
+	// Scales and mins as words (Y1), mins paired with the block sums.
+	Q4KUNPACK
+	VPERMW       Y1, Y11, Y3
+	VPMADDWD     (R8), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS.BCST  (DX), Y3, Y3
+	VPBROADCASTW 2(DI), X5
+	VCVTPH2PS    X5, Y5
+	VFMADD231PS  Y5, Y3, Y9
+
+	// Scaled codes.
+	VPXORD       Z4, Z4, Z4
+	VMOVDQA64    Z13, Z6
+	Q4KCHUNK(16, 0)
+	Q4KCHUNK(48, 64)
+	Q4KCHUNK(80, 128)
+	Q4KCHUNK(112, 192)
+	VCVTDQ2PS    Z4, Z4
+	VMULPS.BCST  (DX), Z4, Z4
+	VPBROADCASTW (DI), Y5
+	VCVTPH2PS    Y5, Z5
+	VFMADD231PS  Z5, Z4, Z0
+
+	ADDQ $144, DI
+	ADDQ $256, SI
+	ADDQ $4, DX
+	ADDQ $32, R8
+	DECQ CX
+	JNZ  q4kloop
+
+q4kdone:
+	VEXTRACTF128 $1, Y9, X1
+	VADDPS       X1, X9, X9
+	VMOVHLPS     X9, X9, X1
+	VADDPS       X1, X9, X9
+	VMOVSHDUP    X9, X1
+	VADDSS       X1, X9, X9
+	HSUM16
+	VSUBSS       X9, X0, X0
+	VMOVSS       X0, ret+40(FP)
+	VZEROUPPER
+	RET
+
+// Word shifts for Q6_K's high bits: lanes 0–15 by 0 and 16–31 by 2, and
+// lanes 0–15 by 4 and 16–31 by 6.
+DATA shiftQ6Ka<>+0(SB)/8, $0
+DATA shiftQ6Ka<>+8(SB)/8, $0
+DATA shiftQ6Ka<>+16(SB)/8, $0
+DATA shiftQ6Ka<>+24(SB)/8, $0
+DATA shiftQ6Ka<>+32(SB)/8, $0x0002000200020002
+DATA shiftQ6Ka<>+40(SB)/8, $0x0002000200020002
+DATA shiftQ6Ka<>+48(SB)/8, $0x0002000200020002
+DATA shiftQ6Ka<>+56(SB)/8, $0x0002000200020002
+GLOBL shiftQ6Ka<>(SB), RODATA|NOPTR, $64
+DATA shiftQ6Kb<>+0(SB)/8, $0x0004000400040004
+DATA shiftQ6Kb<>+8(SB)/8, $0x0004000400040004
+DATA shiftQ6Kb<>+16(SB)/8, $0x0004000400040004
+DATA shiftQ6Kb<>+24(SB)/8, $0x0004000400040004
+DATA shiftQ6Kb<>+32(SB)/8, $0x0006000600060006
+DATA shiftQ6Kb<>+40(SB)/8, $0x0006000600060006
+DATA shiftQ6Kb<>+48(SB)/8, $0x0006000600060006
+DATA shiftQ6Kb<>+56(SB)/8, $0x0006000600060006
+GLOBL shiftQ6Kb<>(SB), RODATA|NOPTR, $64
+
+// Word lanes 8k…8k+7 = k: the 32 products of 64 codes span 4 groups of 16.
+DATA idxQ6K<>+0(SB)/8, $0
+DATA idxQ6K<>+8(SB)/8, $0
+DATA idxQ6K<>+16(SB)/8, $0x0001000100010001
+DATA idxQ6K<>+24(SB)/8, $0x0001000100010001
+DATA idxQ6K<>+32(SB)/8, $0x0002000200020002
+DATA idxQ6K<>+40(SB)/8, $0x0002000200020002
+DATA idxQ6K<>+48(SB)/8, $0x0003000300030003
+DATA idxQ6K<>+56(SB)/8, $0x0003000300030003
+GLOBL idxQ6K<>(SB), RODATA|NOPTR, $64
+
+// Q6KHALF handles one 128-value half: ql at qloff(DI), qh at qhoff(DI),
+// codes at xoff(SI) and xoff+64(SI); adds Σ sc·q·x (q unsigned, 0…63) to
+// Z4. Z6 holds the scale indices and advances by 8 groups.
+#define Q6KHALF(qloff, qhoff, xoff) \
+	VMOVDQU64       qloff(DI), Z7  \
+	VPSRLW          $4, Z7, Z8     \
+	VPANDD          Z15, Z7, Z7    \
+	VPANDD          Z15, Z8, Z8    \
+	VBROADCASTI64X4 qhoff(DI), Z9  \
+	VPSRLVW         Z13, Z9, Z10   \
+	VPSRLVW         Z12, Z9, Z11   \
+	VPANDD          Z14, Z10, Z10  \
+	VPANDD          Z14, Z11, Z11  \
+	VPSLLW          $4, Z10, Z10   \
+	VPSLLW          $4, Z11, Z11   \
+	VPORD           Z10, Z7, Z7    \
+	VPORD           Z11, Z8, Z8    \
+	VPERMW          Z1, Z6, Z16    \
+	VPADDW          Z20, Z6, Z6   \
+	VPERMW          Z1, Z6, Z17    \
+	VPADDW          Z20, Z6, Z6   \
+	VPMADDUBSW      xoff(SI), Z7, Z18 \
+	VPMADDUBSW      xoff+64(SI), Z8, Z19 \
+	VPDPWSSD        Z16, Z18, Z4   \
+	VPDPWSSD        Z17, Z19, Z4
+
+// func dotQ6_KVNNI(w *byte, xq *int8, xd *float32, bs *int16, nb int) float32
+// Per super-block (210 bytes: ql[128], qh[64], int8 scales[16], d f16):
+// d·d_x·Σ_g sc_g·(Σ q·x − 32·Σx_g).
+TEXT ·dotQ6_KVNNI(SB), NOSPLIT, $0-44
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         nb+32(FP), CX
+	VXORPS       Z0, Z0, Z0
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	MOVL         $0x03030303, AX
+	VPBROADCASTD AX, Z14
+	VMOVDQU64    shiftQ6Ka<>(SB), Z13
+	VMOVDQU64    shiftQ6Kb<>(SB), Z12
+	VMOVDQU64    idxQ6K<>(SB), Z21
+	MOVL         $0x00040004, AX
+	VPBROADCASTD AX, Z20
+	TESTQ        CX, CX
+	JEQ          q6kdone
+
+q6kloop:
+	PREFETCHT0 640(DI)
+	PREFETCHT0 704(DI)
+	PREFETCHT0 768(DI)
+	PREFETCHT0 832(DI)
+	VPMOVSXBW 192(DI), Y1 // 16 scale words
+	VPMADDWD  (R8), Y1, Y2
+	VPSLLD    $5, Y2, Y2
+	VPXORD    Z4, Z4, Z4
+	VPSUBD    Z2, Z4, Z4  // −32·Σ sc·Σx
+	VMOVDQA64 Z21, Z6
+	Q6KHALF(0, 128, 0)
+	Q6KHALF(64, 160, 128)
+	VCVTDQ2PS    Z4, Z4
+	HALF(208)
+	VMULSS       (DX), X5, X5
+	VBROADCASTSS X5, Z5
+	VFMADD231PS  Z5, Z4, Z0
+	ADDQ         $210, DI
+	ADDQ         $256, SI
+	ADDQ         $4, DX
+	ADDQ         $32, R8
+	DECQ         CX
+	JNZ          q6kloop
+
+q6kdone:
+	HSUM16
+	VMOVSS X0, ret+40(FP)
+	VZEROUPPER
+	RET
+
+// func dotF16AVX512(w *byte, x *float32, n int) float32
+// n is a positive multiple of 64. The arithmetic of ggml_vec_dot_f16 with
+// AVX-512: four 16-lane accumulators over steps of 64, then (a0+a2) +
+// (a1+a3), then the 16 lanes summed as _mm512_reduce_add_ps does.
+TEXT ·dotF16AVX512(SB), NOSPLIT, $0-28
+	MOVQ   w+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+f16loop:
+	VCVTPH2PS   (DI), Z4
+	VCVTPH2PS   32(DI), Z5
+	VCVTPH2PS   64(DI), Z6
+	VCVTPH2PS   96(DI), Z7
+	VFMADD231PS (SI), Z4, Z0
+	VFMADD231PS 64(SI), Z5, Z1
+	VFMADD231PS 128(SI), Z6, Z2
+	VFMADD231PS 192(SI), Z7, Z3
+	ADDQ        $128, DI
+	ADDQ        $256, SI
+	SUBQ        $64, CX
+	JNZ         f16loop
+	VADDPS      Z2, Z0, Z0
+	VADDPS      Z3, Z1, Z1
+	VADDPS      Z1, Z0, Z0
+	HSUM16
+	VMOVSS      X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func dotF32AVX512(a, b *float32, n int) float32
+// n is a positive multiple of 32.
+TEXT ·dotF32AVX512(SB), NOSPLIT, $0-28
+	MOVQ   a+0(FP), DI
+	MOVQ   b+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+f32loop:
+	VMOVUPS     (DI), Z2
+	VMOVUPS     64(DI), Z3
+	VFMADD231PS (SI), Z2, Z0
+	VFMADD231PS 64(SI), Z3, Z1
+	ADDQ        $128, DI
+	ADDQ        $128, SI
+	SUBQ        $32, CX
+	JNZ         f32loop
+	VADDPS      Z1, Z0, Z0
+	HSUM16
+	VMOVSS      X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func axpyF32AVX512(y, x *float32, a float32, n int)
+// y += a·x; n is a positive multiple of 16.
+TEXT ·axpyF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Z0
+	MOVQ         n+24(FP), CX
+
+axpyloop:
+	VMOVUPS     (DI), Z1
+	VFMADD231PS (SI), Z0, Z1
+	VMOVUPS     Z1, (DI)
+	ADDQ        $64, DI
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JNZ         axpyloop
+	VZEROUPPER
+	RET
+
+// Q4KTOKEN adds one token to acc (scaled sums) and macc (scaled mins):
+// xp its codes, da its d_x, ba its 16 block sums.
+#define Q4KTOKEN(xp, da, ba, acc, macc) \
+	VPXORD      Z4, Z4, Z4        \
+	VPMADDUBSW  (xp), Z16, Z10    \
+	VPDPWSSD    Z20, Z10, Z4      \
+	VPMADDUBSW  64(xp), Z17, Z10  \
+	VPDPWSSD    Z21, Z10, Z4      \
+	VPMADDUBSW  128(xp), Z18, Z10 \
+	VPDPWSSD    Z22, Z10, Z4      \
+	VPMADDUBSW  192(xp), Z19, Z10 \
+	VPDPWSSD    Z23, Z10, Z4      \
+	VCVTDQ2PS   Z4, Z4            \
+	VMULPS.BCST da, Z4, Z4        \
+	VFMADD231PS Z24, Z4, acc      \
+	VPMADDWD    ba, Y3, Y6        \
+	VCVTDQ2PS   Y6, Y6            \
+	VMULPS.BCST da, Y6, Y6        \
+	VFMADD231PS Y25, Y6, macc
+
+// Q4KNIB decodes chunk p (32 bytes at qoff(DI)) into nib and its scale
+// words into sc (Z6 holds the indices and advances).
+#define Q4KNIB(qoff, nib, sc) \
+	VBROADCASTI64X4 qoff(DI), nib \
+	VPSRLVW         Z14, nib, nib \
+	VPANDD          Z15, nib, nib \
+	VPERMW          Z1, Z6, sc    \
+	VPADDW          Z12, Z6, Z6
+
+// HSUMZ adds the 16 floats of z (y, x: its lower parts) into x's low lane.
+#define HSUMZ(z, y, x) \
+	VEXTRACTF64X4 $1, z, Y5 \
+	VADDPS        Y5, y, y  \
+	VEXTRACTF128  $1, y, X5 \
+	VADDPS        X5, x, x  \
+	VMOVHLPS      x, x, X5  \
+	VADDPS        X5, x, x  \
+	VMOVSHDUP     x, X5     \
+	VADDSS        X5, x, x
+
+// func dotQ4_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+// dotQ4_KVNNI for 4 activation rows cols codes apart: each super-block's
+// nibbles and scales are decoded once and used for the 4 tokens.
+// Accumulators: Z0, Z7, Z8, Z9 (scaled sums), Y26…Y29 (scaled mins).
+TEXT ·dotQ4_Kx4VNNI(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         cols+32(FP), R13
+	MOVQ         nb+40(FP), CX
+	LEAQ         (SI)(R13*1), R9  // token 1 codes
+	LEAQ         (SI)(R13*2), R10 // token 2 codes
+	LEAQ         (R10)(R13*1), BX // token 3 codes
+	MOVQ         CX, R11
+	SHLQ         $2, R11          // d_x stride in bytes
+	LEAQ         (R11)(R11*2), R12
+	SHRQ         $3, R13          // block-sum stride in bytes: cols/16 int16
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	MOVL         $0x00020002, AX
+	VPBROADCASTD AX, Z12
+	LEAQ         (R13)(R13*2), AX
+	VMOVDQU64    shiftQ4K<>(SB), Z14
+	VMOVDQU64    idxQ4K<>(SB), Z13
+	VMOVDQU      k4minidx<>(SB), Y11
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Y26, Y26, Y26
+	VXORPS       Y27, Y27, Y27
+	VXORPS       Y28, Y28, Y28
+	VXORPS       Y29, Y29, Y29
+	TESTQ        CX, CX
+	JEQ          q4kx4done
+
+q4kx4loop:
+	Q4KUNPACK
+	VPERMW       Y1, Y11, Y3 // min pairs
+	VMOVDQA64    Z13, Z6
+	Q4KNIB(16, Z16, Z20)
+	Q4KNIB(48, Z17, Z21)
+	Q4KNIB(80, Z18, Z22)
+	Q4KNIB(112, Z19, Z23)
+	VPBROADCASTW (DI), Y5
+	VCVTPH2PS    Y5, Z24      // d_w in 16 lanes
+	VPBROADCASTW 2(DI), X5
+	VCVTPH2PS    X5, Y25      // dmin in 8 lanes
+	Q4KTOKEN(SI, (DX), (R8), Z0, Y26)
+	Q4KTOKEN(R9, (DX)(R11*1), (R8)(R13*1), Z7, Y27)
+	Q4KTOKEN(R10, (DX)(R11*2), (R8)(R13*2), Z8, Y28)
+	Q4KTOKEN(BX, (DX)(R12*1), (R8)(AX*1), Z9, Y29)
+	ADDQ         $144, DI
+	ADDQ         $256, SI
+	ADDQ         $256, R9
+	ADDQ         $256, R10
+	ADDQ         $256, BX
+	ADDQ         $4, DX
+	ADDQ         $32, R8
+	DECQ         CX
+	JNZ          q4kx4loop
+
+q4kx4done:
+	VSUBPS Z26, Z0, Z0
+	VSUBPS Z27, Z7, Z7
+	VSUBPS Z28, Z8, Z8
+	VSUBPS Z29, Z9, Z9
+	MOVQ   out+48(FP), AX
+	HSUMZ(Z0, Y0, X0)
+	VMOVSS X0, 0(AX)
+	HSUMZ(Z7, Y7, X7)
+	VMOVSS X7, 4(AX)
+	HSUMZ(Z8, Y8, X8)
+	VMOVSS X8, 8(AX)
+	HSUMZ(Z9, Y9, X9)
+	VMOVSS X9, 12(AX)
+	VZEROUPPER
+	RET
+
+// Q6KDEC decodes one 128-value half of a Q6_K super-block (ql at
+// qloff(DI), qh at qhoff(DI)) into qa (values 0…63) and qb (64…127), and
+// their scale words into sca, scb (Z6 holds the indices and advances).
+#define Q6KDEC(qloff, qhoff, qa, qb, sca, scb) \
+	VMOVDQU64       qloff(DI), qa \
+	VPSRLW          $4, qa, qb    \
+	VPANDD          Z15, qa, qa   \
+	VPANDD          Z15, qb, qb   \
+	VBROADCASTI64X4 qhoff(DI), Z9 \
+	VPSRLVW         Z13, Z9, Z10  \
+	VPSRLVW         Z12, Z9, Z9   \
+	VPANDD          Z14, Z10, Z10 \
+	VPANDD          Z14, Z9, Z9   \
+	VPSLLW          $4, Z10, Z10  \
+	VPSLLW          $4, Z9, Z9    \
+	VPORD           Z10, qa, qa   \
+	VPORD           Z9, qb, qb    \
+	VPERMW          Z1, Z6, sca   \
+	VPADDW          Z11, Z6, Z6   \
+	VPERMW          Z1, Z6, scb   \
+	VPADDW          Z11, Z6, Z6
+
+// Q6KTOKEN adds one token to acc: xp its codes, da its d_x, ba its block
+// sums (for the −32 offset).
+#define Q6KTOKEN(xp, da, ba, acc) \
+	VPMADDWD    ba, Y1, Y6        \
+	VPSLLD      $5, Y6, Y6        \
+	VPXORD      Z4, Z4, Z4        \
+	VPSUBD      Z6, Z4, Z4        \
+	VPMADDUBSW  (xp), Z16, Z10    \
+	VPDPWSSD    Z20, Z10, Z4      \
+	VPMADDUBSW  64(xp), Z17, Z10  \
+	VPDPWSSD    Z21, Z10, Z4      \
+	VPMADDUBSW  128(xp), Z18, Z10 \
+	VPDPWSSD    Z22, Z10, Z4      \
+	VPMADDUBSW  192(xp), Z19, Z10 \
+	VPDPWSSD    Z23, Z10, Z4      \
+	VCVTDQ2PS   Z4, Z4            \
+	VMULPS.BCST da, Z4, Z4        \
+	VFMADD231PS Z24, Z4, acc
+
+// func dotQ6_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+// dotQ6_KVNNI for 4 activation rows cols codes apart. Accumulators: Z0,
+// Z2, Z3, Z7.
+TEXT ·dotQ6_Kx4VNNI(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         cols+32(FP), R13
+	MOVQ         nb+40(FP), CX
+	LEAQ         (SI)(R13*1), R9
+	LEAQ         (SI)(R13*2), R10
+	LEAQ         (R10)(R13*1), BX
+	MOVQ         CX, R11
+	SHLQ         $2, R11
+	LEAQ         (R11)(R11*2), R12
+	SHRQ         $3, R13
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	MOVL         $0x03030303, AX
+	VPBROADCASTD AX, Z14
+	MOVL         $0x00040004, AX
+	VPBROADCASTD AX, Z11
+	LEAQ         (R13)(R13*2), AX
+	VMOVDQU64    shiftQ6Ka<>(SB), Z13
+	VMOVDQU64    shiftQ6Kb<>(SB), Z12
+	VMOVDQU64    idxQ6K<>(SB), Z25
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	VXORPS       Z7, Z7, Z7
+	TESTQ        CX, CX
+	JEQ          q6kx4done
+
+q6kx4loop:
+	VPMOVSXBW    192(DI), Y1
+	VMOVDQA64    Z25, Z6
+	Q6KDEC(0, 128, Z16, Z17, Z20, Z21)
+	Q6KDEC(64, 160, Z18, Z19, Z22, Z23)
+	VPBROADCASTW 208(DI), Y5
+	VCVTPH2PS    Y5, Z24
+	Q6KTOKEN(SI, (DX), (R8), Z0)
+	Q6KTOKEN(R9, (DX)(R11*1), (R8)(R13*1), Z2)
+	Q6KTOKEN(R10, (DX)(R11*2), (R8)(R13*2), Z3)
+	Q6KTOKEN(BX, (DX)(R12*1), (R8)(AX*1), Z7)
+	ADDQ         $210, DI
+	ADDQ         $256, SI
+	ADDQ         $256, R9
+	ADDQ         $256, R10
+	ADDQ         $256, BX
+	ADDQ         $4, DX
+	ADDQ         $32, R8
+	DECQ         CX
+	JNZ          q6kx4loop
+
+q6kx4done:
+	MOVQ   out+48(FP), AX
+	HSUMZ(Z0, Y0, X0)
+	VMOVSS X0, 0(AX)
+	HSUMZ(Z2, Y2, X2)
+	VMOVSS X2, 4(AX)
+	HSUMZ(Z3, Y3, X3)
+	VMOVSS X3, 8(AX)
+	HSUMZ(Z7, Y7, X7)
+	VMOVSS X7, 12(AX)
+	VZEROUPPER
+	RET
+
+// func dotF16SeqAVX512(w *byte, x *float32, n int) float32
+// n is a positive multiple of 16. One 16-lane accumulator over the row,
+// then _mm512_reduce_add_ps: the arithmetic of llamafile's tinyBLAS, which
+// llama.cpp uses for F16 weights whenever the row length is a multiple of
+// 16.
+TEXT ·dotF16SeqAVX512(SB), NOSPLIT, $0-28
+	MOVQ   w+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VXORPS Z0, Z0, Z0
+
+f16seqloop:
+	VCVTPH2PS   (DI), Z4
+	VFMADD231PS (SI), Z4, Z0
+	ADDQ        $32, DI
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JNZ         f16seqloop
+	HSUM16
+	VMOVSS      X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func dotF32SeqAVX512(w, x *float32, n int) float32
+// As dotF16SeqAVX512 for F32 weights (tinyBLAS's F32 path).
+TEXT ·dotF32SeqAVX512(SB), NOSPLIT, $0-28
+	MOVQ   w+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VXORPS Z0, Z0, Z0
+
+f32seqloop:
+	VMOVUPS     (DI), Z4
+	VFMADD231PS (SI), Z4, Z0
+	ADDQ        $64, DI
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JNZ         f32seqloop
+	HSUM16
+	VMOVSS      X0, ret+24(FP)
+	VZEROUPPER
+	RET

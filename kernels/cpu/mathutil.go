@@ -1,0 +1,37 @@
+package cpu
+
+import (
+	"math"
+	"unsafe"
+)
+
+func float32frombits(u uint32) float32 { return math.Float32frombits(u) }
+
+// dotF32Go and axpyF32Go are the plain float32 loops behind dotF32 and
+// axpyF32 (attention), with four accumulators to shorten the dependency
+// chain.
+func dotF32Go(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyF32Go computes y += a·x.
+func axpyF32Go(y, x []float32, a float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

@@ -1,0 +1,241 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+)
+
+// actKind is the form a weight type wants its activations in (ggml's
+// vec_dot_type).
+type actKind int
+
+const (
+	actF32  actKind = iota // F32 weights: activations as they are
+	actF16                 // F16 weights: activations rounded to f16
+	actBF16                // BF16 weights: activations rounded to bf16
+	actQ8_0                // 32-element blocks, f16 scale
+	actQ8_1                // Q8_0 plus ggml's f16 block sums (Q4_1, Q5_1)
+	actQ8_K                // 256-element blocks, f32 scale, per-16 sums
+)
+
+// dotFunc is the dot product of one weight row (its GGUF bytes) with one
+// prepared activation row.
+type dotFunc func(w []byte, x *qrow) float32
+
+// dot4Func is the dot product of one weight row with the four prepared
+// activation rows j…j+3 of a, written to out: the prompt-processing kernel,
+// which decodes each weight block once for four tokens.
+type dot4Func func(w []byte, a *actBuf, j int, out *[4]float32)
+
+// kernel is how MatMul handles one weight type. dot4 is optional.
+type kernel struct {
+	act  actKind
+	dot  dotFunc
+	dot4 dot4Func
+}
+
+// goKernels are the plain-Go kernels for every supported type; fastKernels
+// starts as a copy and the architecture file replaces entries with
+// assembly where the CPU has the features (see dot_amd64.go).
+var goKernels = map[gguf.Type]kernel{
+	gguf.TypeF32:    {actF32, dotWF32Go, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil},
+}
+
+var fastKernels = func() map[gguf.Type]kernel {
+	m := make(map[gguf.Type]kernel, len(goKernels))
+	for t, k := range goKernels {
+		m[t] = k
+	}
+	return m
+}()
+
+// actBuf holds the n activation rows of one MatMul in the form its weight
+// type wants. The slices only grow, so steady-state MatMuls allocate
+// nothing.
+type actBuf struct {
+	kind    actKind
+	n, cols int
+	f       []float32 // [n][cols] (F16/BF16 rounding; F32 points at x)
+	q       []int8    // [n][cols]
+	d       []float32 // [n][cols/bs]
+	s       []float32 // [n][cols/32]
+	bs      []int16   // [n][cols/16]
+	rows    []qrow    // per-row views
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// prepare sizes the buffer for n rows of cols activations of kind k.
+func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
+	a.kind, a.n, a.cols = k, n, cols
+	a.rows = grow(a.rows, n)
+	switch k {
+	case actF32:
+		for j := range n {
+			a.rows[j] = qrow{f: x[j*cols : (j+1)*cols]}
+		}
+	case actF16, actBF16:
+		a.f = grow(a.f, n*cols)
+		for j := range n {
+			a.rows[j] = qrow{f: a.f[j*cols : (j+1)*cols]}
+		}
+	case actQ8_0, actQ8_1:
+		nb := cols / 32
+		a.q, a.d, a.s = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.s, n*nb)
+		for j := range n {
+			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
+		}
+	case actQ8_K:
+		nb := cols / 256
+		a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*cols/16)
+		for j := range n {
+			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], bs: a.bs[j*cols/16 : (j+1)*cols/16]}
+		}
+	}
+}
+
+// quantRow fills row j from the float activations xr.
+func (a *actBuf) quantRow(j int, xr []float32) {
+	r := &a.rows[j]
+	switch a.kind {
+	case actF16:
+		for i, v := range xr {
+			r.f[i] = f16Round(v)
+		}
+	case actBF16:
+		for i, v := range xr {
+			r.f[i] = bf16Round(v)
+		}
+	case actQ8_0:
+		quantQ8_0(xr, r.q, r.d, r.s, false)
+	case actQ8_1:
+		quantQ8_0(xr, r.q, r.d, r.s, true)
+	case actQ8_K:
+		quantQ8_K(xr, r.q, r.d, r.bs)
+	}
+}
+
+// quantTask quantizes activation rows in parallel.
+type quantTask struct {
+	a    *actBuf
+	x    []float32
+	cols int
+}
+
+func (t *quantTask) run(_, lo, hi int) {
+	for j := lo; j < hi; j++ {
+		t.a.quantRow(j, t.x[j*t.cols:(j+1)*t.cols])
+	}
+}
+
+// matmulTask computes a band of weight rows for every activation row. Each
+// chunk is a tile of consecutive weight rows that stays in cache while all
+// n activation rows pass over it, so for prompts every weight block is read
+// from memory once per MatMul, not once per token.
+type matmulTask struct {
+	dst  []float32
+	w    []byte
+	rb   int // bytes per weight row
+	rows int
+	act  *actBuf
+	dot  dotFunc
+	dot4 dot4Func
+	scr  []workerScratch
+}
+
+func (t *matmulTask) run(w, lo, hi int) {
+	j := 0
+	if t.dot4 != nil && t.act.n >= 4 {
+		o := &t.scr[w].out4 // per-worker, so the call allocates nothing
+		for ; j+4 <= t.act.n; j += 4 {
+			for r := lo; r < hi; r++ {
+				t.dot4(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
+				for k, v := range o {
+					t.dst[(j+k)*t.rows+r] = v
+				}
+			}
+		}
+	}
+	for ; j < t.act.n; j++ {
+		x := &t.act.rows[j]
+		out := t.dst[j*t.rows : (j+1)*t.rows]
+		for r := lo; r < hi; r++ {
+			out[r] = t.dot(t.w[r*t.rb:(r+1)*t.rb], x)
+		}
+	}
+}
+
+// MatMul multiplies n activation rows by a weight matrix in its block form.
+// dst must not overlap x.
+//
+//	x [n][w.Cols], dst [n][w.Rows]: dst[i][r] = Σ_c w[r][c]·x[i][c]
+func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.matmul(dst, w, x, n, fastKernels)
+}
+
+// matmul is MatMul with an explicit kernel table (tests run the Go table).
+func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int, table map[gguf.Type]kernel) error {
+	if w == nil {
+		return fmt.Errorf("cpu: matmul: nil weight")
+	}
+	k, ok := table[w.Type]
+	if !ok {
+		return fmt.Errorf("cpu: matmul: weight %q: type %s is not supported", w.Name, w.Type)
+	}
+	rb, err := rowBytes(w)
+	if err != nil {
+		return fmt.Errorf("cpu: matmul: %w", err)
+	}
+	if n <= 0 {
+		return fmt.Errorf("cpu: matmul: weight %q: n = %d rows", w.Name, n)
+	}
+	if err := checkTensor("matmul: x", x, n*w.Cols); err != nil {
+		return err
+	}
+	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
+		return err
+	}
+	a := &b.act
+	a.prepare(k.act, n, w.Cols, x.Host)
+	if k.act != actF32 {
+		b.qt = quantTask{a: a, x: x.Host, cols: w.Cols}
+		b.pool.parallel(&b.qt, n, 1)
+	}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: k.dot4, scr: b.scratch}
+	b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	b.mm = matmulTask{}
+	return nil
+}
+
+// rowChunk picks how many weight rows one work item covers: a tile of about
+// 16 KiB of weights (it stays in L1/L2 while the activation rows pass over
+// it), but small enough that every worker gets several items.
+func rowChunk(rows, rb, threads int) int {
+	c := max(1, (16<<10)/max(rb, 1))
+	c = min(c, max(1, rows/(4*threads)))
+	return c
+}

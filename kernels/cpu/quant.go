@@ -1,0 +1,98 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/forge-llm/forge/dequant"
+)
+
+// Activation quantizers. MatMul quantizes each activation row once and then
+// takes integer dot products of it with every weight row. The rounding is
+// that of llama.cpp's x86 build (quantize_row_q8_0/q8_1 with AVX, and the
+// reference quantize_row_q8_K), so the integer codes are exactly the ones
+// llama.cpp multiplies with, and greedy outputs can match token for token.
+//
+// The codes and scales are kept in separate arrays rather than ggml's
+// interleaved block structs: the dot kernels read them with plain vector
+// loads.
+
+// f16Round rounds f to the nearest f16 value (ties to even).
+func f16Round(f float32) float32 { return dequant.F16ToF32(dequant.F32ToF16(f)) }
+
+// bf16Round rounds f to the nearest bf16 value, as ggml converts
+// activations for BF16 weights.
+func bf16Round(f float32) float32 { return dequant.BF16ToF32(dequant.F32ToBF16(f)) }
+
+// quantQ8_0 quantizes x (a multiple of 32 values) in blocks of 32:
+// d = max|x|/127 stored as f16, q = round-half-even(x · 127/max|x|).
+// s[b] receives d·Σq, the term the unsigned-code kernels subtract; with q81
+// set it receives ggml's Q8_1 sum f16(d·Σq) computed from the unrounded d.
+func quantQ8_0(x []float32, q []int8, d, s []float32, q81 bool) {
+	for b := range len(x) / 32 {
+		xb := x[32*b : 32*b+32]
+		qb := q[32*b : 32*b+32]
+		var amax float32
+		for _, v := range xb {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		dd := amax / 127
+		var id float32
+		if amax != 0 {
+			id = 127 / amax
+		}
+		var sum int32
+		for i, v := range xb {
+			c := int8(math.RoundToEven(float64(v * id)))
+			qb[i] = c
+			sum += int32(c)
+		}
+		dh := f16Round(dd)
+		d[b] = dh
+		if q81 {
+			s[b] = f16Round(dd * float32(sum))
+		} else {
+			s[b] = dh * float32(sum)
+		}
+	}
+}
+
+// quantQ8_K quantizes x (a multiple of 256 values) in blocks of 256 as
+// ggml's quantize_row_q8_K: the value of largest magnitude maps to -127,
+// codes are clamped to 127, d is a float32, and bs holds the sum of each
+// 16 codes.
+func quantQ8_K(x []float32, q []int8, d []float32, bs []int16) {
+	for b := range len(x) / 256 {
+		xb := x[256*b : 256*b+256]
+		qb := q[256*b : 256*b+256]
+		var amax, mx float32
+		for _, v := range xb {
+			if a := float32(math.Abs(float64(v))); a > amax {
+				amax, mx = a, v
+			}
+		}
+		if amax == 0 {
+			d[b] = 0
+			clear(qb)
+			clear(bs[16*b : 16*b+16])
+			continue
+		}
+		iscale := -127 / mx
+		for i, v := range xb {
+			qb[i] = int8(min(127, nearestInt(iscale*v)))
+		}
+		for g := range 16 {
+			var sum int16
+			for _, c := range qb[16*g : 16*g+16] {
+				sum += int16(c)
+			}
+			bs[16*b+g] = sum
+		}
+		d[b] = 1 / iscale
+	}
+}
+
+// nearestInt is ggml's nearest_int: round to nearest, ties to even.
+func nearestInt(f float32) int32 {
+	v := f + 12582912
+	return int32(math.Float32bits(v)&0x007fffff) - 0x00400000
+}
