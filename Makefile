@@ -7,8 +7,9 @@ MODEL     ?= gguf/testdata/stories260K-Q4_0.gguf
 PROMPT    ?= Once upon a time
 FUZZTIME  ?= 20s
 # Packages whose tests and benchmarks need a GPU; `make device` cross-builds
-# them into bin/device/ to carry to the GPU machine.
-DEVICE_PKGS ?= rocm kernels kernels/gpu
+# them into bin/device/ to carry to the GPU machine, where bench/device.sh
+# runs every GPU test and benchmark in one call.
+DEVICE_PKGS ?= rocm kernels/gpu
 
 GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
 
@@ -43,7 +44,7 @@ fuzz:
 device:
 	@mkdir -p bin/device
 	for p in $(DEVICE_PKGS); do \
-		CGO_ENABLED=0 $(GO) test -c -trimpath -o bin/device/$$p.test ./$$p || exit 1; \
+		mkdir -p bin/device/$$(dirname $$p) && CGO_ENABLED=0 $(GO) test -c -trimpath -o bin/device/$$p.test ./$$p || exit 1; \
 	done
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/device/forge ./cmd/forge
 
