@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -95,10 +96,46 @@ func timeOn(c *rocm.Ctx, s rocm.Stream, warm, reps int, fn func(i int) error) (f
 	return c.Elapsed(e0, e1)
 }
 
+// timeGraph runs warm calls of fn, captures reps more into one graph on s,
+// replays the graph once to warm up and then `replays` times between two
+// events, and returns the milliseconds per replay: the launches of a
+// replayed graph (as forge's decode step will run) instead of queued ones.
+func timeGraph(c *rocm.Ctx, s rocm.Stream, warm, reps int, fn func(i int) error) (float32, error) {
+	for i := range warm {
+		if err := fn(i); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.SyncStream(s); err != nil {
+		return 0, err
+	}
+	if err := c.BeginCapture(s); err != nil {
+		return 0, err
+	}
+	var ferr error
+	for i := range reps {
+		if ferr = fn(warm + i); ferr != nil {
+			break
+		}
+	}
+	g, err := c.EndCapture(s)
+	if ferr != nil || err != nil {
+		if g != nil {
+			_ = c.DestroyGraph(g)
+		}
+		return 0, errors.Join(ferr, err)
+	}
+	defer c.DestroyGraph(g)
+	const replays = 5
+	ms, err := timeOn(c, s, 1, replays, func(int) error { return c.LaunchGraph(g, s) })
+	return ms / replays, err
+}
+
 // weightCopies uploads enough copies of w that rotating over them reads at
 // least 512 MB, ten times the H100's 50 MB L2, so the cache cannot serve
 // the weights.
-func weightCopies(b *testing.B, bk *Backend, w *kernels.Weight) []*kernels.Weight {
+// The caller frees them with free.
+func weightCopies(b *testing.B, bk *Backend, w *kernels.Weight) (copies []*kernels.Weight, free func()) {
 	size := len(w.Host)
 	n := max(4, (512<<20+size-1)/size)
 	out := make([]*kernels.Weight, n)
@@ -110,12 +147,11 @@ func weightCopies(b *testing.B, bk *Backend, w *kernels.Weight) []*kernels.Weigh
 		}
 		out[i] = &c
 	}
-	b.Cleanup(func() {
+	return out, func() {
 		for _, c := range out {
 			bk.FreeWeight(c)
 		}
-	})
-	return out
+	}
 }
 
 // BenchmarkCopyD2D reports the copy bandwidth the matvec figures are
@@ -132,30 +168,39 @@ func BenchmarkMatVec(b *testing.B) {
 	bk := gpuBackend(b, false)
 	copyGBs := d2dCopyGBs(b, bk)
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeQ4_0} {
+	for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeQ4_0, gguf.TypeQ5_0, gguf.TypeQ4_1, gguf.TypeQ5_1} {
 		for _, sh := range [][2]int{{14336, 4096}, {4096, 14336}, {4096, 4096}} {
 			rows, cols := sh[0], sh[1]
 			w := conformance.RandomWeight(rng, "w", typ, rows, cols)
-			variants := []string{""}
+			// "": the backend's choice (MatMul's path, x quantized in it
+			// where the kernel takes 8-bit x); "g": the generic float
+			// kernel; "b{R}": 32-blocks on 8-bit x, R rows per warp
+			// "+g": the launches captured in a graph and replayed
+			variants := []string{"g", "b2", "b4", "", "+g"}
 			switch typ {
-			case gguf.TypeQ4_K, gguf.TypeQ6_K:
+			case gguf.TypeQ4_K:
 				// "k": the kernel alone, x quantized once before timing
 				// "@N": grid capped at N blocks per multiprocessor
-				variants = []string{"q21", "q12", "q21k", "q12k", "q21k@4", "q21k@8", "q12k@8", "q21k@16"}
+				variants = []string{"q12k", "q21k@8", "n12k@8", "n12k@4", "n14k@4", "n14k@8", "n22k@4",
+					"q12k+g", "n12k@8+g", "", "+g"}
+			case gguf.TypeQ6_K:
+				variants = []string{"q21k", "t2k@12", "c2k@3", "c2k@4", "c2k@5", "c1k@4",
+					"q21k+g", "t2k@12+g", "c2k@4+g", "", "+g"}
 			}
+			copies, free := weightCopies(b, bk, w)
+			x := upload(b, bk, conformance.RandomVector(rng, cols, 1))
 			for _, r := range variants {
 				name := fmt.Sprintf("%s/%dx%d", typ, rows, cols)
 				if r != "" {
 					name += "/" + r
 				}
 				b.Run(name, func(b *testing.B) {
-					copies := weightCopies(b, bk, w)
-					x := upload(b, bk, conformance.RandomVector(rng, cols, 1))
 					y, _ := bk.Alloc(rows)
 					defer bk.Free(y)
 					kt, _ := kernelType(typ)
 					// "…k": the kernel alone, x quantized once before timing
 					// (as when several matrices share an input)
+					r, graph := strings.CutSuffix(r, "+g")
 					v, perSM, _ := strings.Cut(r, "@")
 					kernelOnly := strings.HasSuffix(v, "k")
 					bk.mvVariant = strings.TrimSuffix(v, "k")
@@ -170,7 +215,11 @@ func BenchmarkMatVec(b *testing.B) {
 								return err
 							}
 						}
-						ms, err = timeOn(c, bk.stream, 2*len(copies), b.N, func(i int) error {
+						timer := timeOn
+						if graph {
+							timer = timeGraph
+						}
+						ms, err = timer(c, bk.stream, 2*len(copies), b.N, func(i int) error {
 							cw := copies[i%len(copies)]
 							if kernelOnly {
 								return bk.mvQ8(c, kt, bk.mvVariant, cw, rocm.DevPtr(cw.Dev), dptr(y), xq, xd)
@@ -189,6 +238,7 @@ func BenchmarkMatVec(b *testing.B) {
 					b.ReportMetric(100*gbs/copyGBs, "%copy")
 				})
 			}
+			free()
 		}
 	}
 }

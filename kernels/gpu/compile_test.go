@@ -26,9 +26,13 @@ func kernelNames(t *testing.T, module, src string) []string {
 		for _, ty := range types {
 			names = append(names, "mv_"+ty)
 		}
+		for _, ty := range []string{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"} {
+			names = append(names, "mv_"+ty+"_b1", "mv_"+ty+"_b2", "mv_"+ty+"_b4")
+		}
+		names = append(names, "mv_q6_k_t1", "mv_q6_k_t2", "mv_q6_k_t4", "mv_q6_k_c1", "mv_q6_k_c2")
 		names = append(names, "mv_q4_k_r1u1", "mv_q4_k_r2u1", "mv_q4_k_r1u2", "mv_q4_k_r2u2")
 		for _, r := range []string{"11", "21", "12", "22", "14"} {
-			names = append(names, "mv_q4_k_q"+r, "mv_q6_k_q"+r)
+			names = append(names, "mv_q4_k_q"+r, "mv_q6_k_q"+r, "mv_q4_k_n"+r)
 		}
 	case "dequant.cu":
 		for _, ty := range types {

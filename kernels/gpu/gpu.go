@@ -63,11 +63,15 @@ type Backend struct {
 	// lane in flight (q11, q21, q12, q22, q14); "p1", "p2" software-
 	// pipelined, 1 or 2 rows per warp; "r{R}u{U}" direct loads, R rows per
 	// warp, U super-blocks per lane in flight (U = 2 for Q4_K only); "s1",
-	// "s2" Q6_K staged through shared memory. "" chooses by shape. For
-	// tests and benchmarks.
+	// "s2" Q6_K staged through shared memory; "n{R}{U}" Q4_K as q{R}{U}
+	// with L1-bypassing weight loads; "t1", "t2" Q6_K on 8-bit activations
+	// staged through shared memory. For Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: "b1",
+	// "b2" 8-bit activations, 1 or 2 rows per warp; "g" the generic float
+	// kernel. "" chooses by shape. For tests and benchmarks.
 	mvVariant string
-	// mvBlocksPerSM caps the grid of the q* kernels at that many blocks per
-	// multiprocessor (they loop over rows); 0 launches one block per row group.
+	// mvBlocksPerSM caps the grid of the q*, n*, t* and b* kernels at that
+	// many blocks per multiprocessor (they loop over rows); 0 launches one
+	// block per row group.
 	mvBlocksPerSM int
 	// gemmKernel forces the prompt GEMM kernel ("gemm_f16": ldmatrix
 	// fragments, "gemm_f16_lds": 32-bit shared loads); "" is cuBLAS where

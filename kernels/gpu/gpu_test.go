@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -127,6 +129,44 @@ func relNorm(got []float32, want []float64) float64 {
 	return math.Sqrt(num / den)
 }
 
+// matScale is, per output of a one-row product, √Σ_c (w[r][c]·x[c])²: the
+// size of the dot product's terms. Rounding x to 8 bits perturbs each term
+// by a fraction of itself, so its error is measured against this scale
+// (as the conformance suite does) and not against the result, which the
+// Q4_K/Q5_K/Q4_1 min terms can cancel to much less than its terms.
+func matScale(t testing.TB, w *kernels.Weight, x []float32) []float64 {
+	t.Helper()
+	row := make([]float32, w.Cols)
+	rb := len(w.Host) / w.Rows
+	out := make([]float64, w.Rows)
+	for r := range w.Rows {
+		if err := dequant.ToFloat32(w.Type, w.Host[r*rb:(r+1)*rb], row); err != nil {
+			t.Fatal(err)
+		}
+		var s float64
+		for c, v := range row {
+			p := float64(v) * float64(x[c])
+			s += p * p
+		}
+		out[r] = math.Sqrt(s)
+	}
+	return out
+}
+
+// relScaled is ‖got − want‖ / ‖scale‖.
+func relScaled(got []float32, want, scale []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		if math.IsNaN(d) || math.IsInf(d, 0) {
+			return math.Inf(1)
+		}
+		num += d * d
+		den += scale[i] * scale[i]
+	}
+	return math.Sqrt(num / den)
+}
+
 // matRef is x [n][cols] · wᵀ in float64 from dequant's decoding.
 func matRef(t testing.TB, w *kernels.Weight, x []float32, n int) []float64 {
 	t.Helper()
@@ -148,6 +188,62 @@ func matRef(t testing.TB, w *kernels.Weight, x []float32, n int) []float64 {
 	return out
 }
 
+// TestMatMulBlocks32Q8 checks the 8-bit-activation kernels of the
+// 32-element block types (one and two rows per warp, grid-striding too)
+// against the float64 reference, and that shapes they cannot take (a row
+// that is not a whole number of warp-wide runs) still go to the generic
+// kernel correctly.
+func TestMatMulBlocks32Q8(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 7))
+	for _, typ := range []gguf.Type{gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0} {
+		for _, sh := range [][2]int{{7, 2048}, {129, 4096}, {3000, 4096}, {1000, 14336}, {33, 96}} {
+			rows, cols := sh[0], sh[1]
+			w := conformance.RandomWeight(rng, "w", typ, rows, cols)
+			if err := b.LoadWeight(w); err != nil {
+				t.Fatal(err)
+			}
+			x := randVec(rng, cols, 1)
+			xt := upload(t, b, x)
+			want, scale := matRef(t, w, x, 1), matScale(t, w, x)
+			for _, v := range []string{"b1", "b2", "b4", "b2@1", "g"} {
+				v, perSM, _ := strings.Cut(v, "@")
+				b.mvVariant = v
+				b.mvBlocksPerSM, _ = strconv.Atoi(perSM) // "@1": one block per SM, rows grid-strided
+				dst, _ := b.Alloc(rows)
+				if err := b.Write(dst, 0, nanVec(rows)); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.MatMul(dst, w, xt, 1); err != nil {
+					t.Fatal(err)
+				}
+				got := download(t, b, dst)
+				bound, e := 1e-5, relNorm(got, want)
+				if v != "g" && cols%(32*b.warp) == 0 { // 8-bit activations
+					bound, e = 1.5e-2, relScaled(got, want, scale)
+				}
+				if !(e < bound) {
+					t.Errorf("%s %d×%d %s: relative error %.3g > %.3g", typ, rows, cols, v, e, bound)
+				} else if rows == 1000 {
+					t.Logf("%s %d×%d %s: relative error %.2e", typ, rows, cols, v, e)
+				}
+				b.Free(dst)
+			}
+			b.mvVariant, b.mvBlocksPerSM = "", 0
+			b.FreeWeight(w)
+		}
+	}
+}
+
+// nanVec is n NaNs: poison for outputs a kernel must overwrite.
+func nanVec(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return v
+}
+
 // TestMatMulFastAndGEMM checks the paths the conformance suite's unaligned
 // activations do not reach: the Q4_K/Q6_K fast kernels with one and two
 // rows per warp (16-byte aligned x), and the f16 GEMM path with odd row and
@@ -164,15 +260,15 @@ func TestMatMulFastAndGEMM(t *testing.T) {
 			}
 			x := randVec(rng, cols, 1)
 			xt := upload(t, b, x)
-			want := matRef(t, w, x, 1)
-			variants := []string{"q11", "q21", "q12", "q22", "q14", "p1", "p2", "p4", "r1u1", "r2u1", "r1u2", "r2u2"}
+			want, scale := matRef(t, w, x, 1), matScale(t, w, x)
+			variants := []string{"n21", "n12", "n14", "q11", "q21", "q12", "q22", "q14", "p1", "p2", "p4", "r1u1", "r2u1", "r1u2", "r2u2"}
 			if typ == gguf.TypeQ6_K {
-				variants = []string{"q11", "q21", "q12", "q22", "q14", "p1", "p2", "p4", "r1u1", "r2u1", "s1", "s2"} // s*: unaligned shapes fall back to p2
+				variants = []string{"t1", "t2", "t4", "c1", "c2", "q11", "q21", "q12", "q22", "q14", "p1", "p2", "p4", "r1u1", "r2u1", "s1", "s2"} // s*: unaligned shapes fall back to p2
 			}
 			for _, r := range variants {
 				b.mvVariant = r
 				b.mvBlocksPerSM = 0
-				if r == "q21" {
+				if r == "q21" || r == "t2" || r == "n21" || r == "c2" || r == "c1" {
 					b.mvBlocksPerSM = 2 // grid-stride over rows
 				}
 				dst, _ := b.Alloc(rows)
@@ -180,14 +276,16 @@ func TestMatMulFastAndGEMM(t *testing.T) {
 					t.Fatal(err)
 				}
 				// float activations: float32 rounding; 8-bit activations
-				// ("q*"): about 0.5 % (llama.cpp's Q8_1 trade-off).
-				bound := 1e-5
-				if r[0] == 'q' {
-					bound = 1.5e-2
+				// ("q*", "n*", "t*"): about 0.5 % of the terms' scale
+				// (llama.cpp's Q8_1 trade-off).
+				got := download(t, b, dst)
+				bound, e := 1e-5, relNorm(got, want)
+				if strings.ContainsRune("qntc", rune(r[0])) {
+					bound, e = 1.5e-2, relScaled(got, want, scale)
 				}
-				if e := relNorm(download(t, b, dst), want); !(e < bound) {
+				if !(e < bound) {
 					t.Errorf("%s %d×%d %s: relative error %.3g > %.3g", typ, rows, cols, r, e, bound)
-				} else if r[0] == 'q' && rows == 4096 {
+				} else if bound > 1e-5 && rows == 4096 {
 					t.Logf("%s %d×%d %s: relative error %.2e", typ, rows, cols, r, e)
 				}
 				b.Free(dst)

@@ -11,6 +11,12 @@
 // or two rows, wide loads of whole 16-byte chunks, and integer codes turned
 // into floats by byte permutes onto the 2^23 exponent (no conversion
 // instructions, which run at a quarter rate).
+//
+// 8-bit-activation kernels (the decode path, n = 1): x quantized to int8
+// blocks of 32, dp4a products. Q4_K "q/n" (16-byte loads straight from
+// global), Q6_K "t/c" and the 32-element block types "b" (whole blocks
+// copied through shared memory with 16-byte loads, since their blocks are
+// only 2-byte aligned). Choices and timings: bench/results/.
 #include "quants.h"
 
 #define MV_MAXNX 8
@@ -571,6 +577,23 @@ DEV int dp4a(int a, int b, int c) {
 }
 #endif
 
+// ld16w: a 16-byte load of weight data. NC: read-once stream, loaded
+// through the non-coherent path without allocating in L1 (CUDA), so the
+// weight stream does not push x out of L1; a plain load elsewhere.
+template <bool NC>
+DEV uint4 ld16w(const u8* p) {
+#if defined(FORGE_CUDA)
+  if (NC) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+  }
+#endif
+  return *(const uint4*)p;
+}
+
 // x [n] f32 -> q [n] int8, d [n/32] f32 with x ≈ q·d, d = max|x|/127.
 // One thread per value; 32 consecutive threads share a block.
 KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
@@ -589,7 +612,7 @@ KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
 // Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
 // of eight takes qs[16j…16j+15]: 16 values of sub-block 2c and 16 of 2c+1).
 //   y = Σ_sub d·sc·(dx·Σ q·qx) − dmin·m·(dx·Σ qx)
-template <int R, int U>
+template <int R, int U, bool NC>
 static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                                   float* __restrict__ y, int rows, int cols) {
   int lane = threadIdx.x % warpSize;
@@ -619,8 +642,8 @@ static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict
   #pragma unroll
         for (int r = 0; r < R; r++) {
           const u8* bp = wr[r] + (size_t)sb * 144;
-          hdv[u][r] = *(const uint4*)bp;
-          qv[u][r] = *(const uint4*)(bp + 16 + 16 * j);
+          hdv[u][r] = ld16w<NC>(bp);
+          qv[u][r] = ld16w<NC>(bp + 16 + 16 * j);
         }
         xlv[u] = *(const uint4*)(xq + (size_t)sb * 256 + xo);
         xhv[u] = *(const uint4*)(xq + (size_t)sb * 256 + xo + 32);
@@ -757,7 +780,10 @@ static __device__ void mv_q6_k_q8(const u8* __restrict__ w, const i8* __restrict
 
 #define MV_Q8X(R, U)                                                                                           \
   KERNEL void mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
-    mv_q4_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
+    mv_q4_k_q8<R, U, false>(w, xq, xd, y, rows, cols);                                                         \
+  }                                                                                                            \
+  KERNEL void mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+    mv_q4_k_q8<R, U, true>(w, xq, xd, y, rows, cols);                                                          \
   }                                                                                                            \
   KERNEL void mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
     mv_q6_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
@@ -768,3 +794,440 @@ MV_Q8X(2, 1)
 MV_Q8X(1, 2)
 MV_Q8X(2, 2)
 MV_Q8X(1, 4)
+
+// ---- Q6_K on 8-bit activations, staged through shared memory ----------------
+//
+// Q6_K blocks are 210 bytes, so a lane reading its fields straight from
+// global memory can only use 2-byte loads: 29 load instructions per lane and
+// super-block, each touching eight blocks, which keeps L1 busy long before
+// DRAM is. Here each warp copies the S = warpSize/4 super-blocks it is about
+// to use for each of its R rows (a contiguous, 16-byte aligned run of S·210
+// bytes when the row starts aligned and S divides the row) with 16-byte
+// loads into shared memory, and reads the fields back from there as 4-byte
+// words (a block at an odd index sits 2 bytes off a word: two words and a
+// funnel shift make each). The next run's 16-byte loads are issued before
+// this run's arithmetic (a register double buffer), so every warp keeps
+// loads in flight. Lanes and arithmetic as in mv_q6_k_q8.
+//   block 128 threads; shared 128/4·210·R bytes whatever the warp size
+//   needs: rows 16-byte aligned, (cols/256) % (warpSize/4) == 0
+
+// fshr: the 32 bits of hi:lo starting at bit s (s < 32).
+DEV u32 fshr(u32 lo, u32 hi, u32 s) {
+#if defined(FORGE_CUDA)
+  return __funnelshift_r(lo, hi, s);
+#else
+  return (u32)((((u64)hi << 32) | (u64)lo) >> s);
+#endif
+}
+
+// sh_words: N little-endian words starting s/8 bytes after the 4-byte
+// aligned shared address pal.
+template <int N>
+DEV void sh_words(const u8* pal, u32 s, u32* out) {
+  const u32* q = (const u32*)pal;
+  u32 v[N + 1];
+#pragma unroll
+  for (int i = 0; i <= N; i++) v[i] = q[i];
+#pragma unroll
+  for (int i = 0; i < N; i++) out[i] = fshr(v[i], v[i + 1], s);
+}
+
+// q6_run: the arithmetic of one staged run for lane (k, n, t): block k of
+// each of the R runs at st (S blocks apart), super-block sb of x.
+template <int R>
+DEV void q6_run(const u8* st, int S, const i8* __restrict__ xq, const float* __restrict__ xd, int sb, int k, int n,
+                int t, u32 sh, float* acc) {
+  const i8* xb = xq + (size_t)sb * 256 + 128 * n + 16 * t;
+  uint4 xv[4];
+  float dxk[4];
+  int sx[4];
+  const int ones = 0x01010101;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    xv[kk] = *(const uint4*)(xb + 32 * kk);
+    dxk[kk] = xd[sb * 8 + 4 * n + kk];
+    sx[kk] = dp4a(ones, xv[kk].x, dp4a(ones, xv[kk].y, dp4a(ones, xv[kk].z, dp4a(ones, xv[kk].w, 0))));
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const u8* bp = st + r * S * 210 + k * 210;
+    const u8* pal = bp - (sh >> 3);  // word-aligned
+    u32 a[4], b[4], h[4], sc[2];
+    sh_words<4>(pal + 64 * n + 16 * t, sh, a);
+    sh_words<4>(pal + 64 * n + 16 * t + 32, sh, b);
+    sh_words<4>(pal + 128 + 32 * n + 16 * t, sh, h);
+    sh_words<2>(pal + 192 + 8 * n, sh, sc);
+    float d = h2f(*(const u16*)(bp + 208));
+    const float SB = 8388608.0f + 128.0f;
+    float sck[4];
+    sck[0] = BYTE_F(sc[0] ^ 0x80808080u, 0 + t) - SB;
+    sck[1] = BYTE_F(sc[0] ^ 0x80808080u, 2 + t) - SB;
+    sck[2] = BYTE_F(sc[1] ^ 0x80808080u, 0 + t) - SB;
+    sck[3] = BYTE_F(sc[1] ^ 0x80808080u, 2 + t) - SB;
+    int ik[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+      u32 wa = a[g], wb = b[g], wh = h[g];
+      u32 xg0 = g == 0 ? xv[0].x : g == 1 ? xv[0].y : g == 2 ? xv[0].z : xv[0].w;
+      u32 xg1 = g == 0 ? xv[1].x : g == 1 ? xv[1].y : g == 2 ? xv[1].z : xv[1].w;
+      u32 xg2 = g == 0 ? xv[2].x : g == 1 ? xv[2].y : g == 2 ? xv[2].z : xv[2].w;
+      u32 xg3 = g == 0 ? xv[3].x : g == 1 ? xv[3].y : g == 2 ? xv[3].z : xv[3].w;
+      ik[0] = dp4a((int)((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u)), (int)xg0, ik[0]);
+      ik[1] = dp4a((int)((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u)), (int)xg1, ik[1]);
+      ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
+      ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) s += sck[kk] * dxk[kk] * (float)(ik[kk] - 32 * sx[kk]);
+    acc[r] += d * s;
+  }
+}
+
+template <int R>
+static __device__ void mv_q6_k_t8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols) {
+  __shared__ __attribute__((aligned(16))) u8 stage[R * 32 * 210 + 16];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  int S = warpSize / 4;                 // super-blocks per run, one per 4 lanes
+  int n16 = S * 210 / 16;               // 16-byte words per run (S % 8 == 0)
+  u8* st = stage + warp * R * S * 210;  // this warp's R runs
+  int nsb = cols / 256;
+  size_t rb = (size_t)nsb * 210;
+  int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  u32 sh = 16u * (u32)(k & 1);  // k·210 ≡ 2k (mod 4)
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + warp) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    float acc[R];
+    const u8* wr[R];
+    uint4 buf[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      acc[r] = 0.0f;
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        int i = lane + m * warpSize;
+        if (i < n16) buf[r][m] = ld16w<true>(wr[r] + 16 * (size_t)i);
+      }
+    }
+    for (int sb0 = 0; sb0 < nsb; sb0 += S) {
+      WARP_SYNC();  // every lane is done reading the previous run
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        uint4* dst = (uint4*)(st + r * S * 210);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          int i = lane + m * warpSize;
+          if (i < n16) dst[i] = buf[r][m];
+        }
+      }
+      if (sb0 + S < nsb) {  // next run in flight during this one's arithmetic
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const u8* src = wr[r] + (size_t)(sb0 + S) * 210;
+#pragma unroll
+          for (int m = 0; m < 4; m++) {
+            int i = lane + m * warpSize;
+            if (i < n16) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+          }
+        }
+      }
+      WARP_SYNC();
+      q6_run<R>(st, S, xq, xd, sb0 + k, k, n, t, sh, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float s = warp_sum(acc[r]);
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+  }
+}
+
+// t{R}: R rows per warp
+KERNEL void __launch_bounds__(128) mv_q6_k_t1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  mv_q6_k_t8<1>(w, xq, xd, y, rows, cols);
+}
+KERNEL void __launch_bounds__(128) mv_q6_k_t2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  mv_q6_k_t8<2>(w, xq, xd, y, rows, cols);
+}
+KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  mv_q6_k_t8<4>(w, xq, xd, y, rows, cols);
+}
+
+// Q6_K staged, one continuous stream per warp: as mv_q6_k_t8, but when the
+// grid is capped (a persistent grid, each warp looping over several groups
+// of R rows) the first run of the warp's next row group is loaded during
+// the last run of this one, so the loads never pause at a row boundary
+// (rows of 4096 columns are only two runs long).
+template <int R>
+static __device__ void mv_q6_k_c8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols) {
+  __shared__ __attribute__((aligned(16))) u8 stage[R * 32 * 210 + 16];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  int S = warpSize / 4;
+  int n16 = S * 210 / 16;
+  u8* st = stage + warp * R * S * 210;
+  int nsb = cols / 256, nruns = nsb / S;
+  size_t rb = (size_t)nsb * 210;
+  int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  u32 sh = 16u * (u32)(k & 1);
+  int ngroups = (rows + R - 1) / R;
+  int gstride = gridDim.x * (blockDim.x / warpSize);
+  int g = blockIdx.x * (blockDim.x / warpSize) + warp;  // row group: rows R·g …
+  if (g >= ngroups) return;
+  uint4 buf[R][4];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const u8* src = w + (size_t)min(g * R + r, rows - 1) * rb;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+      int i = lane + m * warpSize;
+      if (i < n16) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+    }
+  }
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  for (int c = 0;;) {  // run c of group g
+    WARP_SYNC();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      uint4* dst = (uint4*)(st + r * S * 210);
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        int i = lane + m * warpSize;
+        if (i < n16) dst[i] = buf[r][m];
+      }
+    }
+    int gn = g, cn = c + 1;  // the next run: this group's, or the next group's first
+    if (cn == nruns) {
+      gn = g + gstride;
+      cn = 0;
+    }
+    if (gn < ngroups) {
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const u8* src = w + (size_t)min(gn * R + r, rows - 1) * rb + (size_t)cn * S * 210;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          int i = lane + m * warpSize;
+          if (i < n16) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+        }
+      }
+    }
+    WARP_SYNC();
+    q6_run<R>(st, S, xq, xd, c * S + k, k, n, t, sh, acc);
+    if (cn == 0) {  // group g done
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && g * R + r < rows) y[g * R + r] = v;
+        acc[r] = 0.0f;
+      }
+    }
+    if (gn >= ngroups) break;
+    g = gn;
+    c = cn;
+  }
+}
+
+// c{R}: R rows per warp
+KERNEL void __launch_bounds__(128) mv_q6_k_c1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  mv_q6_k_c8<1>(w, xq, xd, y, rows, cols);
+}
+KERNEL void __launch_bounds__(128) mv_q6_k_c2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  mv_q6_k_c8<2>(w, xq, xd, y, rows, cols);
+}
+
+// ---- 32-element blocks on 8-bit activations ---------------------------------
+//
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (token_embd/output in many models): one lane
+// per block, x quantized to int8 blocks of 32 (the same blocks as the
+// weight's), dp4a for the products. Blocks are 18…34 bytes, only 2-byte
+// aligned, so as for Q6_K each warp copies a run of warpSize whole blocks
+// per row (warpSize·BB bytes, a multiple of 16) into shared memory with
+// 16-byte loads, the next run in flight during this one's arithmetic, and
+// lanes read their block back as 4-byte words.
+//   block 128 threads; needs rows 16-byte aligned, (cols/32) % warpSize == 0
+//
+// dot(st, o, xl, xh, sx, dx): the block at byte o of the run st against x
+// codes xl (elements 0..15), xh (16..31) with Σ codes sx and scale dx.
+
+// sh_field: N words of the field at even byte offset o of the 16-byte
+// aligned shared run st.
+template <int N>
+DEV void sh_field(const u8* st, int o, u32* out) {
+  int off = o & 3;
+  sh_words<N>(st + (o - off), 8u * (u32)off, out);
+}
+
+// nib_dot: Σ lo-nibble·xl + hi-nibble·xh over 16 bytes q[4] of nibbles,
+// with bit 4 of each code from hl/hh (0x10 per byte) when Q5.
+DEV int nib_dot(const u32* q, uint4 xl, uint4 xh, const u32* hl, const u32* hh) {
+  const u32 M = 0x0F0F0F0Fu;
+  int s = dp4a((int)((q[0] & M) | hl[0]), (int)xl.x, 0);
+  s = dp4a((int)((q[1] & M) | hl[1]), (int)xl.y, s);
+  s = dp4a((int)((q[2] & M) | hl[2]), (int)xl.z, s);
+  s = dp4a((int)((q[3] & M) | hl[3]), (int)xl.w, s);
+  s = dp4a((int)(((q[0] >> 4) & M) | hh[0]), (int)xh.x, s);
+  s = dp4a((int)(((q[1] >> 4) & M) | hh[1]), (int)xh.y, s);
+  s = dp4a((int)(((q[2] >> 4) & M) | hh[2]), (int)xh.z, s);
+  s = dp4a((int)(((q[3] >> 4) & M) | hh[3]), (int)xh.w, s);
+  return s;
+}
+
+// bits5: 0x10 in byte i of word g where bit 4g+i of qh is set (the fifth
+// bit of Q5 codes 4g..4g+3): the multiply spreads four bits a byte apart.
+DEV void bits5(u32 qh, u32* hl, u32* hh) {
+#pragma unroll
+  for (int g = 0; g < 4; g++) {
+    hl[g] = ((((qh >> (4 * g)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
+    hh[g] = ((((qh >> (16 + 4 * g)) & 15u) * 0x00204081u) & 0x01010101u) << 4;
+  }
+}
+
+struct B8Q4_0 {  // Σ (q−8)·x
+  static constexpr int BB = 18;
+  static DEVM float dot(const u8* st, int o, uint4 xl, uint4 xh, int sx, float dx) {
+    float d = h2f(*(const u16*)(st + o));
+    u32 q[4];
+    sh_field<4>(st, o + 2, q);
+    const u32 z[4] = {0, 0, 0, 0};
+    return d * dx * (float)(nib_dot(q, xl, xh, z, z) - 8 * sx);
+  }
+};
+struct B8Q4_1 {  // Σ (q·d + m)·x
+  static constexpr int BB = 20;
+  static DEVM float dot(const u8* st, int o, uint4 xl, uint4 xh, int sx, float dx) {
+    float d = h2f(*(const u16*)(st + o)), m = h2f(*(const u16*)(st + o + 2));
+    u32 q[4];
+    sh_field<4>(st, o + 4, q);
+    const u32 z[4] = {0, 0, 0, 0};
+    return dx * (d * (float)nib_dot(q, xl, xh, z, z) + m * (float)sx);
+  }
+};
+struct B8Q5_0 {  // Σ (q−16)·x
+  static constexpr int BB = 22;
+  static DEVM float dot(const u8* st, int o, uint4 xl, uint4 xh, int sx, float dx) {
+    float d = h2f(*(const u16*)(st + o));
+    u32 qh[1], q[4], hl[4], hh[4];
+    sh_field<1>(st, o + 2, qh);
+    sh_field<4>(st, o + 6, q);
+    bits5(qh[0], hl, hh);
+    return d * dx * (float)(nib_dot(q, xl, xh, hl, hh) - 16 * sx);
+  }
+};
+struct B8Q5_1 {  // Σ (q·d + m)·x
+  static constexpr int BB = 24;
+  static DEVM float dot(const u8* st, int o, uint4 xl, uint4 xh, int sx, float dx) {
+    float d = h2f(*(const u16*)(st + o)), m = h2f(*(const u16*)(st + o + 2));
+    u32 qh[1], q[4], hl[4], hh[4];
+    sh_field<1>(st, o + 4, qh);
+    sh_field<4>(st, o + 8, q);
+    bits5(qh[0], hl, hh);
+    return dx * (d * (float)nib_dot(q, xl, xh, hl, hh) + m * (float)sx);
+  }
+};
+struct B8Q8_0 {  // Σ q·x
+  static constexpr int BB = 34;
+  static DEVM float dot(const u8* st, int o, uint4 xl, uint4 xh, int, float dx) {
+    float d = h2f(*(const u16*)(st + o));
+    u32 q[8];
+    sh_field<8>(st, o + 2, q);
+    int s = dp4a((int)q[0], (int)xl.x, 0);
+    s = dp4a((int)q[1], (int)xl.y, s);
+    s = dp4a((int)q[2], (int)xl.z, s);
+    s = dp4a((int)q[3], (int)xl.w, s);
+    s = dp4a((int)q[4], (int)xh.x, s);
+    s = dp4a((int)q[5], (int)xh.y, s);
+    s = dp4a((int)q[6], (int)xh.z, s);
+    s = dp4a((int)q[7], (int)xh.w, s);
+    return d * dx * (float)s;
+  }
+};
+
+template <class B, int R>
+static __device__ void mv_b32_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                 float* __restrict__ y, int rows, int cols) {
+  __shared__ __attribute__((aligned(16))) u8 stage[R * 128 * B::BB + 16];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  int run = warpSize * B::BB;   // bytes of one run: warpSize blocks
+  int n16 = run / 16;           // ≤ 3 per lane (BB ≤ 48)
+  u8* st = stage + warp * R * run;
+  int nb = cols / 32;
+  size_t rb = (size_t)nb * B::BB;
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + warp) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    float acc[R];
+    const u8* wr[R];
+    uint4 buf[R][3];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      acc[r] = 0.0f;
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int m = 0; m < 3; m++) {
+        int i = lane + m * warpSize;
+        if (i < n16) buf[r][m] = ld16w<true>(wr[r] + 16 * (size_t)i);
+      }
+    }
+    for (int b0 = 0; b0 < nb; b0 += warpSize) {
+      WARP_SYNC();  // every lane is done reading the previous run
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        uint4* dst = (uint4*)(st + r * run);
+#pragma unroll
+        for (int m = 0; m < 3; m++) {
+          int i = lane + m * warpSize;
+          if (i < n16) dst[i] = buf[r][m];
+        }
+      }
+      if (b0 + warpSize < nb) {  // next run in flight during this one's arithmetic
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const u8* src = wr[r] + (size_t)(b0 + warpSize) * B::BB;
+#pragma unroll
+          for (int m = 0; m < 3; m++) {
+            int i = lane + m * warpSize;
+            if (i < n16) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+          }
+        }
+      }
+      WARP_SYNC();
+      int bi = b0 + lane;
+      uint4 xl = *(const uint4*)(xq + (size_t)bi * 32), xh = *(const uint4*)(xq + (size_t)bi * 32 + 16);
+      float dx = xd[bi];
+      const int ones = 0x01010101;
+      int sx = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
+      sx = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, sx))));
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[r] += B::dot(st + r * run, lane * B::BB, xl, xh, sx, dx);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float s = warp_sum(acc[r]);
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+    }
+  }
+}
+
+// mv_{type}_b{R}: R rows per warp
+#define MV_B32(name, B)                                                                                        \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_##name##_b1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+    mv_b32_q8<B, 1>(w, xq, xd, y, rows, cols);                                                                 \
+  }                                                                                                            \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_##name##_b2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+    mv_b32_q8<B, 2>(w, xq, xd, y, rows, cols);                                                                 \
+  }                                                                                                            \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_##name##_b4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+    mv_b32_q8<B, 4>(w, xq, xd, y, rows, cols);                                                                 \
+  }
+MV_B32(q4_0, B8Q4_0)
+MV_B32(q4_1, B8Q4_1)
+MV_B32(q5_0, B8Q5_0)
+MV_B32(q5_1, B8Q5_1)
+MV_B32(q8_0, B8Q8_0)
