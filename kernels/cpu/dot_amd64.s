@@ -113,7 +113,10 @@ TEXT ·dotQ8_0VNNI(SB), NOSPLIT, $0-36
 	JEQ    q80done
 
 q80loop:
-	PREFETCHT0 512(DI) // weights stream from memory once: ask early
+	// Weights stream from memory once. A core sustains only ~10 misses in
+	// flight, so ask ~2 KiB (32 lines) ahead: on bench86m Q8_0 decode
+	// 512 bytes gave 142 tok/s, 2048–3072 gave 180–215 (2 threads).
+	PREFETCHT0 2048(DI)
 	VMOVDQU 2(DI), Y1
 	BLOCKDOT((SI))
 	BLOCKACC(0, (DX), Y0)
@@ -451,9 +454,10 @@ TEXT ·dotQ4_KVNNI(SB), NOSPLIT, $0-44
 	JEQ          q4kdone
 
 q4kloop:
-	PREFETCHT0 576(DI)
-	PREFETCHT0 640(DI)
-	PREFETCHT0 704(DI)
+	// ~2 KiB ahead, as in dotQ8_0VNNI (+10 % Q4_K_M decode over 576).
+	PREFETCHT0 2112(DI)
+	PREFETCHT0 2176(DI)
+	PREFETCHT0 2240(DI)
 	// Scales and mins as words (Y1), mins paired with the block sums.
 	Q4KUNPACK
 	VPERMW       Y1, Y11, Y3
@@ -578,10 +582,10 @@ TEXT ·dotQ6_KVNNI(SB), NOSPLIT, $0-44
 	JEQ          q6kdone
 
 q6kloop:
-	PREFETCHT0 640(DI)
-	PREFETCHT0 704(DI)
-	PREFETCHT0 768(DI)
-	PREFETCHT0 832(DI)
+	PREFETCHT0 2176(DI)
+	PREFETCHT0 2240(DI)
+	PREFETCHT0 2304(DI)
+	PREFETCHT0 2368(DI)
 	VPMOVSXBW 192(DI), Y1 // 16 scale words
 	VPMADDWD  (R8), Y1, Y2
 	VPSLLD    $5, Y2, Y2
