@@ -31,6 +31,10 @@ type Model struct {
 	tok     *tokenizer.Tokenizer
 	tokErr  error
 
+	// chatTemplate is tokenizer.chat_template ("" when absent), for
+	// rendering conversations (package chat).
+	chatTemplate string
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -85,6 +89,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{path: path, cfg: cfg, start: start, sys: sys, mem: mem, be: be, closeBe: closeBe, tokDone: make(chan struct{})}
+	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	go func() {
 		defer close(m.tokDone)
 		m.tok, m.tokErr = tokenizer.FromFile(f)
@@ -134,6 +139,9 @@ func (m *Model) Subscribe() *Subscription { return m.sys.Bus().Subscribe() }
 
 // Memory is the accountant of what the model holds on its device.
 func (m *Model) Memory() *Memory { return m.mem }
+
+// ChatTemplate is the file's tokenizer.chat_template ("" when absent).
+func (m *Model) ChatTemplate() string { return m.chatTemplate }
 
 // Tokenizer waits for the model's tokenizer.
 func (m *Model) Tokenizer(ctx context.Context) (*tokenizer.Tokenizer, error) {

@@ -1,0 +1,580 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/forge-llm/forge/pipeline"
+	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/sample"
+)
+
+// server is the HTTP API over an engine: OpenAI's chat completions,
+// completions and models endpoints, plus forge's load progress and
+// status. Plain net/http routing (Go 1.22 patterns).
+type server struct {
+	eng *pipeline.Engine
+	log *slog.Logger
+	// defaultModel serves requests that name no model (the first -m).
+	defaultModel string
+	nextID       atomic.Uint64
+}
+
+func newServer(eng *pipeline.Engine, log *slog.Logger) *server {
+	return &server{eng: eng, log: log}
+}
+
+// maxBody bounds a request body; prompts are text, not uploads.
+const maxBody = 4 << 20
+
+func (s *server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /v1/models", s.listModels)
+	mux.HandleFunc("GET /v1/models/{id...}", s.getModel)
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	mux.HandleFunc("GET /forge/status", s.status)
+	mux.HandleFunc("GET /forge/load", s.load)
+	mux.HandleFunc("POST /forge/load", s.load)
+	// Known paths with another method get a JSON 405 (a pattern with a
+	// method is more specific than the same path without one).
+	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// apiError is OpenAI's error body.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code,omitempty"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var e apiError
+	e.Error.Message, e.Error.Code = msg, code
+	e.Error.Type = "invalid_request_error"
+	if status >= 500 {
+		e.Error.Type = "server_error"
+	}
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// engineError maps an engine error to an HTTP status and code.
+func engineError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, pipeline.ErrUnknownModel):
+		writeError(w, http.StatusNotFound, "model_not_found", err.Error())
+	case errors.Is(err, chat.ErrNoTemplate), errors.Is(err, chat.ErrUnsupported), errors.Is(err, chat.ErrConversation), errors.Is(err, errBadRequest):
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+	case errors.Is(err, pipeline.ErrBudget):
+		writeError(w, http.StatusServiceUnavailable, "insufficient_memory", err.Error())
+	case errors.Is(err, pipeline.ErrEngineClosed):
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, 499, "cancelled", err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
+	}
+}
+
+var errBadRequest = errors.New("bad request")
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+}
+
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "models": len(s.eng.Status()), "memory_bytes": s.eng.InUse()})
+}
+
+// modelObject is OpenAI's model object, with forge's status beside it.
+type modelObject struct {
+	ID      string               `json:"id"`
+	Object  string               `json:"object"`
+	Created int64                `json:"created"`
+	OwnedBy string               `json:"owned_by"`
+	Forge   pipeline.ModelStatus `json:"forge"`
+}
+
+func toModelObject(st pipeline.ModelStatus) modelObject {
+	created := st.LastUsed.Unix()
+	if st.LastUsed.IsZero() {
+		created = 0
+	}
+	return modelObject{ID: st.ID, Object: "model", Created: created, OwnedBy: "forge", Forge: st}
+}
+
+func (s *server) listModels(w http.ResponseWriter, r *http.Request) {
+	data := []modelObject{}
+	for _, st := range s.eng.Status() {
+		data = append(data, toModelObject(st))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (s *server) getModel(w http.ResponseWriter, r *http.Request) {
+	st, ok := s.eng.StatusOf(r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q is not known", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, toModelObject(st))
+}
+
+func (s *server) status(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"models": s.eng.Status(), "memory_bytes": s.eng.InUse()})
+}
+
+// load loads a model and streams its progress as server-sent events: one
+// "progress" event per pipeline event (pipeline.EventJSON), then a
+// "status" event when every weight is resident (or an "error" event).
+func (s *server) load(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("model")
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request", "load: missing ?model=ID")
+		return
+	}
+	lease, err := s.eng.Acquire(r.Context(), id)
+	if err != nil {
+		engineError(w, err)
+		return
+	}
+	defer lease.Release()
+	sub := lease.Model().Subscribe()
+	defer sub.Close()
+	sse := newSSE(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-sub.C:
+			if !ok {
+				sse.event("error", map[string]string{"error": "model closed while loading"})
+				return
+			}
+			b, err := pipeline.EventJSON(ev)
+			if err != nil {
+				continue
+			}
+			if !sse.raw("progress", b) {
+				return
+			}
+			switch ev := ev.(type) {
+			case pipeline.AllResident:
+				st, _ := s.eng.StatusOf(id)
+				sse.event("status", st)
+				return
+			case pipeline.ErrorEvent:
+				if ev.Req == 0 {
+					sse.event("error", map[string]string{"error": ev.Err.Error()})
+					return
+				}
+			}
+		}
+	}
+}
+
+// sse writes server-sent events, flushing each.
+type sse struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	ok bool
+}
+
+func newSSE(w http.ResponseWriter) *sse {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return &sse{w: w, rc: http.NewResponseController(w), ok: true}
+}
+
+// raw writes one event (name "" for a plain data event); false once the
+// client is gone.
+func (e *sse) raw(name string, data []byte) bool {
+	if !e.ok {
+		return false
+	}
+	var b bytes.Buffer
+	if name != "" {
+		b.WriteString("event: " + name + "\n")
+	}
+	b.WriteString("data: ")
+	b.Write(data)
+	b.WriteString("\n\n")
+	if _, err := e.w.Write(b.Bytes()); err != nil {
+		e.ok = false
+		return false
+	}
+	if err := e.rc.Flush(); err != nil {
+		e.ok = false
+	}
+	return e.ok
+}
+
+func (e *sse) event(name string, v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	return e.raw(name, b)
+}
+
+// completionRequest is the union of the fields of OpenAI's completion and
+// chat completion requests that forge reads; others are ignored.
+type completionRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	MinP                *float64        `json:"min_p"`
+	RepeatPenalty       *float64        `json:"repeat_penalty"`
+	Seed                *int64          `json:"seed"`
+	Stop                json.RawMessage `json:"stop"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N         *int `json:"n"`
+	IgnoreEOS bool `json:"ignore_eos"`
+}
+
+// chatMessage takes content as a string or as an array of text parts.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (m chatMessage) text() (string, error) {
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", badRequest("message content must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", badRequest("content part of type %q is not supported (text only)", p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// stringOrList reads a JSON string, or an array of strings.
+func stringOrList(raw json.RawMessage, field string) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return []string{s}, nil
+	}
+	var l []string
+	if err := json.Unmarshal(raw, &l); err != nil {
+		return nil, badRequest("%s must be a string or an array of strings", field)
+	}
+	return l, nil
+}
+
+// decode reads and checks a request; chat says which endpoint.
+func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipeline.EngineRequest, error) {
+	var req completionRequest
+	body := http.MaxBytesReader(nil, r.Body, maxBody)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(&req); err != nil {
+		return req, pipeline.EngineRequest{}, badRequest("request body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, pipeline.EngineRequest{}, badRequest("request body: trailing data after the JSON object")
+	}
+	er := pipeline.EngineRequest{Model: cmp(req.Model, s.defaultModel), Sampling: sample.Defaults()}
+	if er.Model == "" {
+		return req, er, badRequest("model is required")
+	}
+	if req.N != nil && *req.N != 1 {
+		return req, er, badRequest("n must be 1")
+	}
+	if chatReq {
+		if len(req.Messages) == 0 {
+			return req, er, badRequest("messages must be a non-empty array")
+		}
+		for i, m := range req.Messages {
+			text, err := m.text()
+			if err != nil {
+				return req, er, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
+				return req, er, badRequest("messages[%d].role %q is not system, user or assistant", i, m.Role)
+			}
+			er.Messages = append(er.Messages, chat.Message{Role: m.Role, Content: text})
+		}
+	} else {
+		p, err := stringOrList(req.Prompt, "prompt")
+		if err != nil {
+			return req, er, err
+		}
+		if len(p) != 1 || p[0] == "" {
+			return req, er, badRequest("prompt must be one non-empty string")
+		}
+		er.Prompt = p[0]
+	}
+	mt := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		mt = req.MaxCompletionTokens
+	}
+	if mt != nil {
+		if *mt < 0 {
+			return req, er, badRequest("max_tokens must be ≥ 0")
+		}
+		er.MaxTokens = *mt
+	}
+	if t := req.Temperature; t != nil {
+		if *t < 0 || *t > 2 {
+			return req, er, badRequest("temperature must be in [0, 2]")
+		}
+		er.Sampling.Temp = float32(*t)
+	}
+	if p := req.TopP; p != nil {
+		if *p <= 0 || *p > 1 {
+			return req, er, badRequest("top_p must be in (0, 1]")
+		}
+		er.Sampling.TopP = float32(*p)
+	}
+	if k := req.TopK; k != nil {
+		er.Sampling.TopK = *k
+	}
+	if p := req.MinP; p != nil {
+		er.Sampling.MinP = float32(*p)
+	}
+	if p := req.RepeatPenalty; p != nil {
+		er.Sampling.RepeatPenalty = float32(*p)
+	}
+	if req.Seed != nil {
+		er.Sampling.Seed = uint64(*req.Seed)
+	} else {
+		er.Sampling.Seed = rand.Uint64()
+	}
+	stops, err := stringOrList(req.Stop, "stop")
+	if err != nil {
+		return req, er, err
+	}
+	if len(stops) > 4 {
+		return req, er, badRequest("at most 4 stop strings")
+	}
+	er.Stop = stops
+	er.IgnoreEOG = req.IgnoreEOS
+	return req, er, nil
+}
+
+func (s *server) completions(w http.ResponseWriter, r *http.Request)     { s.complete(w, r, false) }
+func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) }
+
+// usage is OpenAI's token accounting.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func usageOf(res pipeline.EngineResult) *usage {
+	return &usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens), TotalTokens: res.PromptTokens + len(res.Tokens)}
+}
+
+func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) {
+	req, er, err := s.decode(r, chatReq)
+	if err != nil {
+		engineError(w, err)
+		return
+	}
+	object, prefix := "text_completion", "cmpl-"
+	if chatReq {
+		object, prefix = "chat.completion", "chatcmpl-"
+	}
+	id := fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
+	created := time.Now().Unix()
+	if !req.Stream {
+		res, err := s.eng.Generate(r.Context(), er)
+		if err != nil {
+			engineError(w, err)
+			return
+		}
+		choice := map[string]any{"index": 0, "finish_reason": res.FinishReason}
+		if chatReq {
+			choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
+		} else {
+			choice["text"] = res.Text
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": id, "object": object, "created": created, "model": er.Model,
+			"choices": []any{choice}, "usage": usageOf(res),
+		})
+		return
+	}
+	s.stream(w, r, er, chatReq, id, object+chunkSuffix(chatReq), created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+}
+
+func chunkSuffix(chatReq bool) string {
+	if chatReq {
+		return ".chunk"
+	}
+	return ""
+}
+
+// deltas carries text from the executor to the handler. The executor
+// must never wait for a slow client (it would stall every request queued
+// on the model), so the queue has no bound; a request's output is bounded
+// by its context anyway.
+type deltas struct {
+	mu   sync.Mutex
+	q    []string
+	wake chan struct{}
+}
+
+func (d *deltas) push(s string) {
+	d.mu.Lock()
+	d.q = append(d.q, s)
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *deltas) take() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q := d.q
+	d.q = nil
+	return q
+}
+
+// stream answers with server-sent events: one chunk per piece of text,
+// a last chunk with the finish reason (and usage when asked), then
+// "data: [DONE]". The request is cancelled as soon as the client goes.
+func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.EngineRequest, chatReq bool, id, object string, created int64, withUsage bool) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	d := &deltas{wake: make(chan struct{}, 1)}
+	er.OnText = func(t string) error { d.push(t); return nil }
+	type outcome struct {
+		res pipeline.EngineResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := s.eng.Generate(ctx, er)
+		done <- outcome{res, err}
+	}()
+	chunk := func(delta string, role bool, finish any) map[string]any {
+		c := map[string]any{"index": 0, "finish_reason": finish}
+		if chatReq {
+			dl := map[string]string{}
+			if role {
+				dl["role"] = "assistant"
+			}
+			if delta != "" || !role && finish == nil {
+				dl["content"] = delta
+			}
+			c["delta"] = dl
+		} else {
+			c["text"] = delta
+		}
+		return map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{c}}
+	}
+	var sse *sse
+	// Errors before the first byte (unknown model, bad template) are
+	// plain JSON errors with a status; after it, an error event.
+	start := func() {
+		if sse == nil {
+			sse = newSSE(w)
+			if chatReq {
+				sse.event("", chunk("", true, nil))
+			}
+		}
+	}
+	flush := func() bool {
+		for _, t := range d.take() {
+			start()
+			if !sse.event("", chunk(t, false, nil)) {
+				return false
+			}
+		}
+		return true
+	}
+	for {
+		select {
+		case <-d.wake:
+			if !flush() {
+				cancel()
+				<-done
+				return
+			}
+		case o := <-done:
+			if o.err != nil && sse == nil {
+				engineError(w, o.err)
+				return
+			}
+			flush()
+			if o.err != nil {
+				var e apiError
+				e.Error.Message, e.Error.Type = o.err.Error(), "server_error"
+				sse.event("", e)
+				return
+			}
+			start()
+			last := chunk("", false, o.res.FinishReason)
+			if withUsage {
+				last["usage"] = usageOf(o.res)
+			}
+			sse.event("", last)
+			sse.raw("", []byte("[DONE]"))
+			return
+		}
+	}
+}

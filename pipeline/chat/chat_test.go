@@ -1,0 +1,122 @@
+package chat
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// The templates below are the tokenizer.chat_template strings the models'
+// tokenizer_config.json files carry (as GGUF stores them, JSON escapes
+// decoded); the conversation and expected prompts follow llama.cpp's
+// tests/test-chat-template.cpp.
+const (
+	tmplLlama2 = `{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}`
+
+	tmplLlama3 = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+
+	tmplOpenHermes = `{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+
+	tmplQwen2 = `{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+
+	tmplMistral = `{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}`
+
+	tmplGemma = `{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}`
+)
+
+// conversation is llama.cpp's test conversation.
+var conversation = []Message{
+	{"system", "You are a helpful assistant"},
+	{"user", "Hello"},
+	{"assistant", "Hi there"},
+	{"user", "Who are you"},
+	{"assistant", "   I am an assistant   "},
+	{"user", "Another question"},
+}
+
+func TestRender(t *testing.T) {
+	cases := []struct {
+		name, tmpl string
+		family     Family
+		o          Options
+		msgs       []Message
+		want       string
+	}{
+		{"llama2", tmplLlama2, Llama2, Options{BOS: "<s>", EOS: "</s>", AddGenerationPrompt: true}, conversation,
+			"<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s><s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another question [/INST]"},
+		{"llama2-nosys", tmplLlama2, Llama2, Options{BOS: "<s>", EOS: "</s>"}, conversation[1:2],
+			"<s>[INST] Hello [/INST]"},
+		{"llama3", tmplLlama3, Llama3, Options{AddGenerationPrompt: true}, conversation,
+			"<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+		{"llama3-bos", tmplLlama3, Llama3, Options{BOS: "<|begin_of_text|>", AddGenerationPrompt: false}, conversation[1:2],
+			"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"},
+		{"chatml", tmplOpenHermes, ChatML, Options{AddGenerationPrompt: true}, conversation,
+			"<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n<|im_start|>assistant\n"},
+		{"qwen2-default-system", tmplQwen2, ChatML, Options{AddGenerationPrompt: true}, conversation[1:2],
+			"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"},
+		{"qwen2-own-system", tmplQwen2, ChatML, Options{AddGenerationPrompt: false}, conversation[:2],
+			"<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"},
+		{"mistral", tmplMistral, Mistral, Options{AddGenerationPrompt: true}, conversation,
+			"[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you [/INST]   I am an assistant   </s>[INST] Another question [/INST]"},
+		{"mistral-bos", tmplMistral, Mistral, Options{BOS: "<s>", EOS: "</s>"}, conversation[1:3],
+			"<s>[INST] Hello [/INST]Hi there</s>"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tm, err := Parse(c.tmpl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tm.Family != c.family {
+				t.Fatalf("family %q, want %q", tm.Family, c.family)
+			}
+			if c.o.EOS == "" && (c.family == Mistral || c.family == Llama2) {
+				c.o.EOS = "</s>"
+			}
+			got, err := tm.Render(c.msgs, c.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Errorf("rendered\n%q\nwant\n%q", got, c.want)
+			}
+		})
+	}
+}
+
+// A ChatML template stored with real newlines (some converters decode the
+// Jinja escapes) still yields its default system message.
+func TestChatMLDefaultSystemRealNewlines(t *testing.T) {
+	src := strings.ReplaceAll(tmplQwen2, `\n`, "\n")
+	tm, err := Parse(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tm.DefaultSystem != "You are a helpful assistant." {
+		t.Fatalf("default system %q", tm.DefaultSystem)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	if _, err := Parse(""); !errors.Is(err, ErrNoTemplate) {
+		t.Errorf("empty template: %v", err)
+	}
+	_, err := Parse(tmplGemma)
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "not Llama 2") {
+		t.Errorf("gemma: %v", err)
+	}
+	llama31 := "{{- bos_token }}\n{%- set date_string = \"26 Jul 2024\" %}{{- \"Cutting Knowledge Date: December 2023\\n\" }}<|start_header_id|>system<|end_header_id|>"
+	if _, err := Parse(llama31); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("llama 3.1: %v", err)
+	}
+	tm, _ := Parse(tmplLlama2)
+	if _, err := tm.Render([]Message{{"user", "a"}, {"user", "b"}}, Options{}); !errors.Is(err, ErrConversation) || !strings.Contains(err.Error(), "alternate") {
+		t.Errorf("two user turns: %v", err)
+	}
+	if _, err := tm.Render([]Message{{"tool", "a"}}, Options{}); err == nil || !strings.Contains(err.Error(), "role") {
+		t.Errorf("tool role: %v", err)
+	}
+	if _, err := tm.Render(nil, Options{}); err == nil {
+		t.Error("no messages: no error")
+	}
+}

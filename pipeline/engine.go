@@ -1,0 +1,687 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/pipeline/model"
+	"github.com/forge-llm/forge/pipeline/store"
+)
+
+// DefaultKeepAlive is how long an idle model stays loaded unless told
+// otherwise (Ollama's default).
+const DefaultKeepAlive = 5 * time.Minute
+
+// ErrEngineClosed is returned by an Engine after Close.
+var ErrEngineClosed = errors.New("pipeline: engine closed")
+
+// ErrBudget is wrapped when a model cannot be loaded within the memory
+// budget, even after evicting every idle model.
+var ErrBudget = errors.New("pipeline: memory budget exceeded")
+
+// ErrUnknownModel is wrapped when a model id is neither registered nor
+// resolvable to a file.
+var ErrUnknownModel = errors.New("pipeline: unknown model")
+
+// EngineOptions configure an Engine.
+type EngineOptions struct {
+	// Open is how each model is opened. Its Memory is ignored: every
+	// model gets an accountant of its own, which the engine sums against
+	// Budget.
+	Open Options
+	// KeepAlive is how long a model stays loaded after its last request
+	// ends: nil means DefaultKeepAlive, 0 unloads it as soon as it is
+	// idle, negative keeps it until Close.
+	KeepAlive *time.Duration
+	// Budget caps the bytes all loaded models hold (weights, KV cache,
+	// scratch, as their accountants count them; on the CPU backend the
+	// mapped weights count too). Loading a model that does not fit evicts
+	// idle models, least recently used first. ≤ 0: no budget.
+	Budget int64
+	// Resolve turns a model name into a file path; nil: an existing file,
+	// else Ollama's store, else the Hugging Face cache (store.Default).
+	Resolve func(name string) (string, error)
+	// Logger receives load, unload and eviction logs; nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// ModelState is where a model is in its life.
+type ModelState string
+
+// The model states.
+const (
+	StateUnloaded ModelState = "unloaded" // never loaded, or unloaded after its keep-alive
+	StateLoading  ModelState = "loading"  // opened; embedding and head not yet resident
+	StateReady    ModelState = "ready"    // serving requests while layers still stream in
+	StateResident ModelState = "resident" // every weight resident
+	StateEvicted  ModelState = "evicted"  // unloaded to make room for another model
+	StateFailed   ModelState = "failed"   // the last load failed (Err says why); the next request retries
+)
+
+// ModelStatus is a snapshot of one model.
+type ModelStatus struct {
+	ID    string     `json:"id"`
+	Path  string     `json:"path,omitempty"`
+	State ModelState `json:"state"`
+	// LoadedBytes of WeightBytes have reached the device.
+	LoadedBytes int64 `json:"loaded_bytes"`
+	WeightBytes int64 `json:"weight_bytes"`
+	// MemoryBytes is what the model's accountant holds now.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// Active counts requests running or queued on the model.
+	Active    int           `json:"active"`
+	KeepAlive time.Duration `json:"keep_alive_ns"`
+	LastUsed  time.Time     `json:"last_used,omitzero"`
+	// ExpiresAt is when an idle model unloads (zero: not scheduled).
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Err       string    `json:"error,omitempty"`
+}
+
+// Engine keeps several models for a long-running program: each is loaded
+// through Open on first use, serves any number of concurrent requests
+// (queued fairly, in arrival order, by its executor), stays loaded for its
+// keep-alive after the last one, and is evicted, least recently used
+// first, when another model needs room within the budget. All methods are
+// safe for concurrent use.
+type Engine struct {
+	o       EngineOptions
+	log     *slog.Logger
+	resolve func(string) (string, error)
+
+	// ctx is cancelled by Close: every request and load derives from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	models map[string]*entry
+	closed bool
+	// freed is closed (and replaced) whenever a model becomes idle or
+	// unloads: loads waiting for room in the budget try again.
+	freed chan struct{}
+	wg    sync.WaitGroup // unloads and progress watchers in flight
+}
+
+// entry is one model id: its settings, and its loaded instance if any.
+type entry struct {
+	id        string
+	name      string // what Resolve gets
+	keepAlive time.Duration
+	state     ModelState
+	err       error
+	lastUsed  time.Time
+	inst      *instance
+}
+
+// instance is one load of a model, from Open to Close.
+type instance struct {
+	path     string
+	m        *Model
+	opened   chan struct{} // closed when Open returned; then m or err is set
+	err      error
+	estimate int64 // bytes expected before the load measured them
+	weights  int64 // sum of the file's tensor bytes
+
+	active    int         // requests holding it (e.mu)
+	timer     *time.Timer // keep-alive timer while idle (e.mu)
+	expiresAt time.Time   // (e.mu)
+
+	progMu   sync.Mutex
+	loaded   int64
+	resident bool
+	ready    bool
+}
+
+// NewEngine returns an engine with no model loaded.
+func NewEngine(o EngineOptions) *Engine {
+	e := &Engine{o: o, log: o.Logger, resolve: o.Resolve, models: map[string]*entry{}, freed: make(chan struct{})}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	if e.resolve == nil {
+		e.resolve = store.Default().Resolve
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e
+}
+
+func (e *Engine) defaultKeepAlive() time.Duration {
+	if e.o.KeepAlive == nil {
+		return DefaultKeepAlive
+	}
+	return *e.o.KeepAlive
+}
+
+// Add registers a model under id; name is a file path or a store name
+// (see package store). Requests may also name a model that was never
+// added: it is registered on first use under its name.
+func (e *Engine) Add(id, name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrEngineClosed
+	}
+	if old, ok := e.models[id]; ok {
+		if old.name != name {
+			return fmt.Errorf("pipeline: model id %q is already %q", id, old.name)
+		}
+		return nil
+	}
+	e.models[id] = &entry{id: id, name: name, keepAlive: e.defaultKeepAlive(), state: StateUnloaded}
+	return nil
+}
+
+// SetKeepAlive sets one model's keep-alive (0: unload when idle,
+// negative: forever); it applies from the model's next idle moment.
+func (e *Engine) SetKeepAlive(id string, d time.Duration) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ent, ok := e.models[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
+	}
+	ent.keepAlive = d
+	return nil
+}
+
+// Lease is a hold on a loaded model: while held, the model is neither
+// evicted nor unloaded. Release it exactly once.
+type Lease struct {
+	e    *Engine
+	ent  *entry
+	inst *instance
+	once sync.Once
+}
+
+// Model is the leased model.
+func (l *Lease) Model() *Model { return l.inst.m }
+
+// Release gives the model back; an idle model starts its keep-alive.
+func (l *Lease) Release() { l.once.Do(func() { l.e.release(l.ent, l.inst) }) }
+
+// Acquire loads the model id (registering it under its own name if it was
+// never added) and holds it. It returns once the model is opened (its
+// weights may still be streaming in); requests on it wait for what they
+// need.
+func (e *Engine) Acquire(ctx context.Context, id string) (*Lease, error) {
+	// Resolving a name and reading a file's metadata for its estimate
+	// happen outside the lock (a large vocabulary takes a while to
+	// parse); the lock is then taken again and the entry looked at anew.
+	var p *loadPlan
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return nil, ErrEngineClosed
+		}
+		ent, ok := e.models[id]
+		if ok && (ent.inst != nil || p != nil && p.name == ent.name) {
+			return e.acquireLocked(ctx, ent, p)
+		}
+		e.mu.Unlock()
+		name := id
+		if ok {
+			name = ent.name
+		}
+		var err error
+		if p, err = e.plan(id, name); err != nil {
+			return nil, err
+		}
+		if !ok {
+			// An unregistered id is a name; it is registered only once
+			// it resolves, so that bad names do not pile up.
+			if err := e.Add(id, id); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// loadPlan is what loading a model needs to know beforehand.
+type loadPlan struct {
+	name, path        string
+	estimate, weights int64
+}
+
+func (e *Engine) plan(id, name string) (*loadPlan, error) {
+	path, err := e.resolve(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrUnknownModel, id, err)
+	}
+	est, weights, err := estimate(path, e.o.Open)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: model %q: %w", id, err)
+	}
+	return &loadPlan{name: name, path: path, estimate: est, weights: weights}, nil
+}
+
+// acquireLocked holds ent's instance, starting a load from p if it has
+// none. Called with e.mu held; it unlocks.
+func (e *Engine) acquireLocked(ctx context.Context, ent *entry, p *loadPlan) (*Lease, error) {
+	id := ent.id
+	inst := ent.inst
+	var victims []*instance
+	if inst == nil {
+		path, est, weights := p.path, p.estimate, p.weights
+		var err error
+		victims, err = e.makeRoom(ent, est)
+		if errors.Is(err, errBusy) {
+			// Busy models hold the budget: wait until one is idle.
+			freed := e.freed
+			e.mu.Unlock()
+			e.closeAll(victims)
+			select {
+			case <-freed:
+				return e.Acquire(ctx, id)
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w (waited for busy models until the request ended: %w)", err, ctx.Err())
+			case <-e.ctx.Done():
+				return nil, ErrEngineClosed
+			}
+		}
+		if err != nil {
+			e.mu.Unlock()
+			e.closeAll(victims)
+			return nil, err
+		}
+		inst = &instance{path: path, opened: make(chan struct{}), estimate: est, weights: weights}
+		ent.inst, ent.state, ent.err = inst, StateLoading, nil
+		e.wg.Add(1)
+		go e.open(ent, inst)
+	}
+	inst.active++
+	ent.lastUsed = time.Now()
+	if inst.timer != nil {
+		inst.timer.Stop()
+		inst.timer, inst.expiresAt = nil, time.Time{}
+	}
+	e.mu.Unlock()
+	e.closeAll(victims)
+
+	l := &Lease{e: e, ent: ent, inst: inst}
+	select {
+	case <-inst.opened:
+	case <-ctx.Done():
+		l.Release()
+		return nil, ctx.Err()
+	}
+	if inst.err != nil {
+		l.Release()
+		return nil, inst.err
+	}
+	return l, nil
+}
+
+// estimate is what a model should take before its load measures it: the
+// file's tensor bytes plus the KV cache and scratch, as Open will size
+// them.
+func estimate(path string, o Options) (total, weights int64, err error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	for i := range f.Tensors {
+		weights += int64(f.Tensors[i].Size)
+	}
+	cfg, err := model.ConfigFromFile(f)
+	if err != nil {
+		return 0, 0, err
+	}
+	ctx := o.Ctx
+	if ctx <= 0 {
+		ctx = cfg.Ctx
+		if ctx <= 0 || ctx > model.DefaultMaxCtx {
+			ctx = model.DefaultMaxCtx
+		}
+	}
+	// The scratch the model allocates: activations for a batch of prompt
+	// tokens and one row of logits (see model.allocScratch).
+	batch := o.Batch
+	if batch <= 0 {
+		batch = model.DefaultBatch
+	}
+	batch = min(batch, ctx)
+	scratch := 4 * (int64(batch)*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + int64(cfg.Vocab))
+	return weights + kvBytes(cfg.Layers, ctx, cfg.KVDim()) + scratch, weights, nil
+}
+
+// bytes is what an instance counts against the budget: the larger of the
+// estimate and what its accountant holds.
+func (inst *instance) bytes() int64 {
+	n := inst.estimate
+	select {
+	case <-inst.opened:
+		if inst.m != nil {
+			n = max(n, inst.m.Memory().InUse())
+		}
+	default:
+	}
+	return n
+}
+
+// errBusy says the budget is held by models in use, which will free it.
+var errBusy = errors.New("busy")
+
+// signalFreed wakes loads waiting for room (e.mu held).
+func (e *Engine) signalFreed() {
+	close(e.freed)
+	e.freed = make(chan struct{})
+}
+
+// makeRoom detaches idle models, least recently used first, until need
+// more bytes fit the budget. Called with e.mu held; the caller closes the
+// victims after unlocking.
+func (e *Engine) makeRoom(want *entry, need int64) ([]*instance, error) {
+	if e.o.Budget <= 0 {
+		return nil, nil
+	}
+	if need > e.o.Budget {
+		return nil, fmt.Errorf("%w: model %q needs about %d bytes, the budget is %d", ErrBudget, want.id, need, e.o.Budget)
+	}
+	var used int64
+	var idle []*entry
+	for _, ent := range e.models {
+		if ent.inst == nil || ent == want {
+			continue
+		}
+		used += ent.inst.bytes()
+		if ent.inst.active == 0 {
+			idle = append(idle, ent)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *entry) int { return a.lastUsed.Compare(b.lastUsed) })
+	var victims []*instance
+	for _, ent := range idle {
+		if used+need <= e.o.Budget {
+			break
+		}
+		used -= ent.inst.bytes()
+		victims = append(victims, e.detach(ent, StateEvicted))
+		e.log.Info("evicting model", "model", ent.id, "for", want.id, "budget", e.o.Budget)
+	}
+	if used+need > e.o.Budget {
+		return victims, fmt.Errorf("%w: model %q needs about %d bytes; %d of the %d-byte budget are held by busy models: %w", ErrBudget, want.id, need, used, e.o.Budget, errBusy)
+	}
+	return victims, nil
+}
+
+// detach takes an entry's instance off it (e.mu held); the caller closes it.
+func (e *Engine) detach(ent *entry, state ModelState) *instance {
+	inst := ent.inst
+	ent.inst, ent.state = nil, state
+	if inst.timer != nil {
+		inst.timer.Stop()
+		inst.timer = nil
+	}
+	return inst
+}
+
+// closeAll closes detached instances (without e.mu).
+func (e *Engine) closeAll(insts []*instance) {
+	for _, inst := range insts {
+		<-inst.opened
+		if inst.m != nil {
+			if err := inst.m.Close(); err != nil {
+				e.log.Warn("closing model", "path", inst.path, "err", err)
+			}
+		}
+	}
+}
+
+// open opens an instance and follows its load for the status.
+func (e *Engine) open(ent *entry, inst *instance) {
+	defer e.wg.Done()
+	o := e.o.Open
+	o.Memory = NewMemory(0)
+	m, err := Open(e.ctx, inst.path, o)
+	if err != nil {
+		err = fmt.Errorf("pipeline: loading %q: %w", ent.id, err)
+	}
+	inst.m, inst.err = m, err
+	e.mu.Lock()
+	if err != nil {
+		if ent.inst == inst {
+			ent.inst, ent.state, ent.err = nil, StateFailed, err
+		}
+	}
+	e.mu.Unlock()
+	close(inst.opened)
+	if err != nil {
+		e.log.Warn("model load failed", "model", ent.id, "err", err)
+		return
+	}
+	e.log.Info("loading model", "model", ent.id, "path", inst.path)
+	// Follow the load's events for the status; the subscription ends
+	// when the model closes.
+	sub := m.Subscribe()
+	for ev := range sub.C {
+		inst.progMu.Lock()
+		switch ev := ev.(type) {
+		case TensorUploaded:
+			inst.loaded += ev.Bytes
+		case ModelReady:
+			inst.ready = true
+		case AllResident:
+			inst.ready, inst.resident = true, true
+		}
+		inst.progMu.Unlock()
+		switch ev := ev.(type) {
+		case AllResident:
+			e.setState(ent, inst, StateResident)
+			sub.Close()
+		case ModelReady:
+			e.setState(ent, inst, StateReady)
+		case ErrorEvent:
+			if ev.Req == 0 {
+				e.mu.Lock()
+				if ent.inst == inst {
+					ent.state, ent.err = StateFailed, ev.Err
+				}
+				e.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (e *Engine) setState(ent *entry, inst *instance, s ModelState) {
+	e.mu.Lock()
+	if ent.inst == inst && ent.state != StateResident {
+		ent.state = s
+	}
+	e.mu.Unlock()
+}
+
+// release ends one hold on an instance; the last one starts the
+// keep-alive.
+func (e *Engine) release(ent *entry, inst *instance) {
+	e.mu.Lock()
+	inst.active--
+	ent.lastUsed = time.Now()
+	if inst.active == 0 {
+		e.signalFreed()
+	}
+	if inst.active > 0 || ent.inst != inst || e.closed {
+		e.mu.Unlock()
+		return
+	}
+	keep := ent.keepAlive
+	switch {
+	case keep < 0:
+		e.mu.Unlock()
+	case keep == 0:
+		victim := e.detach(ent, StateUnloaded)
+		e.wg.Add(1)
+		e.mu.Unlock()
+		e.log.Debug("unloading idle model", "model", ent.id)
+		e.closeAll([]*instance{victim})
+		e.wg.Done()
+	default:
+		inst.expiresAt = time.Now().Add(keep)
+		inst.timer = time.AfterFunc(keep, func() { e.expire(ent, inst) })
+		e.mu.Unlock()
+	}
+}
+
+// expire unloads an instance whose keep-alive ran out, unless a request
+// took it meanwhile.
+func (e *Engine) expire(ent *entry, inst *instance) {
+	e.mu.Lock()
+	if e.closed || ent.inst != inst || inst.active > 0 || inst.timer == nil || time.Now().Before(inst.expiresAt) {
+		e.mu.Unlock()
+		return
+	}
+	victim := e.detach(ent, StateUnloaded)
+	e.wg.Add(1)
+	e.mu.Unlock()
+	defer e.wg.Done()
+	e.log.Info("unloading model after keep-alive", "model", ent.id)
+	e.closeAll([]*instance{victim})
+}
+
+// Unload unloads an idle model now; a busy one unloads when its last
+// request ends, as if its keep-alive were 0.
+func (e *Engine) Unload(id string) error {
+	e.mu.Lock()
+	ent, ok := e.models[id]
+	if !ok {
+		e.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
+	}
+	if ent.inst == nil {
+		e.mu.Unlock()
+		return nil
+	}
+	if ent.inst.active > 0 {
+		ent.keepAlive = 0
+		e.mu.Unlock()
+		return nil
+	}
+	victim := e.detach(ent, StateUnloaded)
+	e.mu.Unlock()
+	e.closeAll([]*instance{victim})
+	return nil
+}
+
+// Status lists every known model, sorted by id.
+func (e *Engine) Status() []ModelStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]ModelStatus, 0, len(e.models))
+	for _, ent := range e.models {
+		out = append(out, e.status(ent))
+	}
+	slices.SortFunc(out, func(a, b ModelStatus) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		if a.ID > b.ID {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// StatusOf is one model's status.
+func (e *Engine) StatusOf(id string) (ModelStatus, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ent, ok := e.models[id]
+	if !ok {
+		return ModelStatus{}, false
+	}
+	return e.status(ent), true
+}
+
+func (e *Engine) status(ent *entry) ModelStatus {
+	s := ModelStatus{ID: ent.id, State: ent.state, KeepAlive: ent.keepAlive, LastUsed: ent.lastUsed}
+	if ent.err != nil {
+		s.Err = ent.err.Error()
+	}
+	if inst := ent.inst; inst != nil {
+		s.Path, s.Active, s.ExpiresAt, s.WeightBytes = inst.path, inst.active, inst.expiresAt, inst.weights
+		inst.progMu.Lock()
+		s.LoadedBytes = min(inst.loaded, inst.weights)
+		if inst.resident {
+			s.LoadedBytes = inst.weights
+		}
+		inst.progMu.Unlock()
+		select {
+		case <-inst.opened:
+			if m := inst.m; m != nil {
+				s.MemoryBytes = m.Memory().InUse()
+				// The futures are the truth; the event follower that
+				// also sets the state may lag behind them.
+				if s.State == StateLoading || s.State == StateReady {
+					if done(m.Resident()) {
+						s.State, s.LoadedBytes = StateResident, inst.weights
+					} else if done(m.Ready()) {
+						s.State = StateReady
+					}
+				}
+			}
+		default:
+		}
+	}
+	return s
+}
+
+// done reports whether a readiness future resolved without error.
+func done(f interface {
+	Done() <-chan struct{}
+	Err() error
+}) bool {
+	select {
+	case <-f.Done():
+		return f.Err() == nil
+	default:
+		return false
+	}
+}
+
+// InUse is the bytes every loaded model's accountant holds now.
+func (e *Engine) InUse() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var n int64
+	for _, ent := range e.models {
+		if inst := ent.inst; inst != nil {
+			select {
+			case <-inst.opened:
+				if inst.m != nil {
+					n += inst.m.Memory().InUse()
+				}
+			default:
+			}
+		}
+	}
+	return n
+}
+
+// Close cancels every request and load, unloads every model and waits
+// until all of it is released.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.cancel()
+	var victims []*instance
+	for _, ent := range e.models {
+		if ent.inst != nil {
+			victims = append(victims, e.detach(ent, StateUnloaded))
+		}
+	}
+	e.mu.Unlock()
+	e.closeAll(victims)
+	e.wg.Wait()
+	return nil
+}

@@ -1,0 +1,204 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/sample"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
+)
+
+// EngineRequest is one request to an Engine.
+type EngineRequest struct {
+	Model string
+	// Prompt is the text to complete, used when Messages is nil.
+	Prompt string
+	// Messages is a conversation, rendered with the model's chat template
+	// (ending with the opening of an assistant turn).
+	Messages  []chat.Message
+	MaxTokens int // ≤ 0: until end of generation or a full context
+	Sampling  sample.Params
+	// Stop ends the output before the first occurrence of any of these
+	// strings; the stop string itself is not returned.
+	Stop []string
+	// IgnoreEOG generates past end-of-generation tokens (benchmarks,
+	// tests; vLLM's ignore_eos).
+	IgnoreEOG bool
+	// OnText streams the output as it is generated. Text that may be the
+	// start of a stop string is held back until it is known not to be.
+	// An error from it ends the request with that error.
+	OnText func(delta string) error
+}
+
+// EngineResult is a finished engine request.
+type EngineResult struct {
+	Result
+	// FinishReason is "stop" (end of generation or a stop string) or
+	// "length" (MaxTokens or a full context), as OpenAI's API says it.
+	FinishReason string
+}
+
+// errStopString ends a request whose output reached a stop string.
+var errStopString = errors.New("stop string reached")
+
+// Generate runs one request on its model, loading the model first if it
+// is not loaded. Requests on one model run one at a time in arrival order;
+// cancelling ctx ends a request at once, queued or running, and the next
+// one starts.
+func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.ctx, cancel)()
+	lease, err := e.Acquire(ctx, r.Model)
+	if err != nil {
+		return EngineResult{}, err
+	}
+	defer lease.Release()
+	m := lease.Model()
+
+	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG}
+	if r.Messages != nil {
+		ids, err := chatPrompt(ctx, m, r.Messages)
+		if err != nil {
+			return EngineResult{}, err
+		}
+		o.PromptIDs = ids
+	}
+	st := &stopper{stops: r.Stop}
+	o.OnToken = func(t Token) error {
+		delta, hit := st.add(t.Text)
+		if delta != "" && r.OnText != nil {
+			if err := r.OnText(delta); err != nil {
+				return err
+			}
+		}
+		if hit {
+			return errStopString
+		}
+		return nil
+	}
+	res, err := m.Generate(ctx, r.Prompt, o)
+	out := EngineResult{Result: res}
+	switch {
+	case errors.Is(err, errStopString):
+		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", "stop"
+		return out, nil
+	case err != nil:
+		return out, err
+	}
+	if rest := st.flush(); rest != "" && r.OnText != nil {
+		if err := r.OnText(rest); err != nil {
+			return out, err
+		}
+	}
+	out.Text = st.text()
+	out.FinishReason = "stop"
+	if res.Stop == "max_tokens" || res.Stop == "context_full" {
+		out.FinishReason = "length"
+	}
+	return out, nil
+}
+
+// chatPrompt renders a conversation with the model's template and
+// tokenizes it, special tokens included. BOS comes from the template when
+// it writes one, else as the vocabulary asks.
+func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message) ([]int32, error) {
+	tmpl, err := chat.Parse(m.ChatTemplate())
+	if err != nil {
+		return nil, err
+	}
+	tok, err := m.Tokenizer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var bos, eos string
+	if tok.BOS() >= 0 {
+		bos = tok.Token(tok.BOS())
+	}
+	if tok.EOS() >= 0 {
+		eos = tok.Token(tok.EOS())
+	}
+	text, err := tmpl.Render(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
+	if err != nil {
+		return nil, err
+	}
+	addBOS := tok.ShouldAddBOS() && (bos == "" || !strings.HasPrefix(text, bos))
+	ids, err := tok.Encode(text, tokenizer.EncodeOptions{AddBOS: addBOS, ParseSpecial: true})
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
+	}
+	return ids, nil
+}
+
+// stopper cuts the output at the first stop string, holding back any
+// tail that could still grow into one.
+type stopper struct {
+	stops   []string
+	all     strings.Builder
+	emitted int // bytes of all handed out
+	end     int // where the output ends once a stop string was found (-1: not yet)
+	hit     bool
+}
+
+// add appends text and returns what can be handed out now, and whether a
+// stop string was reached.
+func (s *stopper) add(text string) (string, bool) {
+	if s.hit {
+		return "", true
+	}
+	s.all.WriteString(text)
+	all := s.all.String()
+	cut := -1
+	for _, stop := range s.stops {
+		if stop == "" {
+			continue
+		}
+		from := max(0, s.emitted-len(stop)+1)
+		if i := strings.Index(all[from:], stop); i >= 0 && (cut < 0 || from+i < cut) {
+			cut = from + i
+		}
+	}
+	if cut >= 0 {
+		s.hit = true
+		s.end = cut
+		delta := all[min(s.emitted, cut):cut]
+		s.emitted = cut
+		return delta, true
+	}
+	safe := len(all)
+	for _, stop := range s.stops {
+		// The longest tail of all that begins stop stays held back.
+		for n := min(len(stop)-1, len(all)-s.emitted); n > 0; n-- {
+			if strings.HasSuffix(all, stop[:n]) {
+				safe = min(safe, len(all)-n)
+				break
+			}
+		}
+	}
+	delta := all[s.emitted:safe]
+	s.emitted = safe
+	return delta, false
+}
+
+// flush hands out what was held back once the output ended.
+func (s *stopper) flush() string {
+	if s.hit {
+		return ""
+	}
+	all := s.all.String()
+	delta := all[s.emitted:]
+	s.emitted = len(all)
+	return delta
+}
+
+// text is the whole output, up to the stop string.
+func (s *stopper) text() string {
+	all := s.all.String()
+	if s.hit {
+		return all[:s.end]
+	}
+	return all
+}
