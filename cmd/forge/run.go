@@ -5,21 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/forge-llm/forge/gguf"
-	"github.com/forge-llm/forge/kernels"
-	"github.com/forge-llm/forge/kernels/cpu"
-	"github.com/forge-llm/forge/pipeline/generate"
+	"github.com/forge-llm/forge/pipeline"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
-	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
 
 func init() {
@@ -28,8 +28,9 @@ func init() {
 		Name:      "run",
 		Usage:     "generate text from a prompt",
 		ArgsUsage: " ",
-		Description: "Streams the continuation of the prompt to stdout as it is generated, " +
-			"then prints one line of statistics to stderr. --temp 0 is greedy.",
+		Description: "Loads the model through the prefetching pipeline with a live display of the load " +
+			"on stderr, streams the continuation of the prompt to stdout as it is generated, " +
+			"then prints one line of statistics to stderr. --temp 0 is greedy. Ctrl-C stops.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file", Required: true},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt text"},
@@ -43,74 +44,70 @@ func init() {
 			&cli.Int64Flag{Name: "seed", Value: -1, Usage: "random seed (-1: random)"},
 			&cli.IntFlag{Name: "ctx", Usage: "context length to allocate (0: the model's, at most 4096)"},
 			&cli.IntFlag{Name: "batch", Value: model.DefaultBatch, Usage: "most prompt tokens per forward step"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "cpu (auto picks cpu; GPUs come later)"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N (auto: a GPU if there is one, else cpu)"},
+			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32"},
+			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "load display on stderr: auto (tty on a terminal, else plain), tty, plain or json"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.BoolFlag{Name: "echo", Usage: "print the prompt before the generated text"},
+			// For tests and demonstrations: a slow disk, one reader.
+			&cli.StringFlag{Name: "throttle", Hidden: true, Usage: "limit reads to this many bytes per second (e.g. 2MB)"},
+			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
 		},
 		Action: runCmd,
 	})
 }
 
-// newBackend opens the device asked for.
-func newBackend(device string, threads int) (kernels.Backend, func(), error) {
-	switch device {
-	case "auto", "cpu":
-		b := cpu.New(threads)
-		return b, b.Close, nil
+// checkDevice accepts auto, cpu, gpu and gpu:N.
+func checkDevice(s string) error {
+	switch {
+	case s == "auto", s == "cpu", s == "gpu":
+		return nil
+	case strings.HasPrefix(s, "gpu:"):
+		if n, err := strconv.Atoi(s[4:]); err == nil && n >= 0 {
+			return nil
+		}
 	}
-	return nil, nil, fmt.Errorf("device %q is not available (have: cpu, auto)", device)
+	return fmt.Errorf("--device %q: want auto, cpu, gpu or gpu:N", s)
 }
 
-func runCmd(c *cli.Context) error {
-	ctx := c.Context
-	if ctx == nil {
-		ctx = context.Background()
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	// Ctrl-C stops the generation; the statistics are still printed.
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
-	defer stop()
-	start := time.Now()
-	path := c.String("model")
-	f, err := gguf.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		return err
-	}
-	tok, err := tokenizer.FromFile(f)
-	if err != nil {
-		return err
-	}
-	w, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		return err
-	}
-	be, closeBackend, err := newBackend(c.String("device"), c.Int("threads"))
-	if err != nil {
-		return err
-	}
-	defer closeBackend()
-	m, err := model.New(be, cfg, w, model.Options{Ctx: c.Int("ctx"), Batch: c.Int("batch")})
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	loadTime := time.Since(start)
-	slog.Debug("model loaded", "file", path, "arch", cfg.Arch, "layers", cfg.Layers, "embd", cfg.Embd,
-		"vocab", cfg.Vocab, "ctx", m.Ctx(), "device", be.Name(), "load", loadTime)
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
 
-	text := c.String("prompt")
-	prompt, err := tok.Encode(text, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
-	if err != nil {
-		return fmt.Errorf("tokenizing the prompt: %w", err)
+// progressMode resolves --progress auto.
+func progressMode(mode string, stderr io.Writer) string {
+	if mode == "auto" {
+		if isTerminal(stderr) {
+			return "tty"
+		}
+		return "plain"
 	}
-	if len(prompt) == 0 {
-		return fmt.Errorf("the prompt is empty and the model adds no BOS token")
-	}
+	return mode
+}
 
+// throttleHook makes reads take n/rate seconds: a slow disk, so that the
+// display can be watched (and tested) on small models.
+func throttleHook(rate uint64) func(ctx context.Context, tensor string, off, n int64) error {
+	return func(ctx context.Context, _ string, _, n int64) error {
+		t := time.NewTimer(time.Duration(float64(n) / float64(rate) * float64(time.Second)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// samplingFlags reads the sampling flags.
+func samplingFlags(c *cli.Context) sample.Params {
 	p := sample.Params{
 		Temp:          float32(c.Float64("temp")),
 		TopK:          c.Int("top-k"),
@@ -124,39 +121,121 @@ func runCmd(c *cli.Context) error {
 	} else {
 		p.Seed = rand.Uint64()
 	}
-	slog.Debug("sampling", "params", fmt.Sprintf("%+v", p), "prompt_tokens", len(prompt))
+	return p
+}
 
-	out := c.App.Writer
-	if c.Bool("echo") {
-		io.WriteString(out, text)
+func runCmd(c *cli.Context) error {
+	ctx := c.Context
+	if ctx == nil {
+		ctx = context.Background()
 	}
-	stream := tok.NewStream()
+	// Ctrl-C cancels the load and the request; the statistics are still
+	// printed.
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	stdout, stderr := c.App.Writer, c.App.ErrWriter
+
+	device := c.String("device")
+	if err := checkDevice(device); err != nil {
+		return err
+	}
+	strategy, err := pipeline.ParseStrategy(c.String("strategy"))
+	if err != nil {
+		return err
+	}
+	mode := progressMode(c.String("progress"), stderr)
+	if _, err := newDisplay(mode, io.Discard, newStats(loadInfo{})); err != nil {
+		return err
+	}
+	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
+		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers")}
+	if s := c.String("throttle"); s != "" {
+		rate, err := parseBytes(s)
+		if err != nil || rate == 0 {
+			return fmt.Errorf("--throttle %q: want a byte rate such as 2MB", s)
+		}
+		opts.Hooks.Read = throttleHook(rate)
+	}
+
+	// The tensor index, for the display's totals and the layer strip.
+	path := c.String("model")
+	f, err := gguf.Open(path)
+	if err != nil {
+		return err
+	}
+	cfg, err := model.ConfigFromFile(f)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	li := newLoadInfo(f, cfg.Layers)
+	f.Close()
+	li.Path, li.Arch, li.Strategy, li.Device = path, cfg.Arch, strategy.String(), device
+
+	m, err := pipeline.Open(ctx, path, opts)
+	if err != nil {
+		if strings.HasPrefix(device, "gpu") {
+			return fmt.Errorf("--device %s: no GPU backend is available in this build yet (use --device cpu): %w", device, err)
+		}
+		return err
+	}
+	defer m.Close()
+	st := newStats(li)
+	disp, _ := newDisplay(mode, stderr, st)
+	sub := m.Subscribe()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for e := range sub.C {
+			disp.Event(e)
+		}
+	}()
+
+	text := c.String("prompt")
+	var printed strings.Builder // what went to stdout, to add what a flush completes
 	var werr error
-	_, st, err := generate.Run(ctx, m, prompt, generate.Options{
+	started := false
+	res, err := m.Generate(ctx, text, pipeline.GenerateOptions{
 		MaxTokens: c.Int("max-tokens"),
-		Sampler:   sample.New(p, cfg.Vocab),
-		IsEOG:     tok.IsEOG,
-		OnToken: func(id int32) error {
-			if s := stream.Add(id); s != "" {
-				_, werr = io.WriteString(out, s)
+		Sampling:  samplingFlags(c),
+		OnToken: func(t pipeline.Token) error {
+			if !started {
+				started = true
+				disp.Finish() // the text starts below the display
+				if c.Bool("echo") {
+					io.WriteString(stdout, text)
+				}
 			}
+			printed.WriteString(t.Text)
+			_, werr = io.WriteString(stdout, t.Text)
 			return werr
 		},
 	})
-	io.WriteString(out, stream.Flush()+"\n")
+	stop := res.Stop
 	if errors.Is(err, context.Canceled) {
-		st.Stop = "interrupted"
+		stop = "interrupted"
 	} else if err != nil {
+		m.Close()
+		<-drained
+		disp.Finish()
 		return err
 	}
-	fmt.Fprintf(c.App.ErrWriter, "load %s · first token %s · prompt %d tok %.1f tok/s · decode %d tok %.1f tok/s · stop %s\n",
-		round(loadTime), round(st.FirstToken), st.PromptTokens, st.PromptRate(), st.DecodeSteps, st.DecodeRate(), st.Stop)
+	disp.Finish()
+	if !started && c.Bool("echo") {
+		io.WriteString(stdout, text)
+	}
+	// A multi-byte character cut at the end is only in the final text.
+	if rest, ok := strings.CutPrefix(res.Text, printed.String()); ok {
+		io.WriteString(stdout, rest)
+	}
+	io.WriteString(stdout, "\n")
+	m.Close() // ends the subscription once every event is delivered
+	<-drained
+	disp.Close(stop)
 	return nil
 }
 
-func round(d time.Duration) time.Duration {
-	if d > time.Second {
-		return d.Round(time.Millisecond)
-	}
-	return d.Round(10 * time.Microsecond)
+// parseBytes reads "2MB", "512KiB", "1000".
+func parseBytes(s string) (uint64, error) {
+	return humanizeParse(s)
 }

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/forge-llm/forge/pipeline"
+)
+
+// plainDisplay writes one line per milestone (globals ready, each layer
+// resident, everything resident, first token, errors): for logs and
+// pipes, where a redrawn display would be noise.
+type plainDisplay struct {
+	w io.Writer
+	s *stats
+}
+
+func (d *plainDisplay) Event(e pipeline.Event) {
+	d.s.add(e)
+	switch e := e.(type) {
+	case pipeline.ModelReady:
+		fmt.Fprintf(d.w, "ready %s: embedding, output norm and head resident (%s)\n", fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
+	case pipeline.LayerReady:
+		fmt.Fprintf(d.w, "layer %d resident %s (%s)\n", e.Layer, fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
+	case pipeline.AllResident:
+		fmt.Fprintf(d.w, "all resident %s: read %s at %s, placed %s\n", fmtDur(e.At),
+			humanize.Bytes(uint64(d.s.read)), bytesRate(d.s.read, d.s.lastRead), humanize.Bytes(uint64(e.Bytes)))
+	case pipeline.FirstToken:
+		fmt.Fprintf(d.w, "first token %s (%s after the request started)\n", fmtDur(e.At), fmtDur(e.Latency))
+	case pipeline.ErrorEvent:
+		fmt.Fprintf(d.w, "error %s: %v\n", fmtDur(e.At), e.Err)
+	}
+}
+
+func (d *plainDisplay) Finish() {}
+
+func (d *plainDisplay) Close(stop string) { fmt.Fprintln(d.w, d.s.line(stop)) }
+
+// jsonDisplay writes one JSON object per line: an "open" header, every
+// event as pipeline.EventJSON encodes it, and a closing "stats" object.
+// The schema is in the README (section "Progress as JSON lines").
+type jsonDisplay struct {
+	w io.Writer
+	s *stats
+}
+
+func newJSONDisplay(w io.Writer, s *stats) *jsonDisplay {
+	d := &jsonDisplay{w: w, s: s}
+	tensors := 0
+	for _, n := range s.info.UnitTensors {
+		tensors += n
+	}
+	d.write(map[string]any{"event": "open", "at_ms": 0.0, "model": s.info.Path, "arch": s.info.Arch,
+		"layers": s.info.Layers, "tensors": tensors, "file_bytes": s.info.FileBytes,
+		"strategy": s.info.Strategy, "device": s.info.Device})
+	return d
+}
+
+func (d *jsonDisplay) write(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]any{"event": "error", "error": err.Error()})
+	}
+	d.w.Write(append(b, '\n'))
+}
+
+func (d *jsonDisplay) Event(e pipeline.Event) {
+	d.s.add(e)
+	b, err := pipeline.EventJSON(e)
+	if err != nil {
+		d.write(map[string]any{"event": "error", "error": err.Error()})
+		return
+	}
+	d.w.Write(append(b, '\n'))
+}
+
+func (d *jsonDisplay) Finish() {}
+
+func (d *jsonDisplay) Close(stop string) {
+	s := d.s
+	m := map[string]any{"event": "stats", "ready_ms": ms(s.ready), "first_token_ms": ms(s.firstToken),
+		"prompt_tokens": s.promptTokens, "prompt_tok_s": round1(s.promptRate()),
+		"decode_tokens": max(s.tokens-1, 0), "decode_tok_s": round1(s.decodeRate()),
+		"read_bytes": s.read, "placed_bytes": s.uploaded, "peak_rss_bytes": peakRSS(), "stop": stop}
+	if s.resident > 0 {
+		m["resident_ms"] = ms(s.resident)
+	}
+	d.write(m)
+}
