@@ -9,7 +9,7 @@ FUZZTIME  ?= 20s
 # Packages whose tests and benchmarks need a GPU; `make device` cross-builds
 # them into bin/device/ to carry to the GPU machine, where bench/device.sh
 # runs every GPU test and benchmark in one call.
-DEVICE_PKGS ?= rocm kernels/gpu
+DEVICE_PKGS ?= rocm kernels/gpu actors pipeline
 
 GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
 

@@ -24,6 +24,7 @@ type Model struct {
 	mem     *actors.Memory
 	be      kernels.Backend
 	closeBe func()
+	ctxAt   time.Time // when the GPU context became current (zero on the CPU)
 
 	// The tokenizer is built in the background too (large vocabularies
 	// take tens of milliseconds); Generate waits for it.
@@ -52,6 +53,10 @@ type typeReader interface {
 // fails the readiness futures still pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	start := time.Now()
+	mem := o.Memory
+	if mem == nil {
+		mem = actors.NewMemory(0)
+	}
 	f, err := gguf.Open(path)
 	if err != nil {
 		return nil, err
@@ -64,21 +69,27 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		f.Close()
 		return nil, err
 	}
-	be, closeBe, err := openBackend(o)
+	// The file's pages stream into the page cache while the driver
+	// starts (DESIGN.md: start-up is on the clock).
+	prefetched := make(chan struct{})
+	go func() { defer close(prefetched); prefetchFile(f) }()
+	dev, err := openBackend(o)
+	<-prefetched
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	mem := o.Memory
-	if mem == nil {
-		mem = actors.NewMemory(0)
+	be, closeBe := dev.be, dev.close
+	up := o.Uploader
+	if up == nil && dev.uploader != nil {
+		up = dev.uploader(o.Strategy, mem)
 	}
 	conv := actors.Conversion{AllF32: o.Strategy == HostF32}
 	if r, ok := be.(typeReader); ok {
 		conv.Reads = r.Reads
 	}
 	sys, err := actors.Start(ctx, actors.Config{
-		File: f, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: o.Uploader,
+		File: f, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
 		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks, Start: start,
 	})
 	if err != nil {
@@ -88,7 +99,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		}
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, start: start, sys: sys, mem: mem, be: be, closeBe: closeBe, tokDone: make(chan struct{})}
+	m := &Model{path: path, cfg: cfg, start: start, sys: sys, mem: mem, be: be, closeBe: closeBe, ctxAt: dev.ctxAt, tokDone: make(chan struct{})}
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	go func() {
 		defer close(m.tokDone)
@@ -107,6 +118,16 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		return &generator{m: m, mdl: mdl}, nil
 	})
 	return m, nil
+}
+
+// ContextCurrent is how long after Started the GPU context became current
+// (0 on the CPU): "ready within X ms of the context" is Ready's time minus
+// this.
+func (m *Model) ContextCurrent() time.Duration {
+	if m.ctxAt.IsZero() {
+		return 0
+	}
+	return m.ctxAt.Sub(m.start)
 }
 
 // Path is the model file.

@@ -33,8 +33,11 @@ type Hooks = actors.Hooks
 // Options configure Open.
 type Options struct {
 	Strategy Strategy
-	// Device is "auto" or "cpu" ("" is auto). GPUs come with the GPU
-	// backend.
+	// Device is "cpu", "gpu" (= "gpu:0"), "gpu:N", or "auto" ("" is
+	// auto: a GPU if package rocm finds a driver and a device, else the
+	// CPU; slog Info names the GPU, Debug the reason for the CPU). On a GPU
+	// the weights stream into one device arena through
+	// actors.DeviceUploader.
 	Device string
 	// Backend runs the model on a backend the caller made (and closes);
 	// it overrides Device.
@@ -54,8 +57,9 @@ type Options struct {
 	// without limit.
 	Memory *Memory
 	// Uploader places the weights on the device; nil: the backend's
-	// (on the CPU, zero-copy views of the mapped file). A GPU backend brings
-	// its own; tests use actors.StreamUploader for the asynchronous path.
+	// (on the CPU, zero-copy views of the mapped file; on a GPU an
+	// actors.DeviceUploader, per tensor under HostF32). Tests use
+	// actors.StreamUploader for the asynchronous path.
 	Uploader actors.Uploader
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
