@@ -73,6 +73,10 @@ type stats struct {
 	promptTokens, tokens       int
 	stop                       string
 	err                        error
+	// devicePeak is the most bytes the model held on its device at once
+	// (pipeline.Memory's Peak: weights, KV cache, scratch), set before
+	// Close; 0: unknown.
+	devicePeak int64
 }
 
 func newStats(li loadInfo) *stats {
@@ -169,6 +173,9 @@ func (s *stats) unitState(u int) rune {
 // strip is the per-layer state line: G for the globals, then one
 // character per block.
 func (s *stats) strip() string {
+	if len(s.info.UnitTensors) == 0 {
+		return ""
+	}
 	var b strings.Builder
 	b.WriteString("G")
 	b.WriteRune(s.unitState(0))
@@ -223,6 +230,9 @@ func (s *stats) line(stop string) string {
 	add("placed %s", humanize.Bytes(uint64(s.uploaded)))
 	if hwm := peakRSS(); hwm > 0 {
 		add("peak RSS %s", humanize.IBytes(uint64(hwm)))
+	}
+	if s.devicePeak > 0 {
+		add("device peak %s", humanize.IBytes(uint64(s.devicePeak)))
 	}
 	add("stop %s", stop)
 	return strings.Join(parts, " · ")

@@ -88,5 +88,8 @@ func (d *jsonDisplay) Close(stop string) {
 	if s.resident > 0 {
 		m["resident_ms"] = ms(s.resident)
 	}
+	if s.devicePeak > 0 {
+		m["peak_device_bytes"] = s.devicePeak
+	}
 	d.write(m)
 }

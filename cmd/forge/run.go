@@ -144,8 +144,12 @@ func runCmd(c *cli.Context) error {
 		return err
 	}
 	mode := progressMode(c.String("progress"), stderr)
-	if _, err := newDisplay(mode, io.Discard, newStats(loadInfo{})); err != nil {
-		return err
+	// Check the mode before loading anything, without making a display:
+	// a live one would start drawing.
+	switch mode {
+	case "tty", "plain", "json":
+	default:
+		return fmt.Errorf("unknown --progress %q (auto, tty, plain, json)", mode)
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
 		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers")}
@@ -175,7 +179,7 @@ func runCmd(c *cli.Context) error {
 	m, err := pipeline.Open(ctx, path, opts)
 	if err != nil {
 		if strings.HasPrefix(device, "gpu") {
-			return fmt.Errorf("--device %s: no GPU backend is available in this build yet (use --device cpu): %w", device, err)
+			return fmt.Errorf("--device %s: no GPU backend could be opened (no CUDA or HIP driver, no such device, or kernel compilation failed; --device cpu runs on the CPU): %w", device, err)
 		}
 		return err
 	}
@@ -229,6 +233,7 @@ func runCmd(c *cli.Context) error {
 		io.WriteString(stdout, rest)
 	}
 	io.WriteString(stdout, "\n")
+	st.devicePeak = m.Memory().Peak()
 	m.Close() // ends the subscription once every event is delivered
 	<-drained
 	disp.Close(stop)

@@ -86,9 +86,10 @@ func TestRunErrors(t *testing.T) {
 // with a golden file.
 func normalize(s string) string {
 	for _, r := range []struct{ re, with string }{
-		{`"([a-z_]*(?:_ms|_tok_s|peak_rss_bytes))":[0-9.e+-]+`, `"$1":N`},
+		{`"([a-z_]*(?:_ms|_tok_s|peak_rss_bytes|peak_device_bytes))":[0-9.e+-]+`, `"$1":N`},
 		{`[0-9.]+ [kMGT]?B/s`, `R`},
 		{`peak RSS [0-9.]+ [KMGT]iB`, `peak RSS M`},
+		{`device peak [0-9.]+ [KMGT]?i?B`, `device peak M`},
 		{`[0-9.]+ tok/s`, `N tok/s`},
 		{`([0-9]+h)?([0-9]+m)?[0-9.]+(ns|µs|ms|s)\b`, `T`},
 		{`"model":"[^"]*"`, `"model":"M"`},

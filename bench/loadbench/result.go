@@ -1,0 +1,158 @@
+// Package loadbench measures how long a model takes to load and answer
+// from a fresh process: each run is a child process (the forge binary
+// re-executed), timed from the parent's fork, with the file's page cache
+// warm or evicted. It turns the runs into a table, JSON and an SVG
+// timeline of one run. `forge bench load` is built on it.
+package loadbench
+
+import (
+	"math"
+	"slices"
+)
+
+// Result is one run: forge's child process or a peer command. Times are
+// milliseconds since the parent started the process (fork and exec count).
+type Result struct {
+	Model    string `json:"model"`
+	Strategy string `json:"strategy"` // a load strategy, or "peer"
+	Cache    string `json:"cache"`    // "warm" or "cold"
+	Run      int    `json:"run"`
+	Device   string `json:"device,omitempty"`
+	// CachedBefore is the fraction of the file's pages in the page cache
+	// just before the run (mincore): ~1 warm, ~0 cold.
+	CachedBefore float64 `json:"cached_before"`
+
+	MainMs       float64 `json:"main_ms"`        // the child's main ran
+	OpenMs       float64 `json:"open_ms"`        // pipeline.Open returned
+	ReadyMs      float64 `json:"ready_ms"`       // embedding and head resident
+	ResidentMs   float64 `json:"resident_ms"`    // every weight resident
+	FirstTokenMs float64 `json:"first_token_ms"` // first token of the prompt's answer
+	ExitMs       float64 `json:"exit_ms"`        // the process ended (parent's clock)
+
+	PromptTokens int     `json:"prompt_tokens"`
+	FileBytes    int64   `json:"file_bytes"`
+	ReadBytes    int64   `json:"read_bytes"`
+	PlacedBytes  int64   `json:"placed_bytes"`
+	LoadBps      float64 `json:"load_bytes_per_s"` // file bytes / (resident − open started)
+	PeakRSS      int64   `json:"peak_rss_bytes"`   // VmHWM (peer: rusage maxrss)
+	PeakRssAnon  int64   `json:"peak_rss_anon_bytes"`
+	DevicePeak   int64   `json:"device_peak_bytes"` // pipeline.Memory Peak
+
+	Spans []Span `json:"spans,omitempty"`
+	Err   string `json:"error,omitempty"`
+}
+
+// Span is one stage of one unit of weights in a run's timeline: Layer -1
+// is the globals (embedding, output norm, head). Stage is "read",
+// "convert", "upload", "wait" or "compute".
+type Span struct {
+	Layer   int     `json:"layer"`
+	Stage   string  `json:"stage"`
+	StartMs float64 `json:"start_ms"`
+	EndMs   float64 `json:"end_ms"`
+}
+
+// Stat is min, median and max of one metric over runs.
+type Stat struct {
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	Max    float64 `json:"max"`
+	N      int     `json:"n"`
+}
+
+// stat summarizes xs, leaving out NaN (a metric a run did not reach).
+func stat(xs []float64) Stat {
+	var v []float64
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return Stat{Min: math.NaN(), Median: math.NaN(), Max: math.NaN()}
+	}
+	slices.Sort(v)
+	med := v[len(v)/2]
+	if len(v)%2 == 0 {
+		med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return Stat{Min: v[0], Median: med, Max: v[len(v)-1], N: len(v)}
+}
+
+// Metric is one column of the table.
+type Metric struct {
+	Name, Unit string
+	// Get reads the metric from a result; NaN when the run lacks it.
+	Get func(r *Result) float64
+}
+
+func posOrNaN(x float64) float64 {
+	if x <= 0 {
+		return math.NaN()
+	}
+	return x
+}
+
+// Metrics are the table's columns, in order.
+var Metrics = []Metric{
+	{"main", "ms", func(r *Result) float64 { return posOrNaN(r.MainMs) }},
+	{"open", "ms", func(r *Result) float64 { return posOrNaN(r.OpenMs) }},
+	{"ready", "ms", func(r *Result) float64 { return posOrNaN(r.ReadyMs) }},
+	{"resident", "ms", func(r *Result) float64 { return posOrNaN(r.ResidentMs) }},
+	{"first token", "ms", func(r *Result) float64 { return posOrNaN(r.FirstTokenMs) }},
+	{"exit", "ms", func(r *Result) float64 { return posOrNaN(r.ExitMs) }},
+	{"load", "GB/s", func(r *Result) float64 { return posOrNaN(r.LoadBps / 1e9) }},
+	{"peak RSS", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRSS) / (1 << 20)) }},
+	{"RssAnon", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRssAnon) / (1 << 20)) }},
+	{"device", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.DevicePeak) / (1 << 20)) }},
+}
+
+// Group is the runs of one model, strategy and cache mode with their
+// summary per metric (keyed by Metric.Name; absent when no run reached
+// it, such as a peer's ready time).
+type Group struct {
+	Model    string          `json:"model"`
+	Strategy string          `json:"strategy"`
+	Cache    string          `json:"cache"`
+	Runs     int             `json:"runs"`
+	Failed   int             `json:"failed"`
+	Stats    map[string]Stat `json:"stats"`
+}
+
+// Summarize groups results by model, strategy and cache mode, in the order
+// they first appear, and computes each metric's min/median/max over the
+// runs without an error.
+func Summarize(rs []Result) []Group {
+	var groups []Group
+	idx := map[[3]string]int{}
+	members := map[int][]*Result{}
+	for i := range rs {
+		r := &rs[i]
+		k := [3]string{r.Model, r.Strategy, r.Cache}
+		g, ok := idx[k]
+		if !ok {
+			g = len(groups)
+			idx[k] = g
+			groups = append(groups, Group{Model: r.Model, Strategy: r.Strategy, Cache: r.Cache, Stats: map[string]Stat{}})
+		}
+		groups[g].Runs++
+		if r.Err != "" {
+			groups[g].Failed++
+			continue
+		}
+		members[g] = append(members[g], r)
+	}
+	for g := range groups {
+		for _, m := range Metrics {
+			var xs []float64
+			for _, r := range members[g] {
+				xs = append(xs, m.Get(r))
+			}
+			// A metric no run reached is left out (JSON has no NaN).
+			if st := stat(xs); st.N > 0 {
+				groups[g].Stats[m.Name] = st
+			}
+		}
+	}
+	return groups
+}

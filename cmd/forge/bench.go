@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/forge-llm/forge/bench/loadbench"
+	"github.com/forge-llm/forge/pipeline"
+)
+
+func init() {
+	commands = append(commands, &cli.Command{
+		Name:  "bench",
+		Usage: "benchmarks",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "load",
+				Usage:     "time loads from fresh processes: open, ready, resident, first token, memory",
+				ArgsUsage: " ",
+				Description: "Each run re-executes this binary in a fresh process, so process start and device " +
+					"initialisation count; times are from the parent's fork. --cache cold evicts the file " +
+					"from the page cache first (posix_fadvise DONTNEED, no root). --peer runs another " +
+					"runtime's command ({model} is replaced by the path) in the same rounds; its first token " +
+					"is when its stdout first shows output, so make it print only the generated text.",
+				Flags: []cli.Flag{
+					&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file (repeat for several)", Required: true},
+					&cli.StringFlag{Name: "strategies", Value: "prefetch,eager,lazy,host-f32", Usage: "load strategies, comma-separated"},
+					&cli.IntFlag{Name: "runs", Value: 3, Usage: "runs per strategy and cache mode"},
+					&cli.StringFlag{Name: "cache", Value: "both", Usage: "page cache before each run: warm, cold or both"},
+					&cli.IntFlag{Name: "prompt-tokens", Value: 32, Usage: "prompt length (tokens drawn from the vocabulary)"},
+					&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
+					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
+					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
+					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},
+					&cli.StringFlag{Name: "svg", Usage: "write the timeline of one run (the first model and strategy, median first token) to this SVG file"},
+				},
+				Action: benchLoadCmd,
+			},
+			{
+				Name:   "load-once",
+				Hidden: true,
+				Usage:  "one measured load (the child process of bench load); prints one JSON line",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Required: true},
+					&cli.StringFlag{Name: "strategy", Value: "prefetch"},
+					&cli.IntFlag{Name: "prompt-tokens", Value: 32},
+					&cli.StringFlag{Name: "prompt-ids", Usage: "the prompt as comma-separated token ids (overrides --prompt-tokens)"},
+					&cli.StringFlag{Name: "device", Value: "auto"},
+					&cli.IntFlag{Name: "threads"},
+					&cli.BoolFlag{Name: "trace"},
+					&cli.Int64Flag{Name: "fork-ns", Usage: "the parent's wall clock (Unix ns) when it started this process"},
+				},
+				Action: benchLoadOnceCmd,
+			},
+		},
+	})
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func benchLoadCmd(c *cli.Context) error {
+	ctx := c.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	stdout, stderr := c.App.Writer, c.App.ErrWriter
+
+	strategies := splitList(c.String("strategies"))
+	for _, s := range strategies {
+		if _, err := pipeline.ParseStrategy(s); err != nil {
+			return fmt.Errorf("--strategies: %w", err)
+		}
+	}
+	if len(strategies) == 0 {
+		return fmt.Errorf("--strategies: none given")
+	}
+	var caches []string
+	switch cm := c.String("cache"); cm {
+	case "warm", "cold":
+		caches = []string{cm}
+	case "both":
+		caches = []string{"warm", "cold"}
+	default:
+		return fmt.Errorf("--cache %q: want warm, cold or both", cm)
+	}
+	if err := checkDevice(c.String("device")); err != nil {
+		return err
+	}
+	models := c.StringSlice("model")
+	for _, m := range models {
+		if _, err := os.Stat(m); err != nil {
+			return err
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench load: finding this program to re-run: %w", err)
+	}
+	cfg := loadbench.Config{
+		Models: models, Strategies: strategies, Caches: caches, Runs: c.Int("runs"),
+		PromptTokens: c.Int("prompt-tokens"), Device: c.String("device"), Threads: c.Int("threads"),
+		Self: []string{exe, "bench", "load-once"}, Peer: c.String("peer"), Trace: c.String("svg") != "", Log: stderr,
+	}
+	results, err := loadbench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	groups := loadbench.Summarize(results)
+	if c.String("svg") != "" {
+		r := loadbench.Pick(results, models[0], strategies[0], caches[0])
+		if r == nil {
+			return fmt.Errorf("--svg: no successful %s %s run of %s to draw", strategies[0], caches[0], models[0])
+		}
+		f, err := os.Create(c.String("svg"))
+		if err != nil {
+			return err
+		}
+		if err := loadbench.WriteSVG(f, r); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if c.Bool("json") {
+		for i := range results { // the spans are in the SVG; keep the JSON readable
+			results[i].Spans = nil
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"runs": results, "summary": groups, "prompt_tokens": cfg.PromptTokens,
+			"device": cfg.Device, "peer": cfg.Peer})
+	}
+	return loadbench.WriteTable(stdout, groups)
+}
+
+func benchLoadOnceCmd(c *cli.Context) error {
+	ctx := c.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	fork := time.Now()
+	if ns := c.Int64("fork-ns"); ns > 0 {
+		fork = time.Unix(0, ns)
+	}
+	var ids []int32
+	for _, f := range splitList(c.String("prompt-ids")) {
+		id, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return fmt.Errorf("--prompt-ids: %w", err)
+		}
+		ids = append(ids, int32(id))
+	}
+	r := loadbench.RunOnce(ctx, loadbench.OnceConfig{
+		Model: c.String("model"), Strategy: c.String("strategy"), Device: c.String("device"),
+		Threads: c.Int("threads"), PromptTokens: c.Int("prompt-tokens"), PromptIDs: ids, Fork: fork, Trace: c.Bool("trace"),
+	})
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, string(b))
+	if r.Err != "" {
+		return fmt.Errorf("%s", r.Err)
+	}
+	return nil
+}
