@@ -37,6 +37,8 @@ func init() {
 			&cli.StringFlag{Name: "vocab", Usage: "GGUF file whose tokenizer to copy (default: a byte-level one)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "file to write", Required: true},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "random seed of the weights"},
+			&cli.StringFlag{Name: "fill", Value: synth.FillBlocks.String(), Usage: "blocks (random valid blocks, at disk speed) or quantize " +
+				"(quantize Gaussian weights, as llama-quantize would; CPU-bound)"},
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "auto (a bar on a terminal, else plain lines), tty or plain"},
 		},
 		Action: genCmd,
@@ -60,7 +62,11 @@ func genCmd(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	o := synth.Options{Shape: shape, Mix: mix, Seed: c.Uint64("seed"), Name: "synthetic " + c.String("preset") + " " + string(mix)}
+	fill, err := synth.ParseFill(c.String("fill"))
+	if err != nil {
+		return fmt.Errorf("--fill: %w", err)
+	}
+	o := synth.Options{Shape: shape, Mix: mix, Seed: c.Uint64("seed"), Fill: fill, Name: "synthetic " + c.String("preset") + " " + string(mix)}
 	if v := c.String("vocab"); v != "" {
 		if o.Vocab, err = synth.VocabFromFile(v); err != nil {
 			return err

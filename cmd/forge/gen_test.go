@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
@@ -102,6 +105,7 @@ func TestGenErrors(t *testing.T) {
 		{"--preset", "gpt5", "-o", out},
 		{"--preset", "tiny", "--quant", "q3_k_xs", "-o", out},
 		{"--preset", "tiny", "--progress", "fancy", "-o", out},
+		{"--preset", "tiny", "--fill", "zeros", "-o", out},
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := newApp(&stdout, &stderr).Run(append([]string{"forge", "gen"}, args...)); err == nil {
@@ -110,10 +114,80 @@ func TestGenErrors(t *testing.T) {
 	}
 }
 
+// TestGenFill: --fill blocks is the default and --fill quantize selects
+// the quantizer: same layout and size, different weights, each equal to
+// what synth.Write makes with that fill.
+func TestGenFill(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string][]byte{}
+	for _, args := range [][]string{{}, {"--fill", "blocks"}, {"--fill", "quantize"}} {
+		out := filepath.Join(dir, strings.Join(append([]string{"default"}, args...), "-")+".gguf")
+		var stdout, stderr bytes.Buffer
+		cmd := append([]string{"forge", "gen", "--preset", "tiny", "-q", "q4_k_m", "--seed", "3", "-o", out, "--progress", "plain"}, args...)
+		if err := newApp(&stdout, &stderr).Run(cmd); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[strings.Join(args, " ")] = b
+	}
+	for _, fill := range synth.Fills() {
+		var want bytes.Buffer
+		o := synth.Options{Shape: synth.Presets["tiny"], Mix: synth.MixQ4_KM, Seed: 3, Fill: fill, Name: "synthetic tiny q4_k_m"}
+		if err := synth.Write(context.Background(), &want, o); err != nil {
+			t.Fatal(err)
+		}
+		if got := files["--fill "+fill.String()]; !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("--fill %s: %d bytes differ from synth.Write's %d", fill, len(got), want.Len())
+		}
+	}
+	if !bytes.Equal(files[""], files["--fill blocks"]) {
+		t.Error("the default fill is not blocks")
+	}
+	if bytes.Equal(files["--fill blocks"], files["--fill quantize"]) || len(files["--fill blocks"]) != len(files["--fill quantize"]) {
+		t.Error("blocks and quantize fills: want the same size and different bytes")
+	}
+}
+
+// TestGenCancelRemovesFile: a gen interrupted mid-file (the context is
+// cancelled once the file passes 1 MiB; the quantize fill of bench86m
+// takes seconds) fails with the context's error and leaves no file.
+func TestGenCancelRemovesFile(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "c.gguf")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan error, 1)
+	go func() {
+		var stdout, stderr bytes.Buffer
+		res <- newApp(&stdout, &stderr).RunContext(ctx, []string{"forge", "gen", "--preset", "bench86m", "-q", "q4_k_m",
+			"--fill", "quantize", "-o", out, "--progress", "plain"})
+	}()
+	var err error
+	for done := false; !done; {
+		select {
+		case err = <-res:
+			t.Fatalf("gen finished before it was cancelled: %v", err)
+		case <-time.After(2 * time.Millisecond):
+			if st, serr := os.Stat(out); serr == nil && st.Size() > 1<<20 {
+				cancel()
+				err, done = <-res, true
+			}
+		}
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled gen returned %v", err)
+	}
+	if _, serr := os.Stat(out); !os.IsNotExist(serr) {
+		t.Errorf("partial file left behind: %v", serr)
+	}
+}
+
 // TestPlannedSize: the dry run's size is the written file's.
 func TestPlannedSize(t *testing.T) {
 	for _, mix := range []synth.Mix{synth.MixQ4_KM, synth.MixF16} {
-		o := synth.Options{Shape: synth.Presets["tiny"], Mix: mix, Seed: 3}
+		o := synth.Options{Shape: synth.Presets["tiny"], Mix: mix, Seed: 3, Fill: synth.FillBlocks}
 		n, err := plannedSize(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)

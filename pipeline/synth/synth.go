@@ -10,11 +10,9 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
-	"sync"
 
 	"github.com/forge-llm/forge/dequant"
 	"github.com/forge-llm/forge/gguf"
@@ -94,8 +92,14 @@ type Options struct {
 	// Zero leaves every tensor's bytes zero (holes in a seekable file), for
 	// load tests of large shapes where the values do not matter.
 	Zero bool
-	// Workers quantize rows in parallel; 0: GOMAXPROCS.
+	// Workers fill chunks of rows in parallel while the previous chunks
+	// are written; 0: GOMAXPROCS.
 	Workers int
+	// Fill chooses how weight matrices get their values: FillQuantize (the
+	// zero value) quantizes Gaussian draws, FillBlocks writes random valid
+	// blocks at disk speed. Norms, biases and rope frequencies are drawn
+	// the same way under both.
+	Fill Fill
 }
 
 // tensor is one tensor to write.
@@ -171,8 +175,14 @@ func WriteFile(ctx context.Context, path string, o Options) error {
 }
 
 // Write writes a synthetic model to out. The bytes depend only on the
-// options (not on Workers).
+// options (not on Workers). Tensors are filled in chunks by Workers
+// goroutines while earlier chunks are written (see stream.go), so memory
+// stays bounded at any model size; a cancelled ctx stops it within a
+// chunk's work.
 func Write(ctx context.Context, out io.Writer, o Options) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
 	s := &o.Shape
 	if s.Arch != "llama" && s.Arch != "qwen2" {
 		return fmt.Errorf("synth: architecture %q is not supported (llama, qwen2)", s.Arch)
@@ -226,94 +236,13 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	var buf []byte
-	for i, t := range ts {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("synth: %w", err)
-		}
-		if o.Zero && t.kind != kindRopeFreqs {
-			if err := w.SkipTensorData(t.name); err != nil {
-				return fmt.Errorf("synth: %w", err)
-			}
-			continue
-		}
-		rb, _ := t.typ.RowBytes(uint64(t.cols))
-		need := int(rb) * t.rows
-		if cap(buf) < need {
-			buf = make([]byte, need)
-		}
-		if err := fill(buf[:need], t, &o, uint64(i), workers); err != nil {
-			return err
-		}
-		if err := w.WriteTensorData(t.name, buf[:need]); err != nil {
-			return fmt.Errorf("synth: %w", err)
-		}
+	if err := writeData(ctx, w, ts, &o, workers); err != nil {
+		return err
 	}
 	if err := w.Close(); err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
 	return nil
-}
-
-// rowsPerChunk rows share one random stream, so the values do not depend on
-// how chunks are spread over workers.
-const rowsPerChunk = 16
-
-// fill draws tensor t's values and encodes them into dst, chunks of rows in
-// parallel.
-func fill(dst []byte, t tensor, o *Options, idx uint64, workers int) error {
-	rb, _ := t.typ.RowBytes(uint64(t.cols))
-	chunks := (t.rows + rowsPerChunk - 1) / rowsPerChunk
-	std := o.Std
-	if std == 0 {
-		std = 1 / math.Sqrt(float64(t.cols))
-	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		ferr error
-		next = make(chan int, chunks)
-	)
-	for c := range chunks {
-		next <- c
-	}
-	close(next)
-	for range min(workers, chunks) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			vals := make([]float32, rowsPerChunk*t.cols)
-			for c := range next {
-				r0, r1 := c*rowsPerChunk, min((c+1)*rowsPerChunk, t.rows)
-				rng := rand.New(rand.NewPCG(o.Seed, idx<<32|uint64(c)))
-				v := vals[:(r1-r0)*t.cols]
-				switch t.kind {
-				case kindRopeFreqs:
-					llama31Freqs(v, o.Shape.RopeBase)
-				case kindNorm:
-					for i := range v {
-						v[i] = float32(1 + 0.2*rng.NormFloat64())
-					}
-				case kindBias:
-					for i := range v {
-						v[i] = float32(0.5 * rng.NormFloat64())
-					}
-				default:
-					for i := range v {
-						v[i] = float32(std * rng.NormFloat64())
-					}
-				}
-				if err := encode(t.typ, v, dst[r0*int(rb):r1*int(rb)]); err != nil {
-					mu.Lock()
-					ferr = fmt.Errorf("synth: tensor %q: %w", t.name, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return ferr
 }
 
 // encode stores float32 values as type t.

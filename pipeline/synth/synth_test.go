@@ -3,16 +3,27 @@ package synth
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/forge-llm/forge/dequant"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
+	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/model"
 )
+
+// TestMain fails the package if a test leaves a goroutine behind (the
+// fill pipeline's dispatcher and workers must all stop before Write
+// returns, on success, error or cancellation).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // layerOf returns the block index in a tensor name, -1 outside blocks.
 func layerOf(name string) int {
@@ -243,5 +254,307 @@ func TestZeroLargePreset(t *testing.T) {
 	}
 	if p := Presets["bench86m"].Params(); p < 84e6 || p > 87e6 {
 		t.Errorf("bench86m has %d parameters, want about 86e6", p)
+	}
+}
+
+// stats are a dequantized tensor's moments.
+type stats struct {
+	mean, std float64
+	// groupDev is the mean absolute deviation of the means of groups of 32
+	// consecutive values from the overall mean: about 0.14·std for
+	// well-centred groups, several std when groups carry offsets.
+	groupDev float64
+	finite   bool
+}
+
+func statsOf(v []float32) stats {
+	s := stats{finite: true}
+	sum, sq := 0.0, 0.0
+	for _, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			s.finite = false
+		}
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	n := float64(len(v))
+	s.mean = sum / n
+	s.std = math.Sqrt(max(sq/n-s.mean*s.mean, 0))
+	groups := 0
+	for g := 0; g+32 <= len(v); g += 32 {
+		gs := 0.0
+		for _, x := range v[g : g+32] {
+			gs += float64(x)
+		}
+		s.groupDev += math.Abs(gs/32 - s.mean)
+		groups++
+	}
+	s.groupDev /= float64(max(groups, 1))
+	return s
+}
+
+// checkStats asserts the statistics FillBlocks promises: finite values,
+// the target std within 10 % (the recipes are exact in expectation and
+// land within 1 %; the slack covers f16 rounding of the scales and
+// sampling noise), a mean under 5 % of the std, and centred groups
+// (0.14·std is pure sampling noise; a wrong K-quant min packing gives
+// 0.36).
+func checkStats(t *testing.T, what string, v []float32, want float64) {
+	t.Helper()
+	s := statsOf(v)
+	if !s.finite {
+		t.Errorf("%s: non-finite values", what)
+	}
+	if math.Abs(s.std/want-1) > 0.10 {
+		t.Errorf("%s: std %.4g, want %.4g (ratio %.3f)", what, s.std, want, s.std/want)
+	}
+	if math.Abs(s.mean) > 0.05*s.std {
+		t.Errorf("%s: mean %.3g is %.3f of the std", what, s.mean, math.Abs(s.mean)/s.std)
+	}
+	if s.groupDev > 0.25*s.std {
+		t.Errorf("%s: groups of 32 are off-centre by %.3f std on average", what, s.groupDev/s.std)
+	}
+}
+
+// TestFillBlocksEveryType fills 64×512 weights of every type with a block
+// recipe and checks the dequantized statistics, for two target stds.
+func TestFillBlocksEveryType(t *testing.T) {
+	const rows, cols = 64, 512
+	for _, typ := range []gguf.Type{gguf.TypeF32, gguf.TypeF16, gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0,
+		gguf.TypeQ5_1, gguf.TypeQ8_0, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K} {
+		if !blockFillable(typ) {
+			t.Errorf("%v has no block recipe", typ)
+			continue
+		}
+		for _, std := range []float64{1 / math.Sqrt(cols), 1 / math.Sqrt(28672)} {
+			rb, _ := typ.RowBytes(cols)
+			buf := make([]byte, rows*int(rb))
+			r := chunkRNG(1, 2, 3)
+			fillBlocks(typ, buf, newBlockScales(typ, std), &r)
+			v := make([]float32, rows*cols)
+			if err := dequant.ToFloat32(typ, buf, v); err != nil {
+				t.Fatal(err)
+			}
+			checkStats(t, typ.String(), v, std)
+		}
+	}
+}
+
+// TestPresetsUseBlockRecipes: every weight matrix of every preset and mix
+// has a block recipe, so `forge gen --fill blocks` never falls back to the
+// quantizer on a real shape (70B's Q5_K attn_v included).
+func TestPresetsUseBlockRecipes(t *testing.T) {
+	for _, name := range PresetNames() {
+		for _, mix := range Mixes() {
+			o := Options{Shape: Presets[name], Mix: mix}
+			for _, ts := range o.tensors() {
+				if ts.kind == kindWeight && !blockFillable(ts.typ) {
+					t.Errorf("%s %s: %s is %v, which has no block recipe", name, mix, ts.name, ts.typ)
+				}
+			}
+		}
+	}
+}
+
+// TestWriteBlocks writes the small presets in every mix with FillBlocks:
+// every weight matrix dequantizes to finite values with std ≈ 1/√cols and
+// mean ≈ 0, differs from the quantize fill's, and the norms and biases are
+// the quantize fill's bytes exactly (they share that path).
+func TestWriteBlocks(t *testing.T) {
+	dir := t.TempDir()
+	for _, preset := range []string{"tiny", "tiny-qwen2"} {
+		for _, mix := range Mixes() {
+			s := Presets[preset]
+			var files [2]*gguf.File
+			for i, fill := range []Fill{FillBlocks, FillQuantize} {
+				path := filepath.Join(dir, preset+"-"+string(mix)+"-"+fill.String()+".gguf")
+				if err := WriteFile(context.Background(), path, Options{Shape: s, Mix: mix, Seed: 9, Fill: fill}); err != nil {
+					t.Fatal(err)
+				}
+				f, err := gguf.Open(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				files[i] = f
+			}
+			blocks, quant := files[0], files[1]
+			for i := range blocks.Tensors {
+				ti := &blocks.Tensors[i]
+				what := preset + " " + string(mix) + " " + ti.Name
+				data, err := blocks.TensorData(ti)
+				if err != nil {
+					t.Fatal(err)
+				}
+				qi, _ := quant.Tensor(ti.Name)
+				qdata, err := quant.TensorData(qi)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ti.Rows() == 1 { // norms and biases
+					if !bytes.Equal(data, qdata) {
+						t.Errorf("%s: vector differs between the fills", what)
+					}
+					continue
+				}
+				if bytes.Equal(data, qdata) {
+					t.Errorf("%s: the block fill wrote the quantize fill's bytes", what)
+				}
+				v := make([]float32, ti.Elements())
+				if err := dequant.ToFloat32(ti.Type, data, v); err != nil {
+					t.Fatal(err)
+				}
+				checkStats(t, what+" ("+ti.Type.String()+")", v, 1/math.Sqrt(float64(ti.Dims[0])))
+			}
+		}
+	}
+}
+
+// TestDeterministicBlocks: with FillBlocks the bytes depend on the seed,
+// not on the worker count, also for tensors cut into several chunks (the
+// 8192×512 F16 embedding is 8 MiB, two chunks).
+func TestDeterministicBlocks(t *testing.T) {
+	cases := []struct {
+		s   Shape
+		mix Mix
+	}{
+		{Presets["tiny"], MixQ4_KM},
+		{Shape{Arch: "llama", Embd: 512, FF: 256, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 8192, Tied: true}, MixF16},
+	}
+	for _, c := range cases {
+		mix := c.mix
+		o := Options{Shape: c.s, Mix: mix, Seed: 3, Fill: FillBlocks}
+		var a, b, c bytes.Buffer
+		o.Workers = 1
+		if err := Write(context.Background(), &a, o); err != nil {
+			t.Fatal(err)
+		}
+		o.Workers = 4
+		if err := Write(context.Background(), &b, o); err != nil {
+			t.Fatal(err)
+		}
+		o.Seed = 4
+		if err := Write(context.Background(), &c, o); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a.Bytes(), b.Bytes()) {
+			t.Errorf("%s: 1 and 4 workers wrote different bytes", mix)
+		}
+		f, err := gguf.OpenReaderAt(bytes.NewReader(a.Bytes()), int64(a.Len()), "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ti, _ := f.Tensor("token_embd.weight")
+		off := f.DataOffset + int64(ti.Offset)
+		first, second := a.Bytes()[off:off+4096], a.Bytes()[off+int64(ti.Size)/2:][:4096]
+		if ti.Size > chunkBytes && bytes.Equal(first, second) {
+			t.Errorf("%s: the embedding's two chunks repeat one random stream", mix)
+		}
+		if bytes.Equal(a.Bytes()[off:off+int64(ti.Size)], c.Bytes()[off:off+int64(ti.Size)]) {
+			t.Errorf("%s: seeds 3 and 4 wrote the same embedding", mix)
+		}
+		f.Close()
+	}
+}
+
+// cancelAfter is a writer that cancels a context once n bytes went
+// through it.
+type cancelAfter struct {
+	n      int
+	cancel context.CancelFunc
+}
+
+func (w *cancelAfter) Write(p []byte) (int, error) {
+	w.n -= len(p)
+	if w.n <= 0 {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// TestCancel: cancelling the context stops the writer mid-file with the
+// context's error (TestMain checks no goroutine is left), and WriteFile
+// removes the partial file.
+func TestCancel(t *testing.T) {
+	s := Shape{Arch: "llama", Embd: 512, FF: 1024, Layers: 8, Heads: 4, KVHeads: 2, Vocab: 8192}
+	for _, fill := range Fills() {
+		ctx, cancel := context.WithCancel(context.Background())
+		w := &cancelAfter{n: 6 << 20, cancel: cancel}
+		err := Write(ctx, w, Options{Shape: s, Mix: MixQ8_0, Fill: fill})
+		cancel()
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: cancelled write returned %v", fill, err)
+		}
+		if w.n < -(64 << 20) {
+			t.Errorf("%s: %d bytes written after the cancel", fill, -w.n)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "x.gguf")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := WriteFile(ctx, path, Options{Shape: s, Mix: MixQ4_KM, Fill: FillBlocks}); !errors.Is(err, context.Canceled) {
+		t.Errorf("WriteFile with a cancelled context returned %v", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("partial file left behind: %v", err)
+	}
+}
+
+// TestBlocksForward runs a block-filled tiny Q4_K_M model on the CPU
+// backend: eight greedy steps give finite logits whose spread matches
+// the quantize-filled model's (same weight statistics, so activations of
+// the same size) within a factor of 2.
+func TestBlocksForward(t *testing.T) {
+	dir := t.TempDir()
+	spread := map[Fill]float64{}
+	for _, fill := range Fills() {
+		path := filepath.Join(dir, fill.String()+".gguf")
+		if err := WriteFile(context.Background(), path, Options{Shape: Presets["tiny"], Mix: MixQ4_KM, Seed: 5, Fill: fill}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := model.ConfigFromFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := model.NewFileWeights(f, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := cpu.New(2)
+		m, err := model.New(be, cfg, w, model.Options{Ctx: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, sum := int32(1), 0.0
+		for pos := range 8 {
+			logits, err := m.Forward(context.Background(), []int32{next}, pos)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := statsOf(logits)
+			if !s.finite || s.std == 0 {
+				t.Fatalf("%s: position %d: logits finite %v, std %g", fill, pos, s.finite, s.std)
+			}
+			sum += s.std
+			best := 0
+			for i, x := range logits {
+				if x > logits[best] {
+					best = i
+				}
+			}
+			next = int32(best)
+		}
+		spread[fill] = sum / 8
+		m.Close()
+		be.Close()
+		f.Close()
+	}
+	t.Logf("mean logit std: %.3g with block fill, %.3g with quantize fill", spread[FillBlocks], spread[FillQuantize])
+	if r := spread[FillBlocks] / spread[FillQuantize]; r < 0.5 || r > 2 {
+		t.Errorf("logit std %.3g with block fill, %.3g with quantize fill", spread[FillBlocks], spread[FillQuantize])
 	}
 }
