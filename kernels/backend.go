@@ -11,6 +11,8 @@
 package kernels
 
 import (
+	"errors"
+
 	"github.com/forge-llm/forge/gguf"
 )
 
@@ -135,4 +137,94 @@ type Backend interface {
 
 	// Add computes dst = a + b over n values (the residual connection).
 	Add(dst, a, b Tensor, n int) error
+}
+
+// ErrStaleStep is returned (wrapped) by StepCapturer.RunStep when the
+// graph can no longer be replayed because the backend moved memory it
+// uses (a scratch buffer grew for another model): record the step again.
+var ErrStaleStep = errors.New("kernels: recorded step is stale")
+
+// StepGraph is one recorded decode step of a StepCapturer; only the backend
+// that made it knows what it holds.
+type StepGraph any
+
+// StepCapturer is a Backend that can record the ops of one single-token
+// forward step (a decode step) once and replay them for every later token:
+// one launch per token instead of hundreds, with no host work between the
+// ops. A backend that runs each op as it is called (the CPU) has no use for
+// it and does not implement it.
+//
+// While the step function runs under CaptureStep, the ops that depend on the
+// token or its position (Embed of one id, RoPE, Attention) take them from
+// the backend's step registers, which RunStep sets before each replay, not
+// from their arguments; so the recorded step serves every position. The
+// buffers, weights and KV cache the ops name must stay the same for the
+// life of the graph.
+type StepCapturer interface {
+	// CaptureStep sets the registers to token and pos and runs step once
+	// (its ops queued and run as usual, so the step's outputs are those of
+	// token at pos), then records step's ops a second time into a graph
+	// without running them. step must queue the same ops each time and
+	// must not read back (Read) or write (Write) host data.
+	CaptureStep(token int32, pos int, step func() error) (StepGraph, error)
+	// RunStep sets the registers to token and pos and queues the recorded
+	// step.
+	RunStep(g StepGraph, token int32, pos int) error
+	// FreeStep releases a graph (after the work queued on it is done).
+	FreeStep(g StepGraph)
+}
+
+// Argmaxer is a Backend that reduces rows on the device: the greedy next
+// token without copying a row of logits back.
+type Argmaxer interface {
+	// Argmax waits for queued work and returns the index of the largest
+	// value of each of rows rows of cols values (ties: the lowest index).
+	Argmax(x Tensor, rows, cols int) ([]int32, error)
+}
+
+// Unwrapper is a Backend that wraps another one (to account its memory,
+// say) and forwards the ops to it: optional capabilities such as
+// StepCapturer are looked for on the backend it wraps.
+type Unwrapper interface {
+	Unwrap() Backend
+}
+
+// As returns be, or the first backend be wraps (through Unwrapper), that
+// implements T.
+func As[T any](be Backend) (T, bool) {
+	for range 16 { // a wrapping chain is short; this bounds a cycle
+		if t, ok := be.(T); ok {
+			return t, true
+		}
+		u, ok := be.(Unwrapper)
+		if !ok {
+			break
+		}
+		be = u.Unwrap()
+		if be == nil {
+			break
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+// ResidualNormer is a Backend that fuses a block's residual add with the
+// RMSNorm that always follows it (the pre-norm of the next sub-block):
+// one pass over the residual stream instead of two. The model falls back
+// to Add then RMSNorm, which must give the same result.
+type ResidualNormer interface {
+	// AddRMSNorm computes x += r over n rows of w.Cols values, then
+	// dst = x / sqrt(mean(x²) + eps) ⊙ w for each row, as Add then RMSNorm.
+	AddRMSNorm(dst, x, r Tensor, w *Weight, n int, eps float32) error
+}
+
+// SharedInputMatMuler is a Backend that multiplies one input by several
+// weights at once (a block's Q, K and V; its gate and up projections): one
+// pass that a GPU can launch as one kernel. The model falls back to one
+// MatMul per weight, which must give the same result.
+type SharedInputMatMuler interface {
+	// MatMuls computes dsts[i] = x · ws[i]ᵀ for every i, as
+	// MatMul(dsts[i], ws[i], x, n) does.
+	MatMuls(dsts []Tensor, ws []*Weight, x Tensor, n int) error
 }

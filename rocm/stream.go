@@ -117,9 +117,26 @@ func (c *Ctx) Elapsed(start, end Event) (float32, error) {
 // BeginCapture starts recording the work queued on s into a graph instead of
 // running it. Capture is thread-local: other threads' driver calls are not
 // disturbed (and every call of this worker is on its own thread).
-func (c *Ctx) BeginCapture(s Stream) error {
-	const threadLocal = 1 // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL == hipStreamCaptureModeThreadLocal
-	return c.call(c.name("cuStreamBeginCapture_v2", "hipStreamBeginCapture"), c.beginCapture, uintptr(s), threadLocal)
+func (c *Ctx) BeginCapture(s Stream) error { return c.BeginCaptureMode(s, CaptureThreadLocal) }
+
+// CaptureMode says which driver calls a thread may make while a stream
+// capture is under way (CUstreamCaptureMode / hipStreamCaptureMode).
+type CaptureMode int
+
+const (
+	// CaptureThreadLocal refuses potentially unsafe calls (allocations,
+	// synchronous copies) on the capturing thread only.
+	CaptureThreadLocal CaptureMode = 1
+	// CaptureRelaxed refuses none: for a worker thread that other users
+	// (an uploader on the same worker) may call between the captured ops.
+	// A call that really cannot be captured (a wait on the capturing
+	// stream) still fails the capture.
+	CaptureRelaxed CaptureMode = 2
+)
+
+// BeginCaptureMode is BeginCapture with the given mode.
+func (c *Ctx) BeginCaptureMode(s Stream, m CaptureMode) error {
+	return c.call(c.name("cuStreamBeginCapture_v2", "hipStreamBeginCapture"), c.beginCapture, uintptr(s), uintptr(m))
 }
 
 // EndCapture ends the capture on s and instantiates the graph.

@@ -78,6 +78,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 	t.Run("SiLUMul", s.siluMul)
 	t.Run("AddBias", s.addBias)
 	t.Run("RMSNorm", s.rmsNorm)
+	t.Run("AddRMSNorm", s.addRMSNorm)
 	t.Run("RoPE", s.rope)
 	t.Run("Attention", s.attention)
 	t.Run("Embed", s.embed)

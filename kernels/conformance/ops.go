@@ -151,6 +151,46 @@ func (s *suite) rmsNorm(t *testing.T) {
 	}
 }
 
+// addRMSNorm checks the optional fused residual add and norm
+// (kernels.ResidualNormer) of backends that have it: x += r in place, then
+// the norm of the sum, against float64.
+func (s *suite) addRMSNorm(t *testing.T) {
+	b := s.newBackend(t)
+	rn, ok := kernels.As[kernels.ResidualNormer](b)
+	if !ok {
+		t.Skipf("%s does not fuse the residual add with RMSNorm (optional)", b.Name())
+	}
+	rng := s.rng(t)
+	for _, sh := range [][2]int{{1, 64}, {3, 288}, {1, 4096}, {2, 4096}, {1, 8192}, {33, 896}, {1, 1001}} {
+		n, cols := sh[0], sh[1]
+		const eps = 1e-5
+		x, r, wv := RandomVector(rng, n*cols, 2), RandomVector(rng, n*cols, 1), RandomVector(rng, cols, 1)
+		w := F32Weight("norm", wv)
+		load(t, b, w)
+		dst := alloc(t, b, n*cols)
+		xt := upload(t, b, x)
+		if err := rn.AddRMSNorm(dst, xt, upload(t, b, r), w, n, eps); err != nil {
+			t.Fatal(err)
+		}
+		sum := make([]float64, n*cols)
+		want := make([]float64, n*cols)
+		for i := range n {
+			var ss float64
+			for j := range cols {
+				v := float64(x[i*cols+j] + r[i*cols+j]) // the sum is stored as a float32
+				sum[i*cols+j] = v
+				ss += v * v
+			}
+			sc := 1 / math.Sqrt(ss/float64(cols)+eps)
+			for j := range cols {
+				want[i*cols+j] = sum[i*cols+j] * sc * float64(wv[j])
+			}
+		}
+		check(t, name("add·rmsnorm %d×%d: x", n, cols), download(t, b, xt), sum, 1e-7)
+		check(t, name("add·rmsnorm %d×%d", n, cols), download(t, b, dst), want, 1e-5)
+	}
+}
+
 // ropeRef rotates x [n][heads][headDim] in float64.
 func ropeRef(x []float32, n, heads, headDim, pos0 int, r kernels.Rope, freqs []float32) []float64 {
 	out := f64(x)

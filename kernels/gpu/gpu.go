@@ -77,6 +77,12 @@ type Backend struct {
 	// fragments, "gemm_f16_lds": 32-bit shared loads); "" is cuBLAS where
 	// found, else gemm_f16.
 	gemmKernel string
+
+	step   stepState           // decode-step capture and replay (step.go)
+	q8     q8Cache             // the 8-bit copy of the last quantized vector
+	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
+	graphs map[*stepGraph]bool // live recorded steps, destroyed by Close
+	prof   *profiler           // per-kernel timing, when on (step.go)
 }
 
 type devBuf struct {
@@ -225,6 +231,9 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 	if err != nil {
 		return err
 	}
+	if b.prof != nil && !b.step.capturing {
+		return b.prof.launch(c, name, func() error { return c.Launch(f, grid, block, 0, b.stream, a) }, b.stream)
+	}
 	if err := c.Launch(f, grid, block, 0, b.stream, a); err != nil {
 		return fmt.Errorf("gpu: launch %s grid %v block %v: %w", name, grid, block, err)
 	}
@@ -275,6 +284,12 @@ func (b *Backend) release() error {
 			keep(c.Free(d.ptr, d.size))
 			w.Dev = 0
 		}
+		for g := range b.graphs {
+			keep(c.DestroyGraph(g.g))
+		}
+		b.graphs = nil
+		keep(b.prof.release(c))
+		b.prof = nil
 		for _, d := range b.scratch {
 			keep(c.Free(d.ptr, d.size))
 		}
@@ -293,13 +308,22 @@ func (b *Backend) release() error {
 
 // scratchBuf returns a device buffer of at least n bytes for one use (key),
 // growing it when needed. Growing waits for queued work, which may still
-// read the old buffer.
+// read the old buffer, and makes a recorded step that used it stale.
 func (b *Backend) scratchBuf(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, error) {
 	d, ok := b.scratch[key]
 	if ok && d.size >= n {
+		if b.step.used != nil {
+			b.step.used[key] = d.ptr
+		}
 		return d.ptr, nil
 	}
+	if b.step.capturing {
+		return 0, fmt.Errorf("gpu: scratch %s must grow (%d bytes) while a decode step is captured", key, n)
+	}
 	if ok {
+		if key == "xq" {
+			b.q8Forget() // its 8-bit vector goes with the old buffer
+		}
 		if err := c.SyncStream(b.stream); err != nil {
 			return 0, err
 		}
@@ -315,6 +339,18 @@ func (b *Backend) scratchBuf(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, err
 	}
 	b.scratch[key] = devBuf{p, n}
 	return p, nil
+}
+
+// zeroedScratch is scratchBuf for a buffer that must start zeroed (the
+// kernels that use it leave it zeroed again): it is cleared when it is
+// allocated or grown.
+func (b *Backend) zeroedScratch(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, error) {
+	old := b.scratch[key]
+	p, err := b.scratchBuf(c, key, n)
+	if err != nil || (p == old.ptr && b.scratch[key].size == old.size) {
+		return p, err
+	}
+	return p, c.MemsetD8Async(p, 0, int(b.scratch[key].size), b.stream)
 }
 
 // kernelType is the suffix of a type's kernels ("q4_k"), and whether the

@@ -49,11 +49,18 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var idp rocm.DevPtr
+		if len(ids) == 1 && b.step.on {
+			idp = b.step.slots // the token of the replayed step
+		}
 		if len(ids) > 1 {
 			p, err := b.scratchBuf(c, "ids", int64(4*len(ids)))
 			if err != nil {
 				return err
+			}
+			if b.step.capturing {
+				return fmt.Errorf("gpu: embed of %d ids while capturing a decode step", len(ids))
 			}
 			if err := c.SyncStream(b.stream); err != nil { // the buffer may still be read
 				return err
@@ -102,6 +109,10 @@ func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		// dst is written below: an 8-bit copy of a vector it overlaps is
+		// stale afterwards (the copy of x itself stays good for the next
+		// product on the same input, as Q, K and V or gate and up are).
+		defer b.q8Written(dst)
 		if n >= gemmMinN && w.Type != gguf.TypeF32 {
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}
@@ -196,18 +207,23 @@ func autoVariant(w *kernels.Weight) string {
 
 // quantizeX queues x [cols] f32 -> int8 blocks of 32 with f32 scales, into
 // scratch; it returns the codes and the scales.
+// A vector quantized by a fused op (rmsnorm_q8, silu_mul_q8) or by an
+// earlier product on the same input is not quantized again.
 func (b *Backend) quantizeX(c *rocm.Ctx, x rocm.DevPtr, cols int) (xq, xd rocm.DevPtr, err error) {
-	codes := int64((cols + 255) &^ 255)
-	p, err := b.scratchBuf(c, "xq", codes+int64(cols/32)*4)
+	if b.q8.src == x && b.q8.cols == cols {
+		return b.q8.codes, b.q8.scales, nil
+	}
+	p, d, err := b.q8Buf(c, cols)
 	if err != nil {
 		return 0, 0, err
 	}
 	var a rocm.Args
-	a.Ptr(x).Ptr(p).Ptr(p + rocm.DevPtr(codes)).I32(int32(cols))
+	a.Ptr(x).Ptr(p).Ptr(d).I32(int32(cols))
 	if err := b.launch(c, "quantize_q8", rocm.D1(ceilDiv(cols, 256)), rocm.D1(256), &a); err != nil {
 		return 0, 0, err
 	}
-	return p, p + rocm.DevPtr(codes), nil
+	b.q8Made(x, cols, p, d)
+	return p, d, nil
 }
 
 // mvQ8 queues the Q4_K/Q6_K kernel on 8-bit activations ("q{R}{U}": R rows
@@ -268,6 +284,9 @@ func (b *Backend) gemmF16(c *rocm.Ctx, wh, xh, dst rocm.DevPtr, m, n, k int) err
 	var a rocm.Args
 	a.Ptr(wh).Ptr(xh).Ptr(dst).I32(int32(m)).I32(int32(n)).I32(int32(k))
 	if b.vendor != nil && b.gemmKernel == "" {
+		if b.prof != nil && !b.step.capturing {
+			return b.prof.timed(c, "cublas_gemm", b.stream, func() error { return b.vendor.gemm(dst, wh, xh, m, n, k) })
+		}
 		return b.vendor.gemm(dst, wh, xh, m, n, k)
 	}
 	name := "gemm_f16"
@@ -311,6 +330,7 @@ func (b *Backend) Dequantize(dst kernels.Tensor, w *kernels.Weight) error {
 		items /= 32
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(wp).Ptr(dptr(dst)).I32(int32(w.Rows)).I32(int32(w.Cols))
 		return b.launch(c, "deq32_"+kt, grid1(items), rocm.D1(256), &a)
@@ -333,7 +353,10 @@ func (b *Backend) DequantizeF16(out rocm.DevPtr, w *kernels.Weight, kpad int) er
 	if err != nil {
 		return err
 	}
-	return b.do(func(c *rocm.Ctx) error { return b.dequantF16(c, kt, w, wp, out, kpad) })
+	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		return b.dequantF16(c, kt, w, wp, out, kpad)
+	})
 }
 
 // GEMMF16 queues C [n][m] f32 = X [n][k] · W [m][k]ᵀ for f16 operands in
@@ -344,7 +367,10 @@ func (b *Backend) GEMMF16(cOut, w, x rocm.DevPtr, m, n, k int) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.do(func(c *rocm.Ctx) error { return b.gemmF16(c, w, x, cOut, m, n, k) })
+	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		return b.gemmF16(c, w, x, cOut, m, n, k)
+	})
 }
 
 func (b *Backend) normWeight(op string, w *kernels.Weight, cols int) (rocm.DevPtr, error) {
@@ -359,14 +385,35 @@ func (b *Backend) normWeight(op string, w *kernels.Weight, cols int) (rocm.DevPt
 
 // RMSNorm normalises n rows of w.Cols values and scales them by w.
 func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
+	return b.rmsNorm("rmsnorm", dst, x, kernels.Tensor{}, w, n, eps)
+}
+
+// AddRMSNorm adds the residual r to x in place, then normalises it:
+// x += r; dst = x / sqrt(mean(x²) + eps) ⊙ w, over n rows of w.Cols values
+// (kernels.ResidualNormer). One kernel instead of two.
+func (b *Backend) AddRMSNorm(dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
+	if w != nil {
+		if err := checkTensor("add·rmsnorm: r", r, n*w.Cols); err != nil {
+			return err
+		}
+	}
+	return b.rmsNorm("add·rmsnorm", dst, x, r, w, n, eps)
+}
+
+var _ kernels.ResidualNormer = (*Backend)(nil)
+
+// rmsNorm queues RMSNorm (r.Dev == 0) or AddRMSNorm. One row, the decode
+// shape, goes to rmsnorm_row, which also quantizes the row to 8 bits for
+// the products that follow (unless noFuse); more rows to one block each.
+func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
 	if w == nil {
-		return fmt.Errorf("gpu: rmsnorm: nil weight")
+		return fmt.Errorf("gpu: %s: nil weight", op)
 	}
 	cols := w.Cols
-	if err := checkTensor("rmsnorm: x", x, n*cols); err != nil {
+	if err := checkTensor(op+": x", x, n*cols); err != nil {
 		return err
 	}
-	if err := checkTensor("rmsnorm: dst", dst, n*cols); err != nil {
+	if err := checkTensor(op+": dst", dst, n*cols); err != nil {
 		return err
 	}
 	if n <= 0 {
@@ -374,12 +421,34 @@ func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps f
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	wp, err := b.normWeight("rmsnorm", w, cols)
+	wp, err := b.normWeight(op, w, cols)
 	if err != nil {
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
+		if n == 1 {
+			var q, d rocm.DevPtr
+			if cols%32 == 0 && !b.noFuse {
+				var err error
+				if q, d, err = b.q8Buf(c, cols); err != nil {
+					return err
+				}
+			}
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(q).Ptr(d)
+			if err := b.launch(c, "rmsnorm_row", rocm.D1(1), rocm.D1(1024), &a); err != nil {
+				return err
+			}
+			if q != 0 {
+				b.q8Made(dptr(dst), cols, q, d)
+			}
+			return nil
+		}
+		if r.Dev != 0 {
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)
+			return b.launch(c, "add_rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+		}
 		a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
 		return b.launch(c, "rmsnorm", rocm.D1(n), rocm.D1(256), &a)
 	})
@@ -403,6 +472,7 @@ func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).Ptr(bp).I32(int32(n)).I32(int32(bias.Cols))
 		return b.launch(c, "add_bias", grid1(n*bias.Cols), rocm.D1(256), &a)
@@ -446,9 +516,10 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 		neox = 1
 	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).I32(int32(n)).I32(int32(heads)).I32(int32(headDim)).I32(int32(pos0)).I32(int32(dim)).
-			F32(r.Base).F32(scale).Ptr(fp).I32(neox)
+			F32(r.Base).F32(scale).Ptr(fp).I32(neox).Ptr(b.stepPos())
 		return b.launch(c, "rope", grid1(n*heads*dim/2), rocm.D1(256), &a)
 	})
 }
@@ -504,15 +575,19 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	vp := kp + rocm.DevPtr(layerBytes)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.step.on && n > 2 {
+		return fmt.Errorf("gpu: attention of %d tokens in a decode step", n)
+	}
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
-		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0))
+		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0)).Ptr(b.stepPos())
 		if err := b.launch(c, "kv_store_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
 			return err
 		}
 		a.Reset()
 		if n <= 2 {
-			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, at)
+			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at)
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
@@ -520,36 +595,62 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	})
 }
 
-// attnDecode queues the decode-shape attention. A long context is split
-// over several blocks per head (each at least 64 positions) so that about
-// four blocks per multiprocessor run; attn_combine merges the splits.
-func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n int, at kernels.Attn) error {
-	L := pos0 + n
+// attnDecode queues the decode-shape attention. The context is split over
+// several blocks per head so that about four blocks per multiprocessor run
+// (each split at least 64 positions of a full cache); the last block of a
+// head to finish merges the splits. The grid is sized for the cache's
+// whole context (ctx), not for the positions in use, so that a recorded
+// decode step, which reads its position on the device, runs the very
+// kernels and grid that the same step queued op by op runs: the two give
+// identical results. The kernel divides the pos0+n positions in use among
+// the splits (splits past the end are empty).
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
 	splits := ceilDiv(4*max(b.w.Device.SMs, 1), at.Heads*n)
-	splits = max(1, min(splits, ceilDiv(L, 64)))
-	splitLen := ceilDiv(L, splits)
-	splits = ceilDiv(L, splitLen)
-	var part rocm.DevPtr
+	splits = max(1, min(splits, ceilDiv(ctx, 64)))
+	splitLen := ceilDiv(pos0+n, splits) // as the kernel computes it from posp
+	var part, count rocm.DevPtr
 	if splits > 1 {
 		var err error
 		part, err = b.scratchBuf(c, "attn-part", int64(n*at.Heads*splits*(at.HeadDim+2)*4))
 		if err != nil {
 			return err
 		}
+		if count, err = b.zeroedScratch(c, "attn-count", int64(n*at.Heads*4)); err != nil {
+			return err
+		}
+	}
+	// One token's output is also quantized for the output projection.
+	var oq, od rocm.DevPtr
+	qDim := at.Heads * at.HeadDim
+	if n == 1 && at.HeadDim%32 == 0 && !b.noFuse {
+		var err error
+		if oq, od, err = b.q8Buf(c, qDim); err != nil {
+			return err
+		}
 	}
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
-		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen))
+		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
+		Ptr(oq).Ptr(od)
 	grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
-	if err := b.launch(c, "attn_decode_"+sfx, grid, rocm.D1(128), &a); err != nil || splits == 1 {
+	if err := b.launch(c, "attn_decode_"+sfx, grid, rocm.D1(128), &a); err != nil {
 		return err
 	}
-	a.Reset()
-	a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
-	return b.launch(c, "attn_combine", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+	if oq != 0 {
+		b.q8Made(dptr(out), qDim, oq, od)
+	}
+	return nil
 }
 
 func (b *Backend) elementwise(op, kernel string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {
+	return b.elementwiseQ8(op, kernel, "", dst, srcs, n)
+}
+
+// elementwiseQ8 queues kernel, or fused (the same op that also quantizes
+// dst to 8 bits, see rmsnorm_q8) when fused is set and n is whole blocks of
+// 32, at most maxFusedQ8 values: one token's row, as in decode (a prompt's
+// rows go through the GEMM, which reads floats).
+func (b *Backend) elementwiseQ8(op, kernel, fused string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {
 	if err := checkTensor(op+": dst", dst, n); err != nil {
 		return err
 	}
@@ -564,19 +665,32 @@ func (b *Backend) elementwise(op, kernel string, dst kernels.Tensor, srcs []kern
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(dst))
 		for _, s := range srcs {
 			a.Ptr(dptr(s))
 		}
 		a.I32(int32(n))
+		if fused != "" && n%32 == 0 && n <= maxFusedQ8 && !b.noFuse {
+			q, d, err := b.q8Buf(c, n)
+			if err != nil {
+				return err
+			}
+			a.Ptr(q).Ptr(d)
+			if err := b.launch(c, fused, grid1(n), rocm.D1(256), &a); err != nil {
+				return err
+			}
+			b.q8Made(dptr(dst), n, q, d)
+			return nil
+		}
 		return b.launch(c, kernel, grid1(n), rocm.D1(256), &a)
 	})
 }
 
 // SiLUMul computes dst = silu(gate) ⊙ up over n values.
 func (b *Backend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
-	return b.elementwise("silu·mul", "silu_mul", dst, []kernels.Tensor{gate, up}, n)
+	return b.elementwiseQ8("silu·mul", "silu_mul", "silu_mul_q8", dst, []kernels.Tensor{gate, up}, n)
 }
 
 // Add computes dst = a + b over n values.
@@ -602,9 +716,28 @@ func (b *Backend) Argmax(x kernels.Tensor, rows, cols int) ([]int32, error) {
 			return err
 		}
 		var a rocm.Args
-		a.Ptr(dptr(x)).Ptr(p).I32(int32(cols))
-		if err := b.launch(c, "argmax_rows", rocm.D1(rows), rocm.D1(256), &a); err != nil {
-			return err
+		if rows == 1 && cols >= 2*argmaxChunk {
+			// One long row (a vocabulary): slices on many blocks, then
+			// one block over their winners.
+			parts := ceilDiv(cols, argmaxChunk)
+			pp, err := b.scratchBuf(c, "argmax-parts", int64(8*parts))
+			if err != nil {
+				return err
+			}
+			a.Ptr(dptr(x)).I32(int32(cols)).I32(argmaxChunk).Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts))
+			if err := b.launch(c, "argmax_slices", rocm.D1(parts), rocm.D1(256), &a); err != nil {
+				return err
+			}
+			a.Reset()
+			a.Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts)).I32(int32(parts)).Ptr(p)
+			if err := b.launch(c, "argmax_parts", rocm.D1(1), rocm.D1(256), &a); err != nil {
+				return err
+			}
+		} else {
+			a.Ptr(dptr(x)).Ptr(p).I32(int32(cols))
+			if err := b.launch(c, "argmax_rows", rocm.D1(rows), rocm.D1(256), &a); err != nil {
+				return err
+			}
 		}
 		if err := c.SyncStream(b.stream); err != nil {
 			return err
@@ -623,6 +756,9 @@ func (b *Backend) Argmax(x kernels.Tensor, rows, cols int) ([]int32, error) {
 	}
 	return out, nil
 }
+
+// argmaxChunk is how many values one block of argmax_slices reduces.
+const argmaxChunk = 1024
 
 const topkChunk = 4096 // the kernel's TOPK_CHUNK
 

@@ -74,10 +74,24 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 		smp.Accept(id)
 	}
 	out := make([]int32, 0, max(o.MaxTokens, 0))
+	// A greedy pick with no penalty needs only the argmax, which the
+	// model takes on the device where it can (no row of logits copied).
+	p := smp.Params()
+	greedy := p.Greedy() && (p.RepeatPenalty <= 0 || p.RepeatPenalty == 1)
+	var logits []float32
+	var next int32
+	eval := func(tokens []int32, pos int) error {
+		var err error
+		if greedy {
+			next, err = m.Greedy(ctx, tokens, pos)
+		} else {
+			logits, err = m.Forward(ctx, tokens, pos)
+		}
+		return err
+	}
 
 	start := time.Now()
-	logits, err := m.Forward(ctx, prompt, 0)
-	if err != nil {
+	if err := eval(prompt, 0); err != nil {
 		return nil, st, fmt.Errorf("generate: prompt: %w", err)
 	}
 	st.PromptTime = time.Since(start)
@@ -86,7 +100,10 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 	pos := len(prompt)
 	var decodeStart time.Time
 	for {
-		id := smp.Sample(logits)
+		id := next
+		if !greedy {
+			id = smp.Sample(logits)
+		}
 		if st.Generated == 0 {
 			st.FirstToken = time.Since(start)
 		} else {
@@ -114,7 +131,7 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 		}
 		decodeStart = time.Now()
 		tok[0] = id
-		if logits, err = m.Forward(ctx, tok[:], pos); err != nil {
+		if err := eval(tok[:], pos); err != nil {
 			return out, st, fmt.Errorf("generate: position %d: %w", pos, err)
 		}
 		pos++

@@ -14,25 +14,23 @@ package model
 // Shapes: x, xb [n][Embd]; q, att [n][Heads·HeadDim]; k, v [n][KVHeads·HeadDim];
 // gate, up [n][FF]. Only the last nOut rows go on past attention: in the last
 // block of a step the other rows only had to leave their keys and values in
-// the cache.
+// the cache. Each residual add (x = x + …) is left pending and done by the
+// norm that follows it (preNorm), in this block or the next, or before
+// the output head.
 func llamaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
-	c := m.Cfg
-	a := m.s.rows(0, n, c)
+	a := m.s.rows(0, n, m.Cfg)
 
-	m.rmsnorm(a.xb, a.x, lw.AttnNorm, n)
-	m.matmul(a.q, lw.Q, a.xb, n)
-	m.matmul(a.k, lw.K, a.xb, n)
-	m.matmul(a.v, lw.V, a.xb, n)
-	m.rope(a.q, n, c.Heads, pos0)
-	m.rope(a.k, n, c.KVHeads, pos0)
+	m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	m.ropeQK(a, n, pos0)
 	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
-	b := m.s.rows(n-nOut, nOut, c) // the rows that go on
+	b := m.s.rows(n-nOut, nOut, m.Cfg) // the rows that go on
 	m.matmul(b.xb2, lw.O, b.att, nOut)
-	m.add(b.x, b.x, b.xb2, nOut*c.Embd)
+	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err
 }
@@ -40,13 +38,12 @@ func llamaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 // feedForward is the SwiGLU sub-block shared by Llama and Qwen2:
 //
 //	xb = rmsnorm(x) ⊙ ffn_norm
-//	x  = x + (silu(xb·Wgateᵀ) ⊙ xb·Wupᵀ)·Wdownᵀ
+//	x  = x + (silu(xb·Wgateᵀ) ⊙ xb·Wupᵀ)·Wdownᵀ   (the add left pending)
 func feedForward(m *Model, lw *LayerWeights, a act, n int) {
 	c := m.Cfg
-	m.rmsnorm(a.xb, a.x, lw.FFNNorm, n)
-	m.matmul(a.gate, lw.Gate, a.xb, n)
-	m.matmul(a.up, lw.Up, a.xb, n)
+	m.preNorm(a, lw.FFNNorm, n)
+	m.matmul2(a.gate, lw.Gate, a.up, lw.Up, a.xb, n)
 	m.siluMul(a.hb, a.gate, a.up, n*c.FF)
 	m.matmul(a.xb2, lw.Down, a.hb, n)
-	m.add(a.x, a.x, a.xb2, n*c.Embd)
+	m.pending = true // x += xb2
 }

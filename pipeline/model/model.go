@@ -2,7 +2,10 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/forge-llm/forge/kernels"
 )
@@ -22,6 +25,10 @@ type Options struct {
 	// AllLogits keeps the logits of every token of a step (tests); normally
 	// only the last token's row is computed.
 	AllLogits bool
+	// NoGraph runs every decode step op by op even where the backend can
+	// record it once and replay it (kernels.StepCapturer); for comparisons.
+	// The environment variable FORGE_NO_GRAPH=1 does the same.
+	NoGraph bool
 }
 
 // scratch is the activation memory of one forward step, carved out of one
@@ -39,6 +46,9 @@ type scratch struct {
 	up     kernels.Tensor // [B][FF]
 	hb     kernels.Tensor // [B][FF]    silu(gate)·up
 	logits kernels.Tensor // [B][Vocab] with AllLogits, else [Vocab]
+	// qk1 is the one-token step's query and key, [QDim + KVDim] in one
+	// piece, so that one RoPE launch rotates both.
+	qk1 kernels.Tensor
 }
 
 // layerFunc runs one transformer block on n tokens at positions pos0…,
@@ -65,6 +75,29 @@ type Model struct {
 	s         scratch
 	logits    []float32 // host copy: [B][Vocab] with AllLogits, else [Vocab]
 	err       error     // first failed op of the current layer (see ops.go)
+
+	// lws are the layers' weights as the last step got them; a recorded
+	// decode step uses them without asking Weights again (which on a GPU
+	// queues a wait on each layer's copy event: the replays come after
+	// those waits on the same stream, so they see the weights).
+	lws []*LayerWeights
+	// The decode step recorded once and replayed per token, where the
+	// backend can (graphs != nil); graphOff after a failed capture.
+	graphs   kernels.StepCapturer
+	graph    kernels.StepGraph
+	graphOff bool
+	tok1     [1]int32 // the token of a recorded step, so a step allocates nothing
+	argmax   kernels.Argmaxer
+	// resNorm fuses a residual add with the norm after it, where the
+	// backend can; pending says that x still lacks the last sub-block's
+	// output (xb2), which the next norm adds (see preNorm).
+	resNorm kernels.ResidualNormer
+	pending bool
+	// multi multiplies one input by several weights at once, where the
+	// backend can; mmDst and mmW hold the arguments (no allocation).
+	multi kernels.SharedInputMatMuler
+	mmDst [3]kernels.Tensor
+	mmW   [3]*kernels.Weight
 }
 
 // New allocates a model's KV cache and scratch on be.
@@ -97,6 +130,13 @@ func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
 		m.batch = DefaultBatch
 	}
 	m.batch = min(m.batch, m.ctx)
+	m.lws = make([]*LayerWeights, cfg.Layers)
+	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" {
+		m.graphs = sc
+	}
+	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
+	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
+	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 
 	var err error
 	if m.kv, err = be.NewKVCache(cfg.Layers, m.ctx, cfg.KVDim()); err != nil {
@@ -125,6 +165,7 @@ func (m *Model) allocScratch() error {
 		{&m.s.att, B * c.QDim()},
 		{&m.s.gate, B * c.FF}, {&m.s.up, B * c.FF}, {&m.s.hb, B * c.FF},
 		{&m.s.logits, logitRows * c.Vocab},
+		{&m.s.qk1, c.QDim() + c.KVDim()},
 	}
 	total := 0
 	for _, p := range sizes {
@@ -144,8 +185,12 @@ func (m *Model) allocScratch() error {
 	return nil
 }
 
-// Close releases the KV cache and scratch.
+// Close releases the recorded decode step, the KV cache and scratch.
 func (m *Model) Close() {
+	if m.graph != nil {
+		m.graphs.FreeStep(m.graph)
+		m.graph = nil
+	}
 	if m.kv != nil {
 		m.be.FreeKVCache(m.kv)
 		m.be.Free(m.s.all)
@@ -168,14 +213,65 @@ func (m *Model) Backend() kernels.Backend { return m.be }
 // A prompt longer than Batch is evaluated in batches. The returned slice
 // belongs to the model and is overwritten by the next call.
 func (m *Model) Forward(ctx context.Context, tokens []int32, pos0 int) ([]float32, error) {
+	if err := m.eval(ctx, tokens, pos0); err != nil {
+		return nil, err
+	}
+	return m.readLogits(len(tokens))
+}
+
+// Greedy evaluates tokens like Forward and returns the most likely next
+// token: the index of the largest logit of the last token (ties: the
+// lowest id), as a greedy sampler picks it. On a backend that reduces on
+// the device (kernels.Argmaxer) only that id is copied back, not the row
+// of logits.
+func (m *Model) Greedy(ctx context.Context, tokens []int32, pos0 int) (int32, error) {
+	if err := m.eval(ctx, tokens, pos0); err != nil {
+		return 0, err
+	}
+	v := m.Cfg.Vocab
+	if m.argmax != nil {
+		row := m.s.logits.View(0, v)
+		if m.allLogits {
+			row = m.s.logits.View((len(tokens)-1)*v, v)
+		}
+		ids, err := m.argmax.Argmax(row, 1, v)
+		if err != nil {
+			return 0, fmt.Errorf("model: argmax of the logits: %w", err)
+		}
+		return ids[0], nil
+	}
+	logits, err := m.readLogits(len(tokens))
+	if err != nil {
+		return 0, err
+	}
+	return hostArgmax(logits[len(logits)-v:]), nil
+}
+
+// hostArgmax is the index of the largest value (ties: the lowest index).
+func hostArgmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// eval runs the forward pass of tokens at pos0…, leaving the logits in the
+// scratch on the backend.
+func (m *Model) eval(ctx context.Context, tokens []int32, pos0 int) error {
 	n := len(tokens)
 	switch {
 	case n == 0:
-		return nil, fmt.Errorf("model: forward of no tokens")
+		return fmt.Errorf("model: forward of no tokens")
 	case pos0 < 0 || pos0+n > m.ctx:
-		return nil, fmt.Errorf("model: positions [%d, %d) outside the %d-position context", pos0, pos0+n, m.ctx)
+		return fmt.Errorf("model: positions [%d, %d) outside the %d-position context", pos0, pos0+n, m.ctx)
 	case m.allLogits && n > m.batch:
-		return nil, fmt.Errorf("model: %d tokens with all logits exceed the batch of %d", n, m.batch)
+		return fmt.Errorf("model: %d tokens with all logits exceed the batch of %d", n, m.batch)
+	}
+	if n == 1 && m.graphs != nil && !m.graphOff && !m.allLogits {
+		return m.decodeStep(ctx, tokens[0], pos0)
 	}
 	for i := 0; i < n; i += m.batch {
 		j := min(i+m.batch, n)
@@ -187,9 +283,55 @@ func (m *Model) Forward(ctx context.Context, tokens []int32, pos0 int) ([]float3
 			}
 		}
 		if err := m.step(ctx, tokens[i:j], pos0+i, nOut); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// decodeStep evaluates one token through the recorded step: the first
+// single-token step whose layers are all known (the prompt fetched them)
+// is run and recorded, the later ones replay it. A capture that fails
+// (a backend op that cannot be recorded) leaves the model running op by
+// op, as before.
+func (m *Model) decodeStep(ctx context.Context, tok int32, pos int) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	if tok < 0 || int(tok) >= m.Cfg.Vocab {
+		// The recorded embedding reads the row on the device, unchecked.
+		return fmt.Errorf("model: token %d outside the vocabulary of %d", tok, m.Cfg.Vocab)
+	}
+	if m.graph != nil {
+		err := m.graphs.RunStep(m.graph, tok, pos)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, kernels.ErrStaleStep) {
+			return fmt.Errorf("model: decode step at position %d: %w", pos, err)
+		}
+		m.graphs.FreeStep(m.graph) // record it again below
+		m.graph = nil
+	}
+	for _, lw := range m.lws {
+		if lw == nil { // a layer not fetched yet: this step fetches it
+			m.tok1[0] = tok
+			return m.step(ctx, m.tok1[:], pos, 1)
+		}
+	}
+	m.tok1[0] = tok
+	g, err := m.graphs.CaptureStep(tok, pos, func() error { return m.run(ctx, m.tok1[:], pos, 1, false) })
+	if err != nil {
+		slog.Warn("model: the decode step could not be recorded; running it op by op", "backend", m.be.Name(), "err", err)
+		m.graphOff = true
+		return m.step(ctx, m.tok1[:], pos, 1)
+	}
+	m.graph = g
+	return nil
+}
+
+// readLogits copies the logits of the last step to the host.
+func (m *Model) readLogits(n int) ([]float32, error) {
 	rows := 1
 	if m.allLogits {
 		rows = n
@@ -204,19 +346,31 @@ func (m *Model) Forward(ctx context.Context, tokens []int32, pos0 int) ([]float3
 // step runs every block on at most Batch tokens and, when nOut > 0, the
 // output head on the last nOut of them.
 func (m *Model) step(ctx context.Context, tokens []int32, pos0, nOut int) error {
-	c, n := m.Cfg, len(tokens)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
+	return m.run(ctx, tokens, pos0, nOut, true)
+}
+
+// run queues the ops of a step. With fetch, each layer's weights are asked
+// of Weights just before its block (which may wait for them to arrive) and
+// kept in m.lws; without, the kept ones are used (a recorded step).
+func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch bool) error {
+	c, n := m.Cfg, len(tokens)
+	m.pending = false
 	// x [n][Embd] = token_embd[tokens]
 	if err := m.be.Embed(m.s.x.View(0, n*c.Embd), m.g.Embed, tokens); err != nil {
 		return fmt.Errorf("model: embedding: %w", err)
 	}
 	for l := range c.Layers {
-		lw, err := m.w.Layer(ctx, l)
-		if err != nil {
-			return fmt.Errorf("model: waiting for layer %d: %w", l, err)
+		if fetch {
+			lw, err := m.w.Layer(ctx, l)
+			if err != nil {
+				return fmt.Errorf("model: waiting for layer %d: %w", l, err)
+			}
+			m.lws[l] = lw
 		}
+		lw := m.lws[l]
 		keep := n
 		if l == c.Layers-1 {
 			keep = nOut // after the last block only the rows that need logits matter
@@ -229,12 +383,13 @@ func (m *Model) step(ctx context.Context, tokens []int32, pos0, nOut int) error 
 	if nOut == 0 {
 		return nil
 	}
-	// The last block left the rows that need logits at the end of the batch.
+	// The last block left the rows that need logits at the end of the batch
+	// (its feed-forward output still to be added: preNorm does).
 	//   xb [nOut][Embd] = rmsnorm(x) ⊙ output_norm
 	//   logits [nOut][Vocab] = xb · outputᵀ
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
-	m.rmsnorm(a.xb, a.x, m.g.OutputNorm, nOut)
+	m.preNorm(a, m.g.OutputNorm, nOut)
 	m.matmul(m.s.logits.View(0, nOut*c.Vocab), m.g.Output, a.xb, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)

@@ -13,16 +13,64 @@ type act struct {
 	q, att       kernels.Tensor // [n][QDim]
 	k, v         kernels.Tensor // [n][KVDim]
 	gate, up, hb kernels.Tensor // [n][FF]
+	// qk is q and k in one piece, [QDim + KVDim], for one token (n = 1);
+	// zero otherwise.
+	qk kernels.Tensor
 }
 
-// rows views rows [first, first+n) of every scratch buffer.
+// rows views rows [first, first+n) of every scratch buffer. One row's
+// query and key are views of the one-token buffer qk1, so that they are
+// adjacent.
 func (s *scratch) rows(first, n int, c Config) act {
 	r := func(t kernels.Tensor, w int) kernels.Tensor { return t.View(first*w, n*w) }
-	return act{
+	a := act{
 		x: r(s.x, c.Embd), xb: r(s.xb, c.Embd), xb2: r(s.xb2, c.Embd),
 		q: r(s.q, c.QDim()), att: r(s.att, c.QDim()),
 		k: r(s.k, c.KVDim()), v: r(s.v, c.KVDim()),
 		gate: r(s.gate, c.FF), up: r(s.up, c.FF), hb: r(s.hb, c.FF),
+	}
+	if n == 1 {
+		a.qk = s.qk1
+		a.q, a.k = s.qk1.View(0, c.QDim()), s.qk1.View(c.QDim(), c.KVDim())
+	}
+	return a
+}
+
+// ropeQK rotates the queries and keys of n tokens: for one token, in one
+// op over the adjacent pair (RoPE treats the keys' heads as more heads).
+func (m *Model) ropeQK(a act, n, pos0 int) {
+	c := m.Cfg
+	if n == 1 {
+		m.rope(a.qk, 1, c.Heads+c.KVHeads, pos0)
+		return
+	}
+	m.rope(a.q, n, c.Heads, pos0)
+	m.rope(a.k, n, c.KVHeads, pos0)
+}
+
+// preNorm is the norm that starts a sub-block (and the output head):
+//
+//	xb = rmsnorm(x) ⊙ w   over n rows
+//
+// where x first receives the previous sub-block's output (xb2) if it is
+// still pending: the residual add is deferred to here so that a backend
+// can fuse it with the norm (kernels.ResidualNormer); else Add, then
+// RMSNorm, as without the deferral.
+func (m *Model) preNorm(a act, w *kernels.Weight, n int) {
+	if !m.pending {
+		m.rmsnorm(a.xb, a.x, w, n)
+		return
+	}
+	m.pending = false
+	if m.resNorm == nil {
+		m.add(a.x, a.x, a.xb2, n*m.Cfg.Embd)
+		m.rmsnorm(a.xb, a.x, w, n)
+		return
+	}
+	if m.err == nil {
+		if err := m.resNorm.AddRMSNorm(a.xb, a.x, a.xb2, w, n, m.Cfg.NormEps); err != nil {
+			m.err = fmt.Errorf("residual add and rmsnorm %s: %w", w.Name, err)
+		}
 	}
 }
 
@@ -43,6 +91,41 @@ func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, 
 	if m.err == nil {
 		if err := m.be.MatMul(dst, w, x, n); err != nil {
 			m.err = fmt.Errorf("matmul %s (%v, %d×%d) by %d rows: %w", w.Name, w.Type, w.Rows, w.Cols, n, err)
+		}
+	}
+}
+
+// matmul2 and matmul3 multiply one input by two or three weights: in one
+// op where the backend has it (kernels.SharedInputMatMuler), else one
+// MatMul each.
+func (m *Model) matmul2(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight, x kernels.Tensor, n int) {
+	if m.multi == nil {
+		m.matmul(d0, w0, x, n)
+		m.matmul(d1, w1, x, n)
+		return
+	}
+	m.mmDst[0], m.mmDst[1] = d0, d1
+	m.mmW[0], m.mmW[1] = w0, w1
+	m.matmuls(x, n, 2)
+}
+
+func (m *Model) matmul3(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight,
+	d2 kernels.Tensor, w2 *kernels.Weight, x kernels.Tensor, n int) {
+	if m.multi == nil {
+		m.matmul(d0, w0, x, n)
+		m.matmul(d1, w1, x, n)
+		m.matmul(d2, w2, x, n)
+		return
+	}
+	m.mmDst[0], m.mmDst[1], m.mmDst[2] = d0, d1, d2
+	m.mmW[0], m.mmW[1], m.mmW[2] = w0, w1, w2
+	m.matmuls(x, n, 3)
+}
+
+func (m *Model) matmuls(x kernels.Tensor, n, k int) {
+	if m.err == nil {
+		if err := m.multi.MatMuls(m.mmDst[:k], m.mmW[:k], x, n); err != nil {
+			m.err = fmt.Errorf("matmuls %s… (%d weights) by %d rows: %w", m.mmW[0].Name, k, n, err)
 		}
 	}
 }

@@ -13,26 +13,22 @@ package model
 //
 // Shapes as in llamaLayer.
 func qwen2Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
-	c := m.Cfg
-	a := m.s.rows(0, n, c)
+	a := m.s.rows(0, n, m.Cfg)
 
-	m.rmsnorm(a.xb, a.x, lw.AttnNorm, n)
-	m.matmul(a.q, lw.Q, a.xb, n)
+	m.preNorm(a, lw.AttnNorm, n) // adds the previous block's pending output
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
 	m.addBias(a.q, lw.QBias, n)
-	m.matmul(a.k, lw.K, a.xb, n)
 	m.addBias(a.k, lw.KBias, n)
-	m.matmul(a.v, lw.V, a.xb, n)
 	m.addBias(a.v, lw.VBias, n)
-	m.rope(a.q, n, c.Heads, pos0)
-	m.rope(a.k, n, c.KVHeads, pos0)
+	m.ropeQK(a, n, pos0)
 	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
-	b := m.s.rows(n-nOut, nOut, c)
+	b := m.s.rows(n-nOut, nOut, m.Cfg)
 	m.matmul(b.xb2, lw.O, b.att, nOut)
-	m.add(b.x, b.x, b.xb2, nOut*c.Embd)
+	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err
 }

@@ -25,13 +25,60 @@ DEV void ld2kv(const float* p, int i, float* a, float* b) {
   *a = v.x;
   *b = v.y;
 }
+// kdot is q·k for one cached key row kr of D values (q in shared memory).
+// f16 rows are read 16 bytes at a time, all loads of a row in flight at
+// once (a decode step's blocks each score few positions, so the latency of
+// one row's loads is the kernel's time).
+DEV float kdot(const u16* kr, const float* qs, int D) {
+  if ((D & 7) == 0) {
+    const uint4* k4 = (const uint4*)kr;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < D / 8; i++) {
+      uint4 v = k4[i];
+      const float* qq = qs + 8 * i;
+      s0 = fmaf(qq[0], h2f(v.x & 0xFFFF), s0);
+      s1 = fmaf(qq[1], h2f(v.x >> 16), s1);
+      s2 = fmaf(qq[2], h2f(v.y & 0xFFFF), s2);
+      s3 = fmaf(qq[3], h2f(v.y >> 16), s3);
+      s0 = fmaf(qq[4], h2f(v.z & 0xFFFF), s0);
+      s1 = fmaf(qq[5], h2f(v.z >> 16), s1);
+      s2 = fmaf(qq[6], h2f(v.w & 0xFFFF), s2);
+      s3 = fmaf(qq[7], h2f(v.w >> 16), s3);
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 8
+  for (int d = 0; d < D / 2; d++) {
+    float a, b;
+    ld2kv(kr, d, &a, &b);
+    s0 = fmaf(qs[2 * d], a, s0);
+    s1 = fmaf(qs[2 * d + 1], b, s1);
+  }
+  return s0 + s1;
+}
+DEV float kdot(const float* kr, const float* qs, int D) {
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 8
+  for (int d = 0; d < D / 2; d++) {
+    float a, b;
+    ld2kv(kr, d, &a, &b);
+    s0 = fmaf(qs[2 * d], a, s0);
+    s1 = fmaf(qs[2 * d + 1], b, s1);
+  }
+  return s0 + s1;
+}
+
 DEV void stkv(u16* p, size_t i, float v) { p[i] = f2h(v); }
 DEV void stkv(float* p, size_t i, float v) { p[i] = v; }
 
 // Store n new keys and values at positions pos0… of one layer's cache
 // ([ctx][kvDim] each).
 template <class KT>
-static __device__ void kv_store(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0) {
+static __device__ void kv_store(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0,
+                                const i32* posp) {
+  if (posp) pos0 = *posp;
   int total = n * kvDim;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     size_t o = (size_t)pos0 * kvDim + i;
@@ -40,17 +87,54 @@ static __device__ void kv_store(KT* kc, KT* vc, const float* k, const float* v, 
   }
 }
 
+// put_out writes output element o (= head offset + d) of a one-token step,
+// and with oq its 8-bit copy for the output projection (see q8_group: the
+// caller keeps whole warps in or out, D a multiple of 32).
+DEV void put_out(float* out, size_t o, float v, i8* oq, float* od) {
+  out[o] = v;
+  if (oq) q8_group(v, (int)o, 0x7fffffff, oq, od);
+}
+
+// combine_splits merges the splits of one (token, head) of attn_decode:
+// out = Σ_z e^(m_z−M)·acc_z / Σ_z e^(m_z−M)·l_z into out[o0…o0+D). The
+// parts were written by other blocks of the same launch: read them past L1
+// (volatile).
+DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, int splits, i8* oq, float* od) {
+  float M = -3.0e38f;
+  for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  float L = 0.0f;
+  for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0.0f;
+    for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
+    put_out(out, o0 + d, a / L, oq, od);
+  }
+}
+
 // Decode shape: one block per (head, token, split). Split z covers
 // positions [z·splitLen, (z+1)·splitLen) of the token's 0…pos0+t, so a long
 // context spreads over many blocks (flash-decoding); with one split the
 // block writes the output, with several it writes its running max m, sum l
-// and unnormalised output to part [n][heads][splits][D+2] for attn_combine.
+// and unnormalised output to part [n][heads][splits][D+2], and the last
+// block of a (token, head) to finish (counted in count [n][heads], which it
+// sets back to zero for the next launch) merges them: no second launch.
+// With oq (one token, D a multiple of 32) the output is also quantized to
+// 8-bit blocks (codes oq, scales od) for the output projection.
 // Keys: one warp per position, lanes split the head dimension; values: one
 // thread per output dimension.
+// posp, when set, holds pos0 in device memory (a replayed decode graph,
+// whose grid was fixed at capture): each split then covers
+// ceil((pos0+n)/splits) positions, and splits past the end write an empty
+// part (m = -3e38, l = 0) that the merge weighs by zero.
 //   grid (heads, n, splits), block 128, D ≤ 256
 template <class KT>
 static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
-                                   int kvHeads, int D, int pos0, float scale, int splitLen) {
+                                   int kvHeads, int D, int pos0, float scale, int splitLen, const i32* posp,
+                                   int* count, i8* oq, float* od) {
+  if (posp) {
+    pos0 = *posp;
+    splitLen = (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z;
+  }
   __shared__ float qs[256];
   __shared__ float ps[ATT_CH];
   __shared__ float scratch[32];
@@ -71,18 +155,7 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     int cl = min(ATT_CH, p1 - c0);
     // scores: one thread per position, its whole key row read in pairs
     // (many independent loads in flight, unlike a warp reduction per key)
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
-      const KT* kr = kb + (size_t)(c0 + j) * kvDim;
-      float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll 8
-      for (int d = 0; d < D / 2; d++) {
-        float a, b2;
-        ld2kv(kr, d, &a, &b2);
-        s0 = fmaf(qs[2 * d], a, s0);
-        s1 = fmaf(qs[2 * d + 1], b2, s1);
-      }
-      ps[j] = (s0 + s1) * scale;
-    }
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) ps[j] = kdot(kb + (size_t)(c0 + j) * kvDim, qs, D) * scale;
     __syncthreads();
     float cm = -3.0e38f;
     for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
@@ -118,30 +191,24 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     }
     if (d0 < D) pp[2 + d0] = acc0;
     if (d1 < D) pp[2 + d1] = acc1;
+    __shared__ int last;
+    __threadfence();  // this block's part is visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[t * heads + h], 1) == (int)gridDim.z - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    combine_splits(out, ((size_t)t * heads + h) * D, part + ((size_t)t * heads + h) * gridDim.z * (D + 2), D,
+                   gridDim.z, oq, od);
+    if (threadIdx.x == 0) count[t * heads + h] = 0;
     return;
   }
-  float* oh = out + ((size_t)t * heads + h) * D;
+  size_t o0 = ((size_t)t * heads + h) * D;
   float inv = 1.0f / l;
-  if (d0 < D) oh[d0] = acc0 * inv;
-  if (d1 < D) oh[d1] = acc1 * inv;
+  if (d0 < D) put_out(out, o0 + d0, acc0 * inv, oq, od);
+  if (d1 < D) put_out(out, o0 + d1, acc1 * inv, oq, od);
 }
 
-// Combine the splits of attn_decode: out = Σ_z e^(m_z−M)·acc_z / Σ_z e^(m_z−M)·l_z.
-//   grid (heads, n), block 128
-KERNEL void attn_combine(float* out, const float* part, int heads, int D, int splits) {
-  int h = blockIdx.x, t = blockIdx.y;
-  const float* pp = part + ((size_t)t * heads + h) * splits * (D + 2);
-  float M = -3.0e38f;
-  for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
-  float L = 0.0f;
-  for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
-  float* oh = out + ((size_t)t * heads + h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float a = 0.0f;
-    for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
-    oh[d] = a / L;
-  }
-}
 
 // Prompt shape: one block per (head, tile of QT tokens). Each chunk of PCH
 // keys and values is staged once in shared memory and used by all QT
@@ -254,12 +321,14 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
 }
 
 #define ATTN_KERNELS(sfx, KT)                                                                               \
-  KERNEL void kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0) {   \
-    kv_store<KT>(kc, vc, k, v, n, kvDim, pos0);                                                             \
+  KERNEL void kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0,   \
+                             const i32* posp) {                                                             \
+    kv_store<KT>(kc, vc, k, v, n, kvDim, pos0, posp);                                                       \
   }                                                                                                         \
   KERNEL void attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
-                                int heads, int kvHeads, int D, int pos0, float scale, int splitLen) {        \
-    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen);                        \
+                                int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
+                                const i32* posp, int* count, i8* oq, float* od) {                            \
+    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od);   \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \

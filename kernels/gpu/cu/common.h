@@ -125,6 +125,23 @@ DEV float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// q8_group quantizes v, one value per lane, in groups of 32 lanes exactly as
+// quantize_q8 (matvec.cu) does: the decode matrix–vector kernels then find
+// the 8-bit copy of their input already made by the op that wrote it.
+// Element i of the vector goes to q[i], the scale of its group of 32 to
+// d[i/32] (i < n only). Every lane of the warp must call it (the loops
+// around it are uniform per warp).
+DEV void q8_group(float v, int i, int n, i8* q, float* d) {
+  float a = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
+  float s = a / 127.0f;
+  float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  if (i < n) {
+    q[i] = (i8)(int)rintf(v * inv);
+    if ((i & 31) == 0) d[i >> 5] = s;
+  }
+}
+
 // Unaligned little-endian loads for block fields that are not naturally
 // aligned (blocks of 18, 22, 34 bytes…).
 DEV u32 ld_u16(const u8* p) { return (u32)p[0] | ((u32)p[1] << 8); }

@@ -612,27 +612,20 @@ KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
 // Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
 // of eight takes qs[16j…16j+15]: 16 values of sub-block 2c and 16 of 2c+1).
 //   y = Σ_sub d·sc·(dx·Σ q·qx) − dmin·m·(dx·Σ qx)
+// q4k_q8_rows is one warp's work: the dot products of R rows (wr) with x,
+// summed over the warp into acc (every lane gets the sums).
 template <int R, int U, bool NC>
-static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
-                                  float* __restrict__ y, int rows, int cols) {
+DEV void q4k_q8_rows(const u8* const (&wr)[R], const i8* __restrict__ xq, const float* __restrict__ xd, int cols,
+                     float (&acc)[R]) {
   int lane = threadIdx.x % warpSize;
-  // grid-stride over groups of R rows: the launcher may size the grid to
-  // one resident wave (no partial last wave)
-  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
-       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
-    int nsb = cols / 256;
-    int step = warpSize / 8;
-    size_t rb = (size_t)nsb * 144;
-    int j = lane & 7, c = j >> 1, p0 = 2 * c;
-    int xo = 64 * c + 16 * (j & 1);
-    int sh = 8 * (p0 & 3);
-    float acc[R];
-    const u8* wr[R];
-  #pragma unroll
-    for (int r = 0; r < R; r++) {
-      acc[r] = 0.0f;
-      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
-    }
+  int nsb = cols / 256;
+  int step = warpSize / 8;
+  int j = lane & 7, c = j >> 1, p0 = 2 * c;
+  int xo = 64 * c + 16 * (j & 1);
+  int sh = 8 * (p0 & 3);
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  {
     for (int sb0 = lane >> 3; sb0 < nsb; sb0 += U * step) {
       // every load of the U super-blocks is issued before any arithmetic
       uint4 hdv[U][R], qv[U][R], xlv[U], xhv[U];
@@ -687,12 +680,67 @@ static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict
         }
       }
     }
-  #pragma unroll
-    for (int r = 0; r < R; r++) {
-      float s = warp_sum(acc[r]);
-      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-    }
   }
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+}
+
+template <int R, int U, bool NC>
+static __device__ void mv_q4_k_q8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols) {
+  int lane = threadIdx.x % warpSize;
+  size_t rb = (size_t)(cols / 256) * 144;
+  // grid-stride over groups of R rows: the launcher may size the grid to
+  // one resident wave (no partial last wave)
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    const u8* wr[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+    q4k_q8_rows<R, U, NC>(wr, xq, xd, cols, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = acc[r];
+  }
+}
+
+// Up to three Q4_K matrices of the same width on the same q8 input in one
+// launch (Q, K and V; gate and up): the warps stride over the rows of all
+// of them as one list (rows r0, then r1, then r2), so the small ones do not
+// each pay a launch and a partly filled grid. One row per warp.
+template <int U>
+static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
+                                   float* y2, int r2, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                   int cols) {
+  int lane = threadIdx.x % warpSize;
+  size_t rb = (size_t)(cols / 256) * 144;
+  int total = r0 + r1 + r2;
+  for (int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize; v < total;
+       v += gridDim.x * (blockDim.x / warpSize)) {
+    const u8* w = w0;
+    float* y = y0;
+    int row = v;
+    if (row >= r0) {
+      row -= r0;
+      w = w1;
+      y = y1;
+      if (row >= r1) {
+        row -= r1;
+        w = w2;
+        y = y2;
+      }
+    }
+    const u8* wr[1] = {w + (size_t)row * rb};
+    float acc[1];
+    q4k_q8_rows<1, U, true>(wr, xq, xd, cols, acc);
+    if (lane == 0) y[row] = acc[0];
+  }
+}
+
+KERNEL void mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
+                         int r2, const i8* xq, const float* xd, int cols) {
+  mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
 
 // Q6_K · q8 x, R rows per warp, lanes as in mv_q6_k_fast (lane 2n+t of

@@ -13,11 +13,80 @@ KERNEL void rmsnorm(float* dst, const float* x, const float* w, int cols, float 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = xr[c] * inv * w[c];
 }
 
+// RMSNorm of one row, the decode shape, in one block of 1024 threads (a
+// block per row leaves one row's work to a quarter of the threads and to
+// one chain of dependent loads; this keeps four loads in flight per
+// thread). With r, the residual is added first, in place: x += r (the add
+// that always comes before a norm in a block). With q, the normalised row
+// is also quantized to 8-bit blocks of 32 (codes q, scales d; cols a
+// multiple of 32), the input of the matrix–vector products that follow.
+KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
+                                                float eps, i8* q, float* d) {
+  __shared__ float scratch[32];
+  float s = 0.0f;
+  if (r) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      float v = x[c] + r[c];
+      x[c] = v;
+      s = fmaf(v, v, s);
+    }
+  } else {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
+  }
+  s = block_sum(s, scratch);
+  float inv = 1.0f / sqrtf(s / (float)cols + eps);
+#pragma unroll 4
+  for (int c0 = 0; c0 < cols; c0 += blockDim.x) {
+    int c = c0 + threadIdx.x;
+    float v = 0.0f;
+    if (c < cols) {
+      v = x[c] * inv * w[c];  // x[c] was written by this thread, if at all
+      dst[c] = v;
+    }
+    if (q) q8_group(v, c, cols, q, d);
+  }
+}
+
+// x += r, then RMSNorm, one block per row (the prompt shape).
+//   x, r, dst [rows][cols]
+KERNEL void add_rmsnorm(float* dst, float* x, const float* r, const float* w, int cols, float eps) {
+  __shared__ float scratch[32];
+  float* xr = x + (size_t)blockIdx.x * cols;
+  const float* rr = r + (size_t)blockIdx.x * cols;
+  float* dr = dst + (size_t)blockIdx.x * cols;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = xr[c] + rr[c];
+    xr[c] = v;
+    s = fmaf(v, v, s);
+  }
+  s = block_sum(s, scratch);
+  float inv = 1.0f / sqrtf(s / (float)cols + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = xr[c] * inv * w[c];
+}
+
 // dst = silu(gate) ⊙ up, silu(g) = g / (1 + e^-g).
 KERNEL void silu_mul(float* dst, const float* gate, const float* up, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float g = gate[i];
     dst[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+// silu_mul that also writes dst quantized to 8-bit blocks of 32 (n a
+// multiple of 32), the input of the down projection.
+KERNEL void silu_mul_q8(float* dst, const float* gate, const float* up, int n, i8* q, float* d) {
+  for (int i0 = blockIdx.x * blockDim.x; i0 < n; i0 += gridDim.x * blockDim.x) {
+    int i = i0 + threadIdx.x;
+    float v = 0.0f;
+    if (i < n) {
+      float g = gate[i];
+      v = g / (1.0f + expf(-g)) * up[i];
+      dst[i] = v;
+    }
+    q8_group(v, i, n, q, d);
   }
 }
 
@@ -34,11 +103,13 @@ KERNEL void add_bias(float* x, const float* b, int n, int cols) {
 
 // RoPE in place, one thread per rotated pair.
 //   x [n][heads][headDim]; pairs i < dim/2 of each head; token t at pos0+t.
+// posp, when set, holds pos0 in device memory (a replayed decode graph).
 // The angle (pos·scale·base^(-2i/dim) / freqs[i]) and its sine and cosine
 // are computed in double: positions reach 10^5 and a float angle would be
 // off by 10^-2 radians there.
 KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, float base, float scale,
-                 const float* freqs, int neox) {
+                 const float* freqs, int neox, const i32* posp) {
+  if (posp) pos0 = *posp;
   int half = dim / 2;
   int total = n * heads * half;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -58,36 +129,74 @@ KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, flo
   }
 }
 
+// The token and position a replayed decode graph reads (step[0], step[1]).
+KERNEL void set_step(i32* step, int token, int pos) {
+  if (threadIdx.x == 0) {
+    step[0] = token;
+    step[1] = pos;
+  }
+}
+
+// argmax_merge keeps the better of (bv, bi) and (ov, oi): the larger
+// value, the lower index among equals.
+DEV void argmax_merge(float& bv, int& bi, float ov, int oi) {
+  if (ov > bv || (ov == bv && oi < bi)) {
+    bv = ov;
+    bi = oi;
+  }
+}
+
+// argmax_block reduces (bv, bi) over the block; thread 0 gets the result.
+DEV void argmax_block(float& bv, int& bi) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  for (int o = warpSize / 2; o > 0; o >>= 1) argmax_merge(bv, bi, SHFL_XOR(bv, o), SHFL_XOR(bi, o));
+  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize, nw = blockDim.x / warpSize;
+  if (lane == 0) {
+    sv[w] = bv;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (w == 0) {
+    bv = lane < nw ? sv[lane] : __int_as_float(0xff800000u);
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = warpSize / 2; o > 0; o >>= 1) argmax_merge(bv, bi, SHFL_XOR(bv, o), SHFL_XOR(bi, o));
+  }
+}
+
+// Argmax of one long row in two launches: block b reduces the slice
+// [b·chunk, (b+1)·chunk) to part (value, index); argmax_parts reduces the
+// parts (one block). A single block would walk a vocabulary of 10^5 with
+// one load in flight per thread.
+KERNEL void argmax_slices(const float* x, int cols, int chunk, float* pv, i32* pi) {
+  int c0 = blockIdx.x * chunk, c1 = min(cols, c0 + chunk);
+  float bv = __int_as_float(0xff800000u);  // -inf: a row of -inf still has an argmax
+  int bi = 0x7fffffff;
+  for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) argmax_merge(bv, bi, x[c], c);
+  argmax_block(bv, bi);
+  if (threadIdx.x == 0) {
+    pv[blockIdx.x] = bv;
+    pi[blockIdx.x] = bi;
+  }
+}
+
+KERNEL void argmax_parts(const float* pv, const i32* pi, int parts, i32* out) {
+  float bv = __int_as_float(0xff800000u);
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) argmax_merge(bv, bi, pv[i], pi[i]);
+  argmax_block(bv, bi);
+  if (threadIdx.x == 0) out[0] = bi;
+}
+
 // Argmax of each row: one block per row; ties go to the lowest index.
 //   x [rows][cols] -> out [rows]
 KERNEL void argmax_rows(const float* x, i32* out, int cols) {
-  __shared__ float sv[32];
-  __shared__ int si[32];
   const float* xr = x + (size_t)blockIdx.x * cols;
-  float bv = -3.4e38f;
+  float bv = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = xr[c];
-    if (v > bv) { bv = v; bi = c; }
-  }
-  for (int o = warpSize / 2; o > 0; o >>= 1) {
-    float ov = SHFL_XOR(bv, o);
-    int oi = SHFL_XOR(bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-  }
-  int lane = threadIdx.x % warpSize, w = threadIdx.x / warpSize, nw = blockDim.x / warpSize;
-  if (lane == 0) { sv[w] = bv; si[w] = bi; }
-  __syncthreads();
-  if (w == 0) {
-    bv = lane < nw ? sv[lane] : -3.4e38f;
-    bi = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = warpSize / 2; o > 0; o >>= 1) {
-      float ov = SHFL_XOR(bv, o);
-      int oi = SHFL_XOR(bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
-    if (lane == 0) out[blockIdx.x] = bi;
-  }
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) argmax_merge(bv, bi, xr[c], c);
+  argmax_block(bv, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi;
 }
 
 // One top-k step: block b takes candidates [b·chunk, (b+1)·chunk) of

@@ -1,0 +1,436 @@
+package gpu
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// stepState is the decode-step capture and replay of kernels.StepCapturer.
+type stepState struct {
+	// on: the ops being queued belong to a decode step, so the ones that
+	// depend on the token or position read them from slots (see stepPos).
+	on bool
+	// capturing: the ops are being recorded, not run; nothing may wait for
+	// the stream or allocate.
+	capturing bool
+	// slots holds two int32 on the device: the step's token and position,
+	// set by set_step before each replay.
+	slots rocm.DevPtr
+	// used collects the scratch buffers the ops being captured use.
+	used map[string]rocm.DevPtr
+}
+
+// stepGraph is the kernels.StepGraph of this backend.
+type stepGraph struct {
+	g *rocm.Graph
+	// scratch are the scratch buffers the graph's kernels read and write:
+	// if one has since grown (moved), the graph is stale.
+	scratch map[string]rocm.DevPtr
+}
+
+var _ kernels.StepCapturer = (*Backend)(nil)
+
+// stepPos is the device address of the position register in step mode, 0
+// otherwise (the kernels then use their pos0 argument). Call with b.mu held.
+func (b *Backend) stepPos() rocm.DevPtr {
+	if !b.step.on {
+		return 0
+	}
+	return b.step.slots + 4
+}
+
+// setStep queues set_step(token, pos), allocating the registers the first
+// time. Call with b.mu held, on the worker.
+func (b *Backend) setStep(c *rocm.Ctx, token int32, pos int) error {
+	if b.step.slots == 0 {
+		p, err := b.scratchBuf(c, "step", 256)
+		if err != nil {
+			return err
+		}
+		b.step.slots = p
+	}
+	var a rocm.Args
+	a.Ptr(b.step.slots).I32(token).I32(int32(pos))
+	return b.launch(c, "set_step", rocm.D1(1), rocm.D1(32), &a)
+}
+
+// CaptureStep implements kernels.StepCapturer: step runs once for real in
+// step mode (which also grows every scratch buffer it needs, so that
+// nothing allocates during the capture), then once more into a graph. The
+// capture is relaxed: other users of the worker's thread are not refused
+// their calls meanwhile.
+func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.StepGraph, error) {
+	if pos < 0 {
+		return nil, fmt.Errorf("gpu: capture step at position %d", pos)
+	}
+	b.mu.Lock()
+	if b.step.on {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("gpu: capture step: a step is already being run or captured")
+	}
+	err := b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		return b.setStep(c, token, pos)
+	})
+	if err == nil {
+		b.step.on = true
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("gpu: capture step: %w", err)
+	}
+	err = step()
+	b.mu.Lock()
+	b.step.on = false
+	b.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+
+	b.mu.Lock()
+	err = b.do(func(c *rocm.Ctx) error {
+		b.q8Forget() // the graph must not start from a copy made outside it
+		return c.BeginCaptureMode(b.stream, rocm.CaptureRelaxed)
+	})
+	if err != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("gpu: capture step: %w", err)
+	}
+	b.step.on, b.step.capturing = true, true
+	b.step.used = map[string]rocm.DevPtr{}
+	b.mu.Unlock()
+	ferr := step()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	used := b.step.used
+	b.step.on, b.step.capturing, b.step.used = false, false, nil
+	var g *rocm.Graph
+	gerr := b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		var err error
+		g, err = c.EndCapture(b.stream) // always, so the stream leaves capture mode
+		return err
+	})
+	if ferr != nil || gerr != nil {
+		if g != nil {
+			_ = b.do(func(c *rocm.Ctx) error { return c.DestroyGraph(g) })
+		}
+		if ferr != nil {
+			return nil, fmt.Errorf("gpu: capture step: %w", ferr)
+		}
+		return nil, fmt.Errorf("gpu: capture step: %w", gerr)
+	}
+	sg := &stepGraph{g: g, scratch: used}
+	if b.graphs == nil {
+		b.graphs = map[*stepGraph]bool{}
+	}
+	b.graphs[sg] = true
+	return sg, nil
+}
+
+// RunStep implements kernels.StepCapturer.
+func (b *Backend) RunStep(g kernels.StepGraph, token int32, pos int) error {
+	sg, ok := g.(*stepGraph)
+	if !ok || sg == nil {
+		return fmt.Errorf("gpu: run step: not a step graph of this backend")
+	}
+	if pos < 0 {
+		return fmt.Errorf("gpu: run step at position %d", pos)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.graphs[sg] {
+		return fmt.Errorf("gpu: run step: graph was freed")
+	}
+	for key, p := range sg.scratch {
+		if d, ok := b.scratch[key]; !ok || d.ptr != p {
+			return fmt.Errorf("gpu: run step: scratch %q has moved since the capture: %w", key, kernels.ErrStaleStep)
+		}
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		if err := b.setStep(c, token, pos); err != nil {
+			return err
+		}
+		if b.prof != nil {
+			return b.prof.timed(c, "step graph", b.stream, func() error { return c.LaunchGraph(sg.g, b.stream) })
+		}
+		return c.LaunchGraph(sg.g, b.stream)
+	})
+}
+
+// FreeStep implements kernels.StepCapturer.
+func (b *Backend) FreeStep(g kernels.StepGraph) {
+	sg, ok := g.(*stepGraph)
+	if !ok || sg == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.graphs[sg] {
+		return
+	}
+	delete(b.graphs, sg)
+	_ = b.do(func(c *rocm.Ctx) error {
+		if err := c.SyncStream(b.stream); err != nil {
+			return err
+		}
+		return c.DestroyGraph(sg.g)
+	})
+}
+
+// maxFusedQ8 is the longest vector an element-wise op quantizes on the
+// side (see elementwiseQ8).
+const maxFusedQ8 = 1 << 16
+
+// q8Cache remembers the 8-bit copy (codes and scales in the "xq" scratch)
+// of the last vector quantized, so that products on the same input (Q, K
+// and V; gate and up) and products after a fused rmsnorm_q8 or silu_mul_q8
+// do not quantize it again. Every op that may write device memory forgets
+// it, except a product that does not write into the vector.
+type q8Cache struct {
+	src           rocm.DevPtr // the float vector; 0: none
+	cols          int
+	codes, scales rocm.DevPtr
+}
+
+func (b *Backend) q8Forget() { b.q8 = q8Cache{} }
+
+// q8Made records that codes/scales now hold src [cols] quantized.
+func (b *Backend) q8Made(src rocm.DevPtr, cols int, codes, scales rocm.DevPtr) {
+	b.q8 = q8Cache{src: src, cols: cols, codes: codes, scales: scales}
+}
+
+// q8Written forgets the copy if dst overlaps its vector.
+func (b *Backend) q8Written(dst kernels.Tensor) {
+	if b.q8.src == 0 {
+		return
+	}
+	lo, hi := uintptr(b.q8.src), uintptr(b.q8.src)+uintptr(b.q8.cols)*4
+	if dst.Dev < hi && dst.Dev+uintptr(dst.Len)*4 > lo {
+		b.q8Forget()
+	}
+}
+
+// q8Buf returns the "xq" scratch for a vector of cols values: codes
+// (cols rounded up to 256 bytes) then one float scale per 32.
+func (b *Backend) q8Buf(c *rocm.Ctx, cols int) (codes, scales rocm.DevPtr, err error) {
+	n := int64((cols + 255) &^ 255)
+	p, err := b.scratchBuf(c, "xq", n+int64(cols/32)*4)
+	if err != nil {
+		return 0, 0, err
+	}
+	return p, p + rocm.DevPtr(n), nil
+}
+
+// KernelTime is the device time of every launch of one kernel while the
+// profiler was on.
+type KernelTime struct {
+	Name     string
+	Launches int
+	Ms       float64 // total milliseconds
+}
+
+// profiler brackets each launch with two timing events. Events are reused
+// across profiles; their times are read at Stop.
+type profiler struct {
+	events []rocm.Event // pairs: start, end
+	names  []string
+	used   int // pairs in use
+}
+
+func (p *profiler) timed(c *rocm.Ctx, name string, s rocm.Stream, fn func() error) error {
+	if 2*p.used+2 > len(p.events) {
+		for range 2 {
+			e, err := c.NewEvent(true)
+			if err != nil {
+				return err
+			}
+			p.events = append(p.events, e)
+		}
+		p.names = append(p.names, "")
+	}
+	e0, e1 := p.events[2*p.used], p.events[2*p.used+1]
+	if err := c.Record(e0, s); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		return fmt.Errorf("gpu: %s: %w", name, err)
+	}
+	if err := c.Record(e1, s); err != nil {
+		return err
+	}
+	p.names[p.used] = name
+	p.used++
+	return nil
+}
+
+func (p *profiler) launch(c *rocm.Ctx, name string, fn func() error, s rocm.Stream) error {
+	return p.timed(c, name, s, fn)
+}
+
+func (p *profiler) release(c *rocm.Ctx) error {
+	if p == nil {
+		return nil
+	}
+	var first error
+	for _, e := range p.events {
+		if err := c.DestroyEvent(e); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.events, p.names, p.used = nil, nil, 0
+	return first
+}
+
+// StartProfile times every kernel (and replayed step) queued from now on,
+// each between two events: the launches no longer overlap their host
+// overhead, so this is for finding where device time goes, not for rates.
+func (b *Backend) StartProfile() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.prof == nil {
+		b.prof = &profiler{}
+	}
+	b.prof.used = 0
+}
+
+// StopProfile waits for the queued work, stops timing and returns the time
+// per kernel name, most first.
+func (b *Backend) StopProfile() ([]KernelTime, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.prof
+	if p == nil {
+		return nil, fmt.Errorf("gpu: profile was not started")
+	}
+	byName := map[string]*KernelTime{}
+	err := b.do(func(c *rocm.Ctx) error {
+		if err := c.SyncStream(b.stream); err != nil {
+			return err
+		}
+		for i := range p.used {
+			ms, err := c.Elapsed(p.events[2*i], p.events[2*i+1])
+			if err != nil {
+				return err
+			}
+			k := byName[p.names[i]]
+			if k == nil {
+				k = &KernelTime{Name: p.names[i]}
+				byName[p.names[i]] = k
+			}
+			k.Launches++
+			k.Ms += float64(ms)
+		}
+		return p.release(c)
+	})
+	b.prof = nil
+	if err != nil {
+		return nil, fmt.Errorf("gpu: profile: %w", err)
+	}
+	out := make([]KernelTime, 0, len(byName))
+	for _, k := range byName {
+		out = append(out, *k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ms > out[j].Ms })
+	return out, nil
+}
+
+var _ kernels.SharedInputMatMuler = (*Backend)(nil)
+
+// MatMuls implements kernels.SharedInputMatMuler. For one row, the Q4_K
+// weights of the same width among ws (at most three) go through one launch
+// of mv_q4_k_n12m, the kernel MatMul picks for each of them alone, its
+// warps striding over the rows of all of them; the other weights, and
+// every weight for more rows, go through MatMul (on the same 8-bit input,
+// which is quantized once).
+func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, n int) error {
+	if len(dsts) != len(ws) {
+		return fmt.Errorf("gpu: matmuls: %d outputs for %d weights", len(dsts), len(ws))
+	}
+	var grouped [3]int // indices into ws of the weights in the launch
+	ng := 0
+	if n == 1 && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
+		for i, w := range ws {
+			if ng < len(grouped) && w != nil && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 &&
+				(ng == 0 || w.Cols == ws[grouped[0]].Cols) {
+				grouped[ng] = i
+				ng++
+			}
+		}
+	}
+	if ng >= 2 {
+		if err := b.matvecQ4KMulti(dsts, ws, grouped[:ng], x); err != nil {
+			return err
+		}
+	} else {
+		ng = 0
+	}
+	for i, w := range ws {
+		done := false
+		for _, g := range grouped[:ng] {
+			done = done || g == i
+		}
+		if done {
+			continue
+		}
+		if err := b.MatMul(dsts[i], w, x, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// matvecQ4KMulti queues dsts[g] = x · ws[g]ᵀ for the Q4_K weights of idx
+// (same width, 2 or 3 of them) in one launch.
+func (b *Backend) matvecQ4KMulti(dsts []kernels.Tensor, ws []*kernels.Weight, idx []int, x kernels.Tensor) error {
+	cols := ws[idx[0]].Cols
+	if err := checkTensor("matmuls: x", x, cols); err != nil {
+		return err
+	}
+	for _, i := range idx {
+		if err := checkTensor("matmuls: dst", dsts[i], ws[i].Rows); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var wp [3]rocm.DevPtr
+	var rows [3]int
+	var ys [3]rocm.DevPtr
+	total := 0
+	for k, i := range idx {
+		p, err := b.weightPtr(ws[i])
+		if err != nil {
+			return err
+		}
+		if uintptr(p)%16 != 0 {
+			return fmt.Errorf("gpu: matmuls: weight %q is not 16-byte aligned on the device", ws[i].Name)
+		}
+		wp[k], rows[k], ys[k] = p, ws[i].Rows, dptr(dsts[i])
+		total += ws[i].Rows
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		defer func() {
+			for _, i := range idx {
+				b.q8Written(dsts[i])
+			}
+		}()
+		xq, xd, err := b.quantizeX(c, dptr(x), cols)
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		for k := range 3 {
+			a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
+		}
+		a.Ptr(xq).Ptr(xd).I32(int32(cols))
+		wpb := 128 / b.warp
+		grid := min(ceilDiv(total, wpb), 8*max(b.w.Device.SMs, 1)) // as n12@8
+		return b.launch(c, "mv_q4_k_n12m", rocm.D1(grid), rocm.D1(128), &a)
+	})
+}
