@@ -9,7 +9,7 @@ FUZZTIME  ?= 20s
 # Packages whose tests and benchmarks need a GPU; `make device` cross-builds
 # them into bin/device/ to carry to the GPU machine, where bench/device.sh
 # runs every GPU test and benchmark in one call.
-DEVICE_PKGS ?= rocm kernels/gpu actors pipeline
+DEVICE_PKGS ?= rocm kernels/gpu actors pipeline pipeline/model
 
 GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
 
@@ -44,9 +44,9 @@ fuzz:
 device:
 	@mkdir -p bin/device
 	for p in $(DEVICE_PKGS); do \
-		mkdir -p bin/device/$$(dirname $$p) && CGO_ENABLED=0 $(GO) test -c -trimpath -o bin/device/$$p.test ./$$p || exit 1; \
+		CGO_ENABLED=0 $(GO) test -c -trimpath -ldflags='-s -w' -o bin/device/$$(basename $$p).test ./$$p || exit 1; \
 	done
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/device/forge ./cmd/forge
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/device/forge ./cmd/forge
 
 clean:
 	rm -rf bin

@@ -3,24 +3,73 @@
 # driver and nvrtc but no Go). Build here first with `make device`, carry
 # bin/device, then run from the repository root:
 #
-#   bench/device.sh [quick|full]
+#   bench/device.sh [quick|full|load]
 #
 # quick: the correctness tests of every GPU package; full (default): also
 # their benchmarks. Logs go to $OUT (or ./out): one file per package plus a
 # summary in $OUT/log.
+#
+# load: the load path on the 8B shape (bench/results/2026-11-24-gpu-load-h100.md).
+# Binaries from $BIN (default bin/device, from `make device`): actors.test, pipeline.test, forge
+# (CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' ./actors, ./pipeline;
+# go build -trimpath -ldflags='-s -w' ./cmd/forge). It writes the 8B
+# Q4_K_M file ($QUANT to change), warms the page cache, runs the actors
+# and pipeline GPU tests with FORGE_BIG_MODEL (rates, load timings, the
+# uploader settings in $GRID), then times `forge run` from the shell and
+# `forge bench load` (fresh processes).
 set -uo pipefail
 mode=${1:-full}
 out=${OUT:-out}
 mkdir -p "$out"
 export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=${FORGE_CACHE_DIR:-/tmp/forge-kernels}
+if [ "$mode" = load ]; then
+  bin=${BIN:-bin/device}
+  big=/tmp/l8.gguf
+  {
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+    nproc; free -g | head -2
+  } 2>&1 | tee "$out/summary"
+  t0=$(date +%s%N)
+  "$bin/forge" gen --preset llama3-8b --quant "${QUANT:-q4_k_m}" -o $big --progress plain >"$out/gen.log" 2>&1 || { echo "gen failed"; tail "$out/gen.log"; exit 1; }
+  t1=$(date +%s%N)
+  cat $big >/dev/null
+  echo "gen ${QUANT:-q4_k_m}: $(( (t1-t0)/1000000 )) ms, $(stat -c %s $big) bytes" | tee -a "$out/summary"
+  dir=$(mktemp -d)
+  mkdir -p "$dir/github.com/forge-llm" && ln -s "$PWD" "$dir/github.com/forge-llm/forge"
+  (cd "$dir" && FORGE_BIG_MODEL=$big "$OLDPWD/$bin/actors.test" -test.v -test.run "${ACTORS_RUN:-Device}" -test.timeout 300s) >"$out/actors.log" 2>&1
+  echo "== actors: exit $?" | tee -a "$out/summary"
+  (cd "$dir" && FORGE_BIG_MODEL=$big FORGE_LOAD_GRID="${GRID:-}" "$OLDPWD/$bin/pipeline.test" -test.v -test.run "${PIPELINE_RUN:-GPU}" -test.timeout 400s) >"$out/pipeline.log" 2>&1
+  echo "== pipeline: exit $?" | tee -a "$out/summary"
+  grep -hE -- '^(--- |ok|PASS|FAIL|panic)|RATE|GPU-LOAD|GPU-GRID' "$out/actors.log" "$out/pipeline.log" | sed -E 's/^ +//' >>"$out/summary"
+  # One forge run, timed from the shell; -v adds the device's own times
+  # (context current, kernels loaded, warm-up done, from Open's start).
+  run_forge() {
+    local label=$1; shift
+    local s e rc
+    s=$(date +%s%N)
+    env "$@" "$bin/forge" -v run --device gpu -m $big -p "Once upon a time" -n 1 --temp 0 --progress plain >/dev/null 2>"$out/run.err"
+    rc=$?
+    e=$(date +%s%N)
+    echo "forge run [$label]: exit $rc, $(( (e-s)/1000000 )) ms from the shell; $(grep -oE '(context|kernels|warm|reserved|first copy|last copy)"?=[0-9.]+ms' "$out/run.err" | tr '\n' ' ')| $(grep -E '^load:' "$out/run.err" | sed 's/ · prompt.*//')"
+  }
+  {
+    for i in 1 2 3 4 5 6; do run_forge default FORGE_X=; done
+    for v in ${RUN_VARIANTS:-FORGE_GPU_WARMUP=0}; do
+      for i in 1 2 3; do run_forge "$v" "$v"; done
+    done
+    "$bin/forge" bench load -m $big --device gpu --runs ${RUNS:-5} --cache warm --strategies "${STRATEGIES:-prefetch,eager}"
+  } 2>&1 | tee -a "$out/summary"
+  exit 0
+fi
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 } 2>&1 | tee "$out/log"
 status=0
-for bin in bin/device/rocm.test bin/device/kernels/gpu.test bin/device/actors.test bin/device/pipeline.test; do
-  name=$(echo "${bin#bin/device/}" | tr / -)
-  pkg=${bin#bin/device/}; pkg=${pkg%.test}
+for pkg in rocm kernels/gpu actors pipeline; do
+  bin=bin/device/$(basename $pkg).test
+  name=$(echo "$pkg" | tr / -)
   # Tests read their testdata relative to the package folder.
   # The pipeline binary's CPU tests run in CI; here only its GPU ones.
   # Built with -trimpath, it finds gguf/testdata (package testmodels) at

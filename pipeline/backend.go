@@ -1,10 +1,19 @@
 package pipeline
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/ebitengine/purego"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
@@ -14,7 +23,9 @@ import (
 	"github.com/forge-llm/forge/rocm"
 )
 
-// device is an opened backend and what the load pipeline needs of it.
+// device is a backend opened before Open returns (the CPU, a backend the
+// caller made, or a GPU where the file's types force the choice up front)
+// and what the load pipeline needs of it.
 type device struct {
 	be    kernels.Backend
 	close func() // nil for a backend the caller owns
@@ -25,34 +36,27 @@ type device struct {
 	ctxAt time.Time
 }
 
-// openBackend opens the device asked for: "cpu"; "gpu" or "gpu:N" (an
-// error when no GPU works); "auto" or "" (a GPU if package rocm finds one,
-// else the CPU, logged).
+// openBackend opens the device asked for, waiting for it: "cpu"; "gpu" or
+// "gpu:N" (an error when no GPU works); "auto" or "" (a GPU if package
+// rocm finds one, else the CPU, logged).
 func openBackend(o Options) (device, error) {
 	if o.Backend != nil {
 		d := device{be: o.Backend}
 		if g, ok := o.Backend.(*gpu.Backend); ok {
-			d.uploader = gpuUploader(g.Worker())
+			d.uploader = gpuUploader(g.Worker(), o.Upload)
 		}
 		return d, nil
 	}
-	sel, err := rocm.ParseDevice(o.Device)
+	sel, err := parseDevice(o.Device)
 	if err != nil {
-		return device{}, fmt.Errorf("pipeline: device %q is not available (have: auto, cpu, gpu, gpu:N): %w", o.Device, err)
+		return device{}, err
 	}
 	ch, err := rocm.Choose(sel)
 	if err != nil {
 		return device{}, fmt.Errorf("pipeline: device %q: %w", o.Device, err)
 	}
 	if ch.CPU {
-		if sel.Kind == rocm.SelectAuto {
-			// Debug, not Info: on a machine without a GPU this is the
-			// normal case, and the CLI's stderr carries progress (its
-			// golden outputs); -v shows it.
-			slog.Debug("pipeline: running on the CPU", "device", o.Device, "reason", ch.Reason)
-		}
-		b := cpu.New(o.Threads)
-		return device{be: b, close: b.Close}, nil
+		return cpuDevice(o, sel, ch.Reason), nil
 	}
 	w, err := ch.Runtime.NewWorker(ch.Device.Ordinal)
 	if err != nil {
@@ -70,19 +74,457 @@ func openBackend(o Options) (device, error) {
 	return device{
 		be:       b,
 		close:    func() { b.Close(); w.Close() },
-		uploader: gpuUploader(w),
+		uploader: gpuUploader(w, o.Upload),
 		ctxAt:    ctxAt,
 	}, nil
 }
 
+func parseDevice(name string) (rocm.Selection, error) {
+	sel, err := rocm.ParseDevice(name)
+	if err != nil {
+		return sel, fmt.Errorf("pipeline: device %q is not available (have: auto, cpu, gpu, gpu:N): %w", name, err)
+	}
+	return sel, nil
+}
+
+func cpuDevice(o Options, sel rocm.Selection, reason string) device {
+	if sel.Kind == rocm.SelectAuto {
+		// Debug, not Info: on a machine without a GPU this is the normal
+		// case, and the CLI's stderr carries progress (its golden
+		// outputs); -v shows it.
+		slog.Debug("pipeline: running on the CPU", "device", o.Device, "reason", reason)
+	}
+	b := cpu.New(o.Threads)
+	return device{be: b, close: b.Close}
+}
+
+// backgroundDevice decides whether the device can open in the background
+// while Open returns: a GPU ("gpu", "gpu:N", or "auto" where a driver
+// library loads and the GPU reads every type of the file, so that the
+// load plan is the same whichever device "auto" ends on). A missing
+// driver is found here at once (a dlopen), so "gpu" on a machine without
+// one fails Open as before and "auto" picks the CPU without delay.
+func backgroundDevice(o Options, f *gguf.File) (rocm.Selection, bool, error) {
+	if o.Backend != nil {
+		return rocm.Selection{}, false, nil
+	}
+	sel, err := parseDevice(o.Device)
+	if err != nil || sel.Kind == rocm.SelectCPU {
+		return sel, false, err
+	}
+	if err := rocm.Probe(); err != nil {
+		if sel.Kind == rocm.SelectGPU {
+			return sel, false, fmt.Errorf("pipeline: device %q: %w", o.Device, err)
+		}
+		return sel, false, nil // auto: the CPU, decided by openBackend
+	}
+	if sel.Kind == rocm.SelectAuto {
+		for i := range f.Tensors {
+			if !gpu.Supported(f.Tensors[i].Type) {
+				return sel, false, nil
+			}
+		}
+	}
+	return sel, true, nil
+}
+
+// pendingDevice is a device opening in the background: the driver is
+// initialised and the GPU context made (the uploader starts from there),
+// then the kernels are loaded from the cache (the executor starts from
+// there). Loading weights and compiling nothing new, the second step
+// overlaps the weight stream.
+type pendingDevice struct {
+	o     Options
+	sel   rocm.Selection
+	abort chan struct{} // closed by Model.Close: stop after the current step
+
+	// Set before ctxReady closes.
+	ctxReady chan struct{}
+	ctxErr   error        // no context (or CPU backend) could be had
+	cpu      bool         // "auto" found no usable GPU: the CPU runs it
+	w        *rocm.Worker // the backend's worker
+	upW      *rocm.Worker // its sibling for the uploader's copies (or w)
+	ctxAt    time.Time
+
+	// Set before done closes.
+	done    chan struct{}
+	err     error // the backend could not be made
+	be      kernels.Backend
+	closeFn func()
+	beAt    time.Time // when the backend (kernels) was ready
+}
+
+func startDevice(o Options, sel rocm.Selection) *pendingDevice {
+	p := &pendingDevice{o: o, sel: sel, abort: make(chan struct{}), ctxReady: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	return p
+}
+
+// DeviceError is a device that could not be opened in the background: the
+// error every readiness future and request of the model fails with
+// (errors.As finds it through their wrapping).
+type DeviceError struct {
+	Device string // as asked for: "gpu", "gpu:1", "auto"
+	Err    error
+}
+
+func (e *DeviceError) Error() string { return fmt.Sprintf("pipeline: device %q: %v", e.Device, e.Err) }
+
+func (e *DeviceError) Unwrap() error { return e.Err }
+
+// errAborted: the model was closed while its device was opening.
+var errAborted = errors.New("pipeline: closed while the device was opening")
+
+func (p *pendingDevice) aborted() bool {
+	select {
+	case <-p.abort:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *pendingDevice) run() {
+	defer close(p.done)
+	t0 := time.Now()
+	// The run-time compiler (the kernel cache needs its version) and
+	// cuBLAS (the backend opens it last) load next to the driver: a fresh
+	// process pays tens of milliseconds for each.
+	var preloads sync.WaitGroup
+	var tBLAS time.Duration
+	preloads.Go(rocm.PreloadCompiler)
+	if os.Getenv("FORGE_GPU_PRELOAD") != "0" {
+		preloads.Go(func() { t := time.Now(); preloadBLAS(); tBLAS = time.Since(t) })
+	}
+	defer preloads.Wait()
+	ctxSet := false
+	setCtx := func(err error) {
+		p.ctxErr, ctxSet = err, true
+		close(p.ctxReady)
+	}
+	defer func() {
+		if !ctxSet {
+			setCtx(p.err)
+		}
+	}()
+	ch, err := rocm.Choose(p.sel)
+	if err != nil {
+		p.err = &DeviceError{Device: p.o.Device, Err: err}
+		return
+	}
+	if ch.CPU {
+		d := cpuDevice(p.o, p.sel, ch.Reason)
+		p.cpu, p.be, p.closeFn, p.beAt = true, d.be, d.close, time.Now()
+		setCtx(nil)
+		return
+	}
+	if p.aborted() {
+		p.err = errAborted
+		return
+	}
+	w, err := ch.Runtime.NewWorker(ch.Device.Ordinal)
+	if err != nil {
+		p.err = &DeviceError{Device: p.o.Device, Err: fmt.Errorf("%s: %w", ch.Device, err)}
+		return
+	}
+	p.ctxAt = time.Now()
+	tCtx := time.Since(t0)
+	upW, err := w.Sibling()
+	if err != nil {
+		slog.Debug("pipeline: no thread of its own for the uploader", "err", err)
+		upW = w
+	}
+	p.w, p.upW = w, upW
+	closeWorkers := func() {
+		if upW != w {
+			upW.Close()
+		}
+		w.Close()
+	}
+	setCtx(nil)
+	if p.sel.Kind == rocm.SelectAuto {
+		slog.Info("pipeline: running on the GPU", "device", ch.Device.String())
+	}
+	// An experiment (bench/results/2026-11-24-gpu-load-h100.md): loading
+	// the kernels later shows what the load does without them alongside.
+	if d, err := time.ParseDuration(os.Getenv("FORGE_GPU_KERNELS_DELAY")); err == nil && d > 0 {
+		select {
+		case <-time.After(d):
+		case <-p.abort:
+		}
+	}
+	if p.aborted() {
+		p.err, p.closeFn = errAborted, closeWorkers
+		return
+	}
+	b, err := gpu.New(w, gpu.Options{})
+	if err != nil {
+		p.err, p.closeFn = &DeviceError{Device: p.o.Device, Err: fmt.Errorf("%s: %w", ch.Device, err)}, closeWorkers
+		return
+	}
+	p.closeFn = func() { b.Close(); closeWorkers() }
+	tKernels := time.Since(t0)
+	if os.Getenv("FORGE_GPU_WARMUP") != "0" && !p.aborted() {
+		if err := warmUp(b); err != nil {
+			slog.Debug("pipeline: GPU warm-up failed", "err", err)
+		}
+	}
+	p.be, p.beAt = b, time.Now()
+	tWarm := time.Since(t0)
+	preloads.Wait()
+	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels, "warm", tWarm, "cublas preload", tBLAS)
+}
+
+// blasNames and blasDirs mirror kernels/gpu's search for cuBLAS (vendor.go:
+// keep them in step), so that preloadBLAS loads the very file the backend
+// will ask for. kernels/gpu exporting its own preload would be better.
+var (
+	blasNames = []string{"libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}
+	blasDirs  = []string{
+		"/usr/local/cuda/lib64",
+		"/usr/local/cuda/targets/x86_64-linux/lib",
+		"/usr/lib/x86_64-linux-gnu",
+		"/usr/local/cuda-*/lib64",
+		"/opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib",
+		"/opt/*/.venv/lib/python3*/site-packages/nvidia/cu*/lib",
+		"/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib",
+	}
+)
+
+// preloadBLAS dlopens cuBLAS as kernels/gpu will (same candidates, same
+// order, same flags), before the GPU context exists: the backend's own
+// dlopen then finds it loaded. A library that is not there is left for
+// the backend to report.
+func preloadBLAS() {
+	cands := []string{}
+	if p := os.Getenv(gpu.EnvCUBLASLib); p != "" {
+		cands = append(cands, p)
+	}
+	cands = append(cands, blasNames...)
+	for _, g := range blasDirs {
+		dirs, _ := filepath.Glob(g)
+		sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
+		for _, d := range dirs {
+			for _, n := range blasNames {
+				cands = append(cands, filepath.Join(d, n))
+			}
+		}
+	}
+	for _, c := range cands {
+		if _, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
+			return // stays loaded: the backend's dlopen counts a reference
+		}
+	}
+}
+
+// warmUp pays, on tiny operands and while the weights still stream, what
+// the first request would otherwise pay on its first prompt: cuBLAS loads
+// its kernels on the first GEMM of a process (~25 ms on the H100, bench/
+// results/2026-11-24-gpu-load-h100.md). FORGE_GPU_WARMUP=0 skips it (for
+// measurements).
+func warmUp(b *gpu.Backend) error {
+	const m, n, k = 128, 16, 256 // f16 operands: W [m][k], X [n][k]
+	var bufs []kernels.Tensor
+	defer func() {
+		for _, t := range bufs {
+			b.Free(t)
+		}
+	}()
+	for _, floats := range []int{m * k / 2, n * k / 2, m * n} {
+		t, err := b.Alloc(floats) // zeroed
+		if err != nil {
+			return err
+		}
+		bufs = append(bufs, t)
+	}
+	if err := b.GEMMF16(rocm.DevPtr(bufs[2].Dev), rocm.DevPtr(bufs[0].Dev), rocm.DevPtr(bufs[1].Dev), m, n, k); err != nil {
+		return err
+	}
+	return b.Sync()
+}
+
+// backend waits for the backend.
+func (p *pendingDevice) backend(ctx context.Context) (kernels.Backend, error) {
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return p.be, p.err
+}
+
+// close waits for the device to finish opening and closes what it opened.
+func (p *pendingDevice) close() {
+	<-p.done
+	if p.closeFn != nil {
+		p.closeFn()
+	}
+}
+
+// lazyUploader is the Uploader of a model whose device is still opening:
+// Reserve waits for the GPU context (or the CPU), then makes the device's
+// own Uploader and hands everything to it. A device that fails to open
+// fails Reserve, which fails every future with its error.
+type lazyUploader struct {
+	dev  *pendingDevice
+	ctx  context.Context // the load
+	make func(cpu bool) actors.Uploader
+
+	mu sync.Mutex
+	up actors.Uploader
+}
+
+func (l *lazyUploader) inner() actors.Uploader {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.up
+}
+
+// Reserve implements actors.Uploader.
+func (l *lazyUploader) Reserve(p *actors.Plan) error {
+	ready := l.dev.ctxReady
+	if os.Getenv("FORGE_GPU_KERNELS_FIRST") == "1" { // an experiment: no copies while the kernels load
+		ready = l.dev.done
+	}
+	select {
+	case <-ready:
+	case <-l.dev.abort:
+		return actors.ErrClosed
+	case <-l.ctx.Done():
+		return fmt.Errorf("load cancelled while the device opened: %w", context.Cause(l.ctx))
+	}
+	if l.dev.ctxErr != nil {
+		return l.dev.ctxErr
+	}
+	up := l.make(l.dev.cpu)
+	l.mu.Lock()
+	l.up = up
+	l.mu.Unlock()
+	return up.Reserve(p)
+}
+
+var errNotReserved = errors.New("pipeline: uploader used before Reserve")
+
+// failed is the backend's error once it is known to have failed after the
+// context was made: the remaining units fail with it.
+func (l *lazyUploader) failed() error {
+	select {
+	case <-l.dev.done:
+		return l.dev.err
+	default:
+		return nil
+	}
+}
+
+// Dest implements actors.Uploader.
+func (l *lazyUploader) Dest(t *actors.Tensor, off, n int64) ([]byte, error) {
+	up := l.inner()
+	if up == nil {
+		return nil, errNotReserved
+	}
+	return up.Dest(t, off, n)
+}
+
+// Upload implements actors.Uploader.
+func (l *lazyUploader) Upload(t *actors.Tensor, off int64, data []byte) error {
+	up := l.inner()
+	if up == nil {
+		return errNotReserved
+	}
+	if err := l.failed(); err != nil {
+		return err
+	}
+	return up.Upload(t, off, data)
+}
+
+// Flush implements actors.Uploader.
+func (l *lazyUploader) Flush(u *actors.Unit) (actors.Fence, error) {
+	up := l.inner()
+	if up == nil {
+		return nil, errNotReserved
+	}
+	if err := l.failed(); err != nil {
+		return nil, err
+	}
+	return up.Flush(u)
+}
+
+// Weight implements actors.Uploader.
+func (l *lazyUploader) Weight(name string) (*kernels.Weight, bool) {
+	up := l.inner()
+	if up == nil {
+		return nil, false
+	}
+	return up.Weight(name)
+}
+
+// Release implements actors.Uploader.
+func (l *lazyUploader) Release() {
+	if up := l.inner(); up != nil {
+		up.Release()
+	}
+}
+
 // gpuUploader streams weights into one device arena on w (per tensor for
 // host-f32, whose tensors are F32 copies).
-func gpuUploader(w *rocm.Worker) func(Strategy, *actors.Memory) actors.Uploader {
+func gpuUploader(w *rocm.Worker, t UploadTuning) func(Strategy, *actors.Memory) actors.Uploader {
 	return func(s Strategy, mem *actors.Memory) actors.Uploader {
-		// FORGE_GPU_STAGING=1 copies through the pinned staging ring even
-		// where the mapped file can be registered (for comparisons).
-		return &actors.DeviceUploader{W: w, Mem: mem, PerTensor: s == HostF32, Staging: os.Getenv("FORGE_GPU_STAGING") == "1"}
+		return deviceUploader(w, t, s, mem)
 	}
+}
+
+func deviceUploader(w *rocm.Worker, t UploadTuning, s Strategy, mem *actors.Memory) *actors.DeviceUploader {
+	if spec := os.Getenv("FORGE_GPU_UPLOAD"); spec != "" {
+		var err error
+		if t, err = t.Parse(spec); err != nil {
+			slog.Warn("pipeline: FORGE_GPU_UPLOAD ignored", "err", err)
+		}
+	}
+	return &actors.DeviceUploader{
+		W: w, Mem: mem, PerTensor: s == HostF32, Ahead: s != Lazy,
+		// FORGE_GPU_REGISTER=1 copies from the registered mapping instead
+		// of the pinned ring (for comparisons).
+		Register:    t.Register || os.Getenv("FORGE_GPU_REGISTER") == "1",
+		RingBuffers: t.RingBuffers, RingBytes: t.RingBytes, Stagers: t.Stagers,
+		RegThreads: t.RegThreads, RegBytes: t.RegBytes,
+	}
+}
+
+// Parse sets the fields named in spec, a comma-separated list of "reg"
+// (Register) and key=value: st stagers, rn ring buffers, rs ring MiB, rt
+// registration threads, rb registration MiB. FORGE_GPU_UPLOAD takes the
+// same list, for benchmarks of a whole process (forge run, forge bench
+// load).
+func (t UploadTuning) Parse(spec string) (UploadTuning, error) {
+	for _, kv := range strings.Split(spec, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if kv == "reg" {
+			t.Register = true
+			continue
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return t, fmt.Errorf("upload setting %q: want a positive number", kv)
+		}
+		switch k {
+		case "st":
+			t.Stagers = n
+		case "rn":
+			t.RingBuffers = n
+		case "rs":
+			t.RingBytes = n << 20
+		case "rt":
+			t.RegThreads = n
+		case "rb":
+			t.RegBytes = int64(n) << 20
+		default:
+			return t, fmt.Errorf("unknown upload setting %q (reg, st, rn, rs, rt, rb)", kv)
+		}
+	}
+	return t, nil
 }
 
 // prefetchFile asks the kernel to start reading f's tensor data into the
@@ -142,3 +584,7 @@ func (a accounted) FreeKVCache(c *kernels.KVCache) {
 	a.Backend.FreeKVCache(c)
 	a.mem.Free(kvBytes(c.Layers, c.Ctx, c.KVDim))
 }
+
+// Unwrap lets the model find the backend's optional capabilities (a
+// recorded decode step, an argmax on the device) behind the accounting.
+func (a accounted) Unwrap() kernels.Backend { return a.Backend }

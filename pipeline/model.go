@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
+	"github.com/forge-llm/forge/rocm"
 )
 
 // Model is an opened model: its weights stream to the device in the
@@ -22,15 +25,24 @@ type Model struct {
 	start   time.Time
 	sys     *actors.System
 	mem     *actors.Memory
-	be      kernels.Backend
+	be      kernels.Backend // nil while dev opens it
 	closeBe func()
-	ctxAt   time.Time // when the GPU context became current (zero on the CPU)
+	ctxAt   time.Time       // when the GPU context became current (zero on the CPU), when be is set
+	dev     *pendingDevice  // the device opening in the background, or nil
+	up      actors.Uploader // what places the weights (nil: the host's)
+
+	// prefetched is closed once the readahead hints are given (they touch
+	// the mapping, which Close unmaps).
+	prefetched chan struct{}
 
 	// The tokenizer is built in the background too (large vocabularies
 	// take tens of milliseconds); Generate waits for it.
 	tokDone chan struct{}
 	tok     *tokenizer.Tokenizer
 	tokErr  error
+	tokAt   time.Time // when it was built
+
+	builtAt atomic.Int64 // ns after start the executor's model was built (0: not yet)
 
 	// chatTemplate is tokenizer.chat_template ("" when absent), for
 	// rendering conversations (package chat).
@@ -47,10 +59,20 @@ type typeReader interface {
 	Reads(t gguf.Type) bool
 }
 
+// gpuReaders is the default number of file readers on a GPU: they page the
+// file in ahead of the copies (one thread populates page tables at a few
+// GB/s; the copies run at up to 55).
+const gpuReaders = 8
+
 // Open maps the file, parses its metadata and starts loading; it returns
 // as soon as the metadata is checked, while weights stream in the
-// background. ctx bounds the load only: cancelling it stops loading and
-// fails the readiness futures still pending. Close the model when done.
+// background. On a GPU the driver, the context and the kernels are made in
+// the background too (a tenth of a second or more): the loader starts
+// reading at once, the uploader once the context exists, the executor once
+// the kernels are loaded; a device that cannot be opened fails every
+// readiness future and every request with its error. ctx bounds the load
+// only: cancelling it stops loading and fails the readiness futures still
+// pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	start := time.Now()
 	mem := o.Memory
@@ -65,48 +87,83 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	if err == nil {
 		err = checkShapes(f, cfg)
 	}
+	var sel rocm.Selection
+	var background bool
+	if err == nil {
+		sel, background, err = backgroundDevice(o, f)
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
+	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{})}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
-	prefetched := make(chan struct{})
-	go func() { defer close(prefetched); prefetchFile(f) }()
-	dev, err := openBackend(o)
-	<-prefetched
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	be, closeBe := dev.be, dev.close
+	go func() { defer close(m.prefetched); prefetchFile(f) }()
 	up := o.Uploader
-	if up == nil && dev.uploader != nil {
-		up = dev.uploader(o.Strategy, mem)
-	}
 	conv := actors.Conversion{AllF32: o.Strategy == HostF32}
-	if r, ok := be.(typeReader); ok {
-		conv.Reads = r.Reads
+	if background {
+		m.dev = startDevice(o, sel)
+		if up == nil {
+			up = &lazyUploader{dev: m.dev, ctx: ctx, make: func(cpu bool) actors.Uploader {
+				if cpu {
+					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
+				}
+				return deviceUploader(m.dev.upW, o.Upload, o.Strategy, mem)
+			}}
+		}
+		// The GPU's types; for "auto" every type of the file is one of
+		// them (backgroundDevice), so the CPU reads the same plan.
+		conv.Reads = gpu.Supported
+		if o.Readers <= 0 {
+			o.Readers = gpuReaders
+		}
+	} else {
+		dev, err := openBackend(o)
+		if err != nil {
+			<-m.prefetched
+			f.Close()
+			return nil, err
+		}
+		m.be, m.closeBe, m.ctxAt = dev.be, dev.close, dev.ctxAt
+		if up == nil && dev.uploader != nil {
+			up = dev.uploader(o.Strategy, mem)
+			if o.Readers <= 0 {
+				o.Readers = gpuReaders
+			}
+		}
+		if r, ok := dev.be.(typeReader); ok {
+			conv.Reads = r.Reads
+		}
 	}
 	sys, err := actors.Start(ctx, actors.Config{
 		File: f, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
 		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks, Start: start,
 	})
 	if err != nil {
+		<-m.prefetched
 		f.Close()
-		if closeBe != nil {
-			closeBe()
+		if m.dev != nil {
+			close(m.dev.abort)
+			m.dev.close()
+		} else if m.closeBe != nil {
+			m.closeBe()
 		}
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, start: start, sys: sys, mem: mem, be: be, closeBe: closeBe, ctxAt: dev.ctxAt, tokDone: make(chan struct{})}
+	m.sys, m.up = sys, up
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	go func() {
 		defer close(m.tokDone)
 		m.tok, m.tokErr = tokenizer.FromFile(f)
+		m.tokAt = time.Now()
 	}()
 	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
 	sys.StartExecutor(func(ctx context.Context) (actors.Generator, error) {
+		be, err := m.backend(ctx)
+		if err != nil {
+			return nil, err
+		}
 		w, err := newWeights(sys, be, cfg)
 		if err != nil {
 			return nil, err
@@ -115,19 +172,37 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		if err != nil {
 			return nil, err
 		}
+		m.builtAt.Store(int64(time.Since(start)))
 		return &generator{m: m, mdl: mdl}, nil
 	})
 	return m, nil
 }
 
+// backend waits for the model's backend.
+func (m *Model) backend(ctx context.Context) (kernels.Backend, error) {
+	if m.dev == nil {
+		return m.be, nil
+	}
+	return m.dev.backend(ctx)
+}
+
 // ContextCurrent is how long after Started the GPU context became current
 // (0 on the CPU): "ready within X ms of the context" is Ready's time minus
 // this.
+// While the device is still opening in the background it is 0.
 func (m *Model) ContextCurrent() time.Duration {
-	if m.ctxAt.IsZero() {
+	at := m.ctxAt
+	if m.dev != nil {
+		select {
+		case <-m.dev.ctxReady:
+			at = m.dev.ctxAt
+		default:
+		}
+	}
+	if at.IsZero() {
 		return 0
 	}
-	return m.ctxAt.Sub(m.start)
+	return at.Sub(m.start)
 }
 
 // Path is the model file.
@@ -177,11 +252,21 @@ func (m *Model) Tokenizer(ctx context.Context) (*tokenizer.Tokenizer, error) {
 // Close cancels running requests, stops loading, and releases the weights,
 // KV cache, scratch, backend (unless the caller passed it) and file.
 // Subscriptions get what was published, then close.
+//
+// Closing a model whose device is still opening stops the opening after
+// its current step (a driver call cannot be interrupted) and waits for it.
 func (m *Model) Close() error {
 	m.closeOnce.Do(func() {
-		<-m.tokDone // it reads the file, which sys.Close closes
+		if m.dev != nil {
+			close(m.dev.abort)
+		}
+		// Both read the file, which sys.Close closes.
+		<-m.tokDone
+		<-m.prefetched
 		m.closeErr = m.sys.Close()
-		if m.closeBe != nil {
+		if m.dev != nil {
+			m.dev.close()
+		} else if m.closeBe != nil {
 			m.closeBe()
 		}
 	})
@@ -190,5 +275,19 @@ func (m *Model) Close() error {
 
 // String describes the model for logs.
 func (m *Model) String() string {
-	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, m.be.Name(), m.sys.Strategy())
+	name := "opening"
+	if m.dev == nil {
+		name = m.be.Name()
+	} else {
+		select {
+		case <-m.dev.done:
+			if m.dev.be != nil {
+				name = m.dev.be.Name()
+			} else {
+				name = "failed"
+			}
+		default:
+		}
+	}
+	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.sys.Strategy())
 }

@@ -47,7 +47,8 @@ type Options struct {
 	// Ctx is the KV cache length in positions (0: the model's, at most
 	// 4096); Batch the most prompt tokens per forward step (0: 512).
 	Ctx, Batch int
-	// Readers is the number of file readers (0: 4).
+	// Readers is the number of file readers (0: 4 on the CPU, 8 on a GPU,
+	// where they page the file in ahead of the copies).
 	Readers int
 	// ChunkBytes is the unit of reading, conversion and upload, rounded to
 	// whole rows (0: 4 MiB).
@@ -64,4 +65,23 @@ type Options struct {
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
 	Hooks Hooks
+	// Upload tunes the GPU uploader (benchmarks; the zero value is the
+	// measured default).
+	Upload UploadTuning
+}
+
+// UploadTuning sizes the GPU uploader's helpers (see
+// actors.DeviceUploader; zero fields take its defaults).
+type UploadTuning struct {
+	// Register copies from the mapped file, registered read-only, instead
+	// of through the pinned ring (slower on the H100 host: for
+	// comparisons; FORGE_GPU_REGISTER=1 sets it too).
+	Register bool
+	// RingBuffers × RingBytes is the pinned staging ring; Stagers the
+	// goroutines filling it.
+	RingBuffers, RingBytes, Stagers int
+	// RegThreads threads register the mapped file read-only in ranges of
+	// at most RegBytes (with Register).
+	RegThreads int
+	RegBytes   int64
 }

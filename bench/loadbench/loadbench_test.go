@@ -145,7 +145,9 @@ func TestRunOnce(t *testing.T) {
 	if r.Err != "" {
 		t.Fatal(r.Err)
 	}
-	if !(r.MainMs >= 0 && r.MainMs <= r.OpenMs && r.OpenMs <= r.ReadyMs && r.ReadyMs <= r.FirstTokenMs && r.ReadyMs <= r.ResidentMs) {
+	// Loading starts inside Open, so on a model this small "ready" may
+	// come before Open has returned: the two are not ordered.
+	if !(r.MainMs >= 0 && r.MainMs <= r.OpenMs && r.MainMs <= r.ReadyMs && r.ReadyMs <= r.FirstTokenMs && r.ReadyMs <= r.ResidentMs) {
 		t.Errorf("milestones out of order: %+v", r)
 	}
 	if r.PromptTokens != 9 || r.ReadBytes != r.FileBytes || r.PlacedBytes != r.FileBytes || r.DevicePeak < r.FileBytes {

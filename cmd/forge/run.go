@@ -222,6 +222,10 @@ func runCmd(c *cli.Context) error {
 		m.Close()
 		<-drained
 		disp.Finish()
+		if _, ok := errors.AsType[*pipeline.DeviceError](err); ok && strings.HasPrefix(device, "gpu") {
+			// The device opens in the background: its failure comes here.
+			return fmt.Errorf("--device %s: no GPU backend could be opened (no CUDA or HIP driver, no such device, or kernel compilation failed; --device cpu runs on the CPU): %w", device, err)
+		}
 		return err
 	}
 	disp.Finish()
