@@ -37,10 +37,11 @@ import (
 // copies pass-through tensors straight from the mapped file instead,
 // registered read-only in ranges of RegBytes by RegThreads threads running
 // ahead of the chunks in load order. It is there for comparison: on the
-// H100 host the driver registers at 30-35 GB/s whatever the number of
-// threads, and a registration in progress holds up the copy thread's own
-// driver calls, so it loads at ~30 GB/s alone and slower mixed with
-// staging (bench/results/2026-11-24-gpu-load-h100.md).
+// H100 host the driver registers at 9-16 GB/s whatever the number of
+// threads (copies from the registered range then run at 51-54 GB/s),
+// while several stagers fill a pinned ring at 33-53 GB/s, and a
+// registration in progress holds up the copy thread's own driver calls
+// (TestDeviceRates, bench/results/2026-11-25-gpu-h100.md).
 //
 // Every driver call of the copies runs on W's OS-locked thread (best a
 // rocm.Worker.Sibling of the backend's worker, so copies never queue

@@ -9,7 +9,7 @@
 # their benchmarks. Logs go to $OUT (or ./out): one file per package plus a
 # summary in $OUT/log.
 #
-# load: the load path on the 8B shape (bench/results/2026-11-24-gpu-load-h100.md).
+# load: the load path on the 8B shape (bench/results/2026-11-25-gpu-h100.md).
 # Binaries from $BIN (default bin/device, from `make device`): actors.test, pipeline.test, forge
 # (CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' ./actors, ./pipeline;
 # go build -trimpath -ldflags='-s -w' ./cmd/forge). It writes the 8B
@@ -55,7 +55,7 @@ if [ "$mode" = load ]; then
   }
   {
     for i in 1 2 3 4 5 6; do run_forge default FORGE_X=; done
-    for v in ${RUN_VARIANTS:-FORGE_GPU_WARMUP=0}; do
+    for v in ${RUN_VARIANTS:-FORGE_GPU_PRELOAD=early}; do
       for i in 1 2 3; do run_forge "$v" "$v"; done
     done
     "$bin/forge" bench load -m $big --device gpu --runs ${RUNS:-5} --cache warm --strategies "${STRATEGIES:-prefetch,eager}"

@@ -6,14 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/ebitengine/purego"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
@@ -104,13 +100,20 @@ func cpuDevice(o Options, sel rocm.Selection, reason string) device {
 // load plan is the same whichever device "auto" ends on). A missing
 // driver is found here at once (a dlopen), so "gpu" on a machine without
 // one fails Open as before and "auto" picks the CPU without delay.
-func backgroundDevice(o Options, f *gguf.File) (rocm.Selection, bool, error) {
+//
+// probed says earlyDevice has already found the driver (and started it):
+// probing again would dlopen while the driver's own initialisation holds
+// the loader's lock, which costs Open tens of milliseconds.
+func backgroundDevice(o Options, f *gguf.File, probed bool) (rocm.Selection, bool, error) {
 	if o.Backend != nil {
 		return rocm.Selection{}, false, nil
 	}
 	sel, err := parseDevice(o.Device)
 	if err != nil || sel.Kind == rocm.SelectCPU {
 		return sel, false, err
+	}
+	if probed {
+		return sel, true, nil
 	}
 	if err := rocm.Probe(); err != nil {
 		if sel.Kind == rocm.SelectGPU {
@@ -152,12 +155,40 @@ type pendingDevice struct {
 	be      kernels.Backend
 	closeFn func()
 	beAt    time.Time // when the backend (kernels) was ready
+
+	// preloads are the libraries loading next to the device (they may
+	// finish after done): close waits for them.
+	preloads sync.WaitGroup
 }
 
 func startDevice(o Options, sel rocm.Selection) *pendingDevice {
 	p := &pendingDevice{o: o, sel: sel, abort: make(chan struct{}), ctxReady: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
+}
+
+// earlyDevice starts an explicitly named GPU ("gpu", "gpu:N") before the
+// model file is parsed, nil otherwise ("auto" must see the file's types
+// first; backgroundDevice decides and reports errors).
+func earlyDevice(o Options) *pendingDevice {
+	if o.Backend != nil {
+		return nil
+	}
+	sel, err := parseDevice(o.Device)
+	if err != nil || sel.Kind != rocm.SelectGPU || rocm.Probe() != nil {
+		return nil
+	}
+	return startDevice(o, sel)
+}
+
+// discard stops a device that is no longer wanted and waits for it to
+// close what it opened (nil: nothing to do).
+func (p *pendingDevice) discard() {
+	if p == nil {
+		return
+	}
+	close(p.abort)
+	p.close()
 }
 
 // DeviceError is a device that could not be opened in the background: the
@@ -187,16 +218,31 @@ func (p *pendingDevice) aborted() bool {
 func (p *pendingDevice) run() {
 	defer close(p.done)
 	t0 := time.Now()
-	// The run-time compiler (the kernel cache needs its version) and
-	// cuBLAS (the backend opens it last) load next to the driver: a fresh
-	// process pays tens of milliseconds for each.
-	var preloads sync.WaitGroup
-	var tBLAS time.Duration
-	preloads.Go(rocm.PreloadCompiler)
-	if os.Getenv("FORGE_GPU_PRELOAD") != "0" {
-		preloads.Go(func() { t := time.Now(); preloadBLAS(); tBLAS = time.Since(t) })
+	// The run-time compiler (the kernel cache needs its version: ~70 ms
+	// to load in a fresh process) loads next to the driver's start;
+	// cuBLAS (~100–200 ms), once the context is current: loaded next to
+	// the driver, it held the loader's lock that the driver's own start
+	// needs, and the context came ~100 ms later (bench/results/
+	// 2026-11-25-gpu-h100.md). FORGE_GPU_PRELOAD (for measurements):
+	// "early" both next to the driver, "late" both after the context, "0"
+	// neither.
+	preloads := &p.preloads
+	preloadWhen := os.Getenv("FORGE_GPU_PRELOAD")
+	preloadRTC := func() { preloads.Go(rocm.PreloadCompiler) }
+	preloadBLAS := func() {
+		preloads.Go(func() {
+			t := time.Now()
+			gpu.PreloadBLAS()
+			slog.Debug("pipeline: cuBLAS preloaded", "in", time.Since(t), "from start", time.Since(t0))
+		})
 	}
-	defer preloads.Wait()
+	switch preloadWhen {
+	case "early":
+		preloadRTC()
+		preloadBLAS()
+	case "", "split":
+		preloadRTC()
+	}
 	ctxSet := false
 	setCtx := func(err error) {
 		p.ctxErr, ctxSet = err, true
@@ -229,6 +275,13 @@ func (p *pendingDevice) run() {
 	}
 	p.ctxAt = time.Now()
 	tCtx := time.Since(t0)
+	switch preloadWhen {
+	case "late":
+		preloadRTC()
+		preloadBLAS()
+	case "", "split":
+		preloadBLAS()
+	}
 	upW, err := w.Sibling()
 	if err != nil {
 		slog.Debug("pipeline: no thread of its own for the uploader", "err", err)
@@ -245,14 +298,6 @@ func (p *pendingDevice) run() {
 	if p.sel.Kind == rocm.SelectAuto {
 		slog.Info("pipeline: running on the GPU", "device", ch.Device.String())
 	}
-	// An experiment (bench/results/2026-11-24-gpu-load-h100.md): loading
-	// the kernels later shows what the load does without them alongside.
-	if d, err := time.ParseDuration(os.Getenv("FORGE_GPU_KERNELS_DELAY")); err == nil && d > 0 {
-		select {
-		case <-time.After(d):
-		case <-p.abort:
-		}
-	}
 	if p.aborted() {
 		p.err, p.closeFn = errAborted, closeWorkers
 		return
@@ -264,83 +309,8 @@ func (p *pendingDevice) run() {
 	}
 	p.closeFn = func() { b.Close(); closeWorkers() }
 	tKernels := time.Since(t0)
-	if os.Getenv("FORGE_GPU_WARMUP") != "0" && !p.aborted() {
-		if err := warmUp(b); err != nil {
-			slog.Debug("pipeline: GPU warm-up failed", "err", err)
-		}
-	}
 	p.be, p.beAt = b, time.Now()
-	tWarm := time.Since(t0)
-	preloads.Wait()
-	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels, "warm", tWarm, "cublas preload", tBLAS)
-}
-
-// blasNames and blasDirs mirror kernels/gpu's search for cuBLAS (vendor.go:
-// keep them in step), so that preloadBLAS loads the very file the backend
-// will ask for. kernels/gpu exporting its own preload would be better.
-var (
-	blasNames = []string{"libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}
-	blasDirs  = []string{
-		"/usr/local/cuda/lib64",
-		"/usr/local/cuda/targets/x86_64-linux/lib",
-		"/usr/lib/x86_64-linux-gnu",
-		"/usr/local/cuda-*/lib64",
-		"/opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib",
-		"/opt/*/.venv/lib/python3*/site-packages/nvidia/cu*/lib",
-		"/usr/local/lib/python3*/dist-packages/nvidia/cublas/lib",
-	}
-)
-
-// preloadBLAS dlopens cuBLAS as kernels/gpu will (same candidates, same
-// order, same flags), before the GPU context exists: the backend's own
-// dlopen then finds it loaded. A library that is not there is left for
-// the backend to report.
-func preloadBLAS() {
-	cands := []string{}
-	if p := os.Getenv(gpu.EnvCUBLASLib); p != "" {
-		cands = append(cands, p)
-	}
-	cands = append(cands, blasNames...)
-	for _, g := range blasDirs {
-		dirs, _ := filepath.Glob(g)
-		sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
-		for _, d := range dirs {
-			for _, n := range blasNames {
-				cands = append(cands, filepath.Join(d, n))
-			}
-		}
-	}
-	for _, c := range cands {
-		if _, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
-			return // stays loaded: the backend's dlopen counts a reference
-		}
-	}
-}
-
-// warmUp pays, on tiny operands and while the weights still stream, what
-// the first request would otherwise pay on its first prompt: cuBLAS loads
-// its kernels on the first GEMM of a process (~25 ms on the H100, bench/
-// results/2026-11-24-gpu-load-h100.md). FORGE_GPU_WARMUP=0 skips it (for
-// measurements).
-func warmUp(b *gpu.Backend) error {
-	const m, n, k = 128, 16, 256 // f16 operands: W [m][k], X [n][k]
-	var bufs []kernels.Tensor
-	defer func() {
-		for _, t := range bufs {
-			b.Free(t)
-		}
-	}()
-	for _, floats := range []int{m * k / 2, n * k / 2, m * n} {
-		t, err := b.Alloc(floats) // zeroed
-		if err != nil {
-			return err
-		}
-		bufs = append(bufs, t)
-	}
-	if err := b.GEMMF16(rocm.DevPtr(bufs[2].Dev), rocm.DevPtr(bufs[0].Dev), rocm.DevPtr(bufs[1].Dev), m, n, k); err != nil {
-		return err
-	}
-	return b.Sync()
+	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels)
 }
 
 // backend waits for the backend.
@@ -356,6 +326,7 @@ func (p *pendingDevice) backend(ctx context.Context) (kernels.Backend, error) {
 // close waits for the device to finish opening and closes what it opened.
 func (p *pendingDevice) close() {
 	<-p.done
+	p.preloads.Wait()
 	if p.closeFn != nil {
 		p.closeFn()
 	}
@@ -382,12 +353,8 @@ func (l *lazyUploader) inner() actors.Uploader {
 
 // Reserve implements actors.Uploader.
 func (l *lazyUploader) Reserve(p *actors.Plan) error {
-	ready := l.dev.ctxReady
-	if os.Getenv("FORGE_GPU_KERNELS_FIRST") == "1" { // an experiment: no copies while the kernels load
-		ready = l.dev.done
-	}
 	select {
-	case <-ready:
+	case <-l.dev.ctxReady:
 	case <-l.dev.abort:
 		return actors.ErrClosed
 	case <-l.ctx.Done():

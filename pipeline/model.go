@@ -3,6 +3,8 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,8 +81,12 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	if mem == nil {
 		mem = actors.NewMemory(0)
 	}
+	// An explicit GPU starts its driver before the file is parsed: the
+	// driver's start-up is the longest step of a fresh process.
+	early := earlyDevice(o)
 	f, err := gguf.Open(path)
 	if err != nil {
+		early.discard()
 		return nil, err
 	}
 	cfg, err := model.ConfigFromFile(f)
@@ -90,7 +96,11 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	var sel rocm.Selection
 	var background bool
 	if err == nil {
-		sel, background, err = backgroundDevice(o, f)
+		sel, background, err = backgroundDevice(o, f, early != nil)
+	}
+	if err != nil || !background {
+		early.discard()
+		early = nil
 	}
 	if err != nil {
 		f.Close()
@@ -99,11 +109,22 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{})}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
-	go func() { defer close(m.prefetched); prefetchFile(f) }()
+	go func() {
+		defer close(m.prefetched)
+		if os.Getenv("FORGE_PREFETCH") != "0" { // 0: for measurements
+			prefetchFile(f)
+		}
+	}()
+	if n, err := strconv.Atoi(os.Getenv("FORGE_READERS")); err == nil && n > 0 && o.Readers <= 0 {
+		o.Readers = n // for measurements of a whole process
+	}
 	up := o.Uploader
 	conv := actors.Conversion{AllF32: o.Strategy == HostF32}
 	if background {
-		m.dev = startDevice(o, sel)
+		m.dev = early
+		if m.dev == nil {
+			m.dev = startDevice(o, sel)
+		}
 		if up == nil {
 			up = &lazyUploader{dev: m.dev, ctx: ctx, make: func(cpu bool) actors.Uploader {
 				if cpu {

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -51,7 +52,13 @@ type Backend struct {
 	stream rocm.Stream
 	mods   []*rocm.Module
 	fns    map[string]rocm.Function
-	vendor *VendorGEMM // cuBLAS for the prompt GEMM, nil where absent
+	// vendor is cuBLAS for the prompt GEMMs of vendorMinN rows or more,
+	// nil where absent. New opens it in the background (loading cuBLAS
+	// and its first kernels takes a fresh process ~0.1–0.2 s, which must
+	// not delay a short first prompt): it is set, under mu, before
+	// vendorReady closes, and only read after.
+	vendor      *VendorGEMM
+	vendorReady chan struct{}
 
 	mu      sync.Mutex
 	allocs  map[uintptr]int64          // Alloc'd tensors and caches: base → bytes
@@ -116,7 +123,9 @@ func Open(ordinal int, o Options) (*Backend, error) {
 // New compiles (or loads from the cache) every kernel module for the
 // worker's device and returns a Backend that queues work on a new stream.
 func New(w *rocm.Worker, o Options) (*Backend, error) {
+	t0 := time.Now()
 	comp, err := w.NewCompiler(o.CacheDir)
+	tComp := time.Since(t0)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
@@ -151,6 +160,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		}
 	}
 	wg.Wait()
+	tCode := time.Since(t0)
 	for _, e := range errs {
 		if e != nil {
 			return nil, e
@@ -186,13 +196,51 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		b.release()
 		return nil, err
 	}
+	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0))
+	b.vendorReady = make(chan struct{})
 	if w.Device.Backend == rocm.CUDA && !o.NoVendorGEMM {
-		if b.vendor, err = b.OpenVendorGEMM(); err != nil {
-			slog.Info("gpu: prompt GEMM uses gemm.cu", "reason", err)
-			b.vendor = nil
-		}
+		go b.openVendor()
+	} else {
+		close(b.vendorReady)
 	}
 	return b, nil
+}
+
+// openVendor opens cuBLAS on a thread of its own (a sibling of the
+// backend's worker, so that the backend's queue is not held up meanwhile)
+// and runs one small GEMM, which makes cuBLAS load its kernels, then hands
+// it to the prompt GEMMs. Where cuBLAS is missing they stay on gemm.cu.
+func (b *Backend) openVendor() {
+	defer close(b.vendorReady)
+	t0 := time.Now()
+	on := b.w
+	if sw, err := b.w.Sibling(); err == nil {
+		defer sw.Close()
+		on = sw
+	}
+	v, err := b.openVendorOn(on)
+	if err == nil {
+		err = v.warmUp(on, b.stream)
+		if err != nil {
+			_ = on.Do(context.Background(), func(c *rocm.Ctx) error { return v.destroyLocked(c) })
+		}
+	}
+	if err != nil {
+		slog.Info("gpu: prompt GEMM uses gemm.cu", "reason", err)
+		return
+	}
+	b.mu.Lock()
+	b.vendor = v
+	b.mu.Unlock()
+	slog.Debug("gpu: cuBLAS ready", "after", time.Since(t0))
+}
+
+// waitVendor waits until the background cuBLAS open has finished (either
+// way). Call without mu held.
+func (b *Backend) waitVendor() {
+	if b.vendorReady != nil {
+		<-b.vendorReady
+	}
 }
 
 // Name is "cuda:0" or "hip:0".
@@ -249,6 +297,7 @@ func (b *Backend) Sync() error {
 // tensors not yet freed, loaded weights, scratch, the stream and the
 // modules; it closes the worker if Open made it.
 func (b *Backend) Close() error {
+	b.waitVendor() // it uses the worker and the stream
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -274,7 +323,7 @@ func (b *Backend) release() error {
 			keep(c.SyncStream(b.stream))
 		}
 		if b.vendor != nil {
-			keep(b.vendor.destroyLocked())
+			keep(b.vendor.destroyLocked(c))
 			b.vendor = nil
 		}
 		for p, n := range b.allocs {

@@ -491,3 +491,86 @@ func TestVendorGEMM(t *testing.T) {
 		b.FreeWeight(xw)
 	}
 }
+
+// TestVendorOpensInBackground: New returns before cuBLAS is open; a
+// backend closed at once waits for the open to finish and closes cleanly,
+// its device memory all returned; one left open gets cuBLAS for prompts
+// of vendorMinN rows (where cuBLAS is installed), and a prompt GEMM of
+// that size waits for it rather than running on gemm.cu.
+func TestVendorOpensInBackground(t *testing.T) {
+	sb := gpuBackend(t, false)
+	sb.waitVendor() // cuBLAS's own kernels are loaded once per context: before measuring
+	w := sb.Worker()
+	free := func() uint64 {
+		var f uint64
+		if err := w.Do(t.Context(), func(c *rocm.Ctx) error {
+			var err error
+			f, _, err = c.MemInfo()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	before := free()
+	for range 3 {
+		b, err := New(w, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatalf("closing while cuBLAS opens: %v", err)
+		}
+	}
+	// The driver's bookkeeping may move a few pages; a backend's modules,
+	// stream, cuBLAS handle and warm-up buffers are far more.
+	if after := free(); after+(4<<20) < before {
+		t.Errorf("device free memory %d bytes before, %d after three backends opened and closed at once", before, after)
+	} else {
+		t.Logf("device free memory before %d, after %d", before, after)
+	}
+
+	b, err := New(w, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const m, k = 256, 256
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 11))
+	wt := conformance.RandomWeight(rng, "w", gguf.TypeF16, m, k)
+	xw := conformance.RandomWeight(rng, "x", gguf.TypeF16, vendorMinN, k)
+	for _, ww := range []*kernels.Weight{wt, xw} {
+		if err := b.LoadWeight(ww); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c1, _ := b.Alloc(m * vendorMinN)
+	if err := b.GEMMF16(rocm.DevPtr(c1.Dev), rocm.DevPtr(wt.Dev), rocm.DevPtr(xw.Dev), m, vendorMinN, k); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.vendorReady:
+	default:
+		t.Fatal("a GEMM of vendorMinN rows ran before cuBLAS's open had finished")
+	}
+	if b.vendor == nil {
+		if _, _, err := openBLASLib(); err == nil {
+			t.Fatal("cuBLAS is installed, yet the backend did not open it")
+		}
+		t.Log("no cuBLAS here: prompts stay on gemm.cu")
+	}
+	got := download(t, b, c1)
+	b.gemmKernel = "gemm_f16"
+	c2, _ := b.Alloc(m * vendorMinN)
+	if err := b.GEMMF16(rocm.DevPtr(c2.Dev), rocm.DevPtr(wt.Dev), rocm.DevPtr(xw.Dev), m, vendorMinN, k); err != nil {
+		t.Fatal(err)
+	}
+	b.gemmKernel = ""
+	want := make([]float64, len(got))
+	for i, r := range download(t, b, c2) {
+		want[i] = float64(r)
+	}
+	if e := relNorm(got, want); !(e < 1e-5) {
+		t.Errorf("cuBLAS and gemm_f16 differ by %.3g", e)
+	}
+}

@@ -14,9 +14,16 @@ import (
 // mvMaxN is how many activation rows one matvec launch multiplies (the
 // kernels' MV_MAXNX); gemmMinN is the smallest n that goes through
 // dequantize-to-f16 + GEMM instead.
+//
+// vendorMinN is the smallest n whose GEMM goes to cuBLAS (where found);
+// smaller ones run gemm.cu. At tens of rows the dequantization to f16
+// dominates either way, and a short first prompt then never waits for
+// cuBLAS, which opens in the background (openVendor). The choice depends
+// on n alone, so a prompt gives the same logits however fast cuBLAS came.
 const (
-	mvMaxN   = 8
-	gemmMinN = 9
+	mvMaxN     = 8
+	gemmMinN   = 9
+	vendorMinN = 128
 )
 
 func dptr(t kernels.Tensor) rocm.DevPtr { return rocm.DevPtr(t.Dev) }
@@ -101,6 +108,9 @@ func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	}
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
+	}
+	if n >= vendorMinN {
+		b.waitVendor()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -283,7 +293,7 @@ func (b *Backend) gemm(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr
 func (b *Backend) gemmF16(c *rocm.Ctx, wh, xh, dst rocm.DevPtr, m, n, k int) error {
 	var a rocm.Args
 	a.Ptr(wh).Ptr(xh).Ptr(dst).I32(int32(m)).I32(int32(n)).I32(int32(k))
-	if b.vendor != nil && b.gemmKernel == "" {
+	if b.vendor != nil && b.gemmKernel == "" && n >= vendorMinN {
 		if b.prof != nil && !b.step.capturing {
 			return b.prof.timed(c, "cublas_gemm", b.stream, func() error { return b.vendor.gemm(dst, wh, xh, m, n, k) })
 		}
@@ -364,6 +374,9 @@ func (b *Backend) DequantizeF16(out rocm.DevPtr, w *kernels.Weight, kpad int) er
 func (b *Backend) GEMMF16(cOut, w, x rocm.DevPtr, m, n, k int) error {
 	if k%32 != 0 || m <= 0 || n <= 0 {
 		return fmt.Errorf("gpu: gemm %d×%d×%d: k must be a positive multiple of 32", m, n, k)
+	}
+	if n >= vendorMinN {
+		b.waitVendor()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

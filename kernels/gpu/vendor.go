@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ type VendorGEMM struct {
 	path                               string
 	create, destroy, setStream, gemmEx uintptr
 	handle                             uintptr
+	warm                               []devBuf // warmUp's operands, freed with the handle
 }
 
 // EnvCUBLASLib names libcublas explicitly.
@@ -56,7 +58,10 @@ func openBLASLib() (uintptr, string, error) {
 	}
 	var lastErr error
 	for _, p := range cands {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		// Lazy binding: cuBLAS and cublasLt export thousands of functions
+		// of which forge calls four; resolving them all up front
+		// (RTLD_NOW) is on a fresh process's path to its first prompt.
+		h, err := purego.Dlopen(p, blasFlags())
 		if err == nil {
 			return h, p, nil
 		}
@@ -65,9 +70,29 @@ func openBLASLib() (uintptr, string, error) {
 	return 0, "", fmt.Errorf("gpu: cuBLAS not found (%d places tried, last: %v)", len(cands), lastErr)
 }
 
+// blasFlags are the dlopen flags of cuBLAS (FORGE_BLAS_NOW=1 binds every
+// symbol at once, for comparisons).
+func blasFlags() int {
+	if os.Getenv("FORGE_BLAS_NOW") == "1" {
+		return purego.RTLD_NOW | purego.RTLD_GLOBAL
+	}
+	return purego.RTLD_LAZY | purego.RTLD_GLOBAL
+}
+
+// PreloadBLAS loads cuBLAS as OpenVendorGEMM will (same places, same
+// flags) without touching the device: a program that opens a GPU in the
+// background calls it next to the driver's start, and the backend's own
+// dlopen then finds the library loaded. A library that is not there is
+// left for OpenVendorGEMM to report.
+func PreloadBLAS() { _, _, _ = openBLASLib() }
+
 // OpenVendorGEMM loads cuBLAS and makes a handle bound to the backend's
 // stream. CUDA only.
-func (b *Backend) OpenVendorGEMM() (*VendorGEMM, error) {
+func (b *Backend) OpenVendorGEMM() (*VendorGEMM, error) { return b.openVendorOn(b.w) }
+
+// openVendorOn is OpenVendorGEMM with the handle made on worker on (the
+// backend's worker or a sibling sharing its context).
+func (b *Backend) openVendorOn(on *rocm.Worker) (*VendorGEMM, error) {
 	if b.w.Device.Backend != rocm.CUDA {
 		return nil, fmt.Errorf("gpu: vendor GEMM: only cuBLAS is bound (device is %s)", b.w.Device.Backend)
 	}
@@ -84,7 +109,7 @@ func (b *Backend) OpenVendorGEMM() (*VendorGEMM, error) {
 			return nil, fmt.Errorf("gpu: %s: %s: %w", path, s.name, err)
 		}
 	}
-	err = b.do(func(c *rocm.Ctx) error {
+	err = on.Do(context.Background(), func(c *rocm.Ctx) error {
 		if r, _, _ := purego.SyscallN(v.create, uintptr(unsafe.Pointer(&v.handle))); r != 0 {
 			return fmt.Errorf("gpu: cublasCreate: status %d", r)
 		}
@@ -97,6 +122,30 @@ func (b *Backend) OpenVendorGEMM() (*VendorGEMM, error) {
 		return nil, err
 	}
 	return v, nil
+}
+
+// warmUp runs one small GEMM on stream from worker on: cuBLAS loads its
+// kernels on the first GEMM of a process (~25–70 ms on the H100), which a
+// prompt would otherwise pay. It does not wait for the GEMM to run (the
+// stream may be waiting for weights still in flight); the operands stay
+// allocated until the handle is destroyed.
+func (v *VendorGEMM) warmUp(on *rocm.Worker, stream rocm.Stream) error {
+	const m, n, k = 128, 16, 256 // f16 W [m][k], X [n][k]; f32 C [n][m]
+	return on.Do(context.Background(), func(c *rocm.Ctx) error {
+		for _, bytes := range []int64{m * k * 2, n * k * 2, m * n * 4} {
+			p, err := c.Malloc(bytes)
+			if err != nil {
+				return fmt.Errorf("gpu: cuBLAS warm-up: %w", err)
+			}
+			v.warm = append(v.warm, devBuf{p, bytes})
+		}
+		for _, d := range v.warm {
+			if err := c.MemsetD8Async(d.ptr, 0, int(d.size), stream); err != nil {
+				return fmt.Errorf("gpu: cuBLAS warm-up: %w", err)
+			}
+		}
+		return v.gemm(v.warm[2].ptr, v.warm[0].ptr, v.warm[1].ptr, m, n, k)
+	})
 }
 
 // Path is the library file that was loaded.
@@ -136,18 +185,25 @@ func (b *Backend) VendorGEMMF16(v *VendorGEMM, cOut, w, x rocm.DevPtr, m, n, k i
 
 // CloseVendorGEMM destroys a handle made by OpenVendorGEMM.
 func (b *Backend) CloseVendorGEMM(v *VendorGEMM) error {
-	return b.do(func(c *rocm.Ctx) error { return v.destroyLocked() })
+	return b.do(func(c *rocm.Ctx) error { return v.destroyLocked(c) })
 }
 
 // destroyLocked destroys the handle; call on the worker thread.
-func (v *VendorGEMM) destroyLocked() error {
+func (v *VendorGEMM) destroyLocked(c *rocm.Ctx) error {
+	var first error
+	for _, d := range v.warm {
+		if err := c.Free(d.ptr, d.size); err != nil && first == nil {
+			first = err
+		}
+	}
+	v.warm = nil
 	if v.handle == 0 {
-		return nil
+		return first
 	}
 	r, _, _ := purego.SyscallN(v.destroy, v.handle)
 	v.handle = 0
 	if r != 0 {
 		return fmt.Errorf("gpu: cublasDestroy: status %d", r)
 	}
-	return nil
+	return first
 }
