@@ -90,12 +90,18 @@ func TestBenchLoadJSON(t *testing.T) {
 			}
 			continue
 		}
-		order := []float64{r.MainMs, r.OpenMs, r.ReadyMs, r.FirstTokenMs, r.ExitMs}
+		// Loading starts inside Open, so on a small model "ready" may
+		// come before Open returns: open is ordered after main and
+		// before exit only.
+		order := []float64{r.MainMs, r.ReadyMs, r.FirstTokenMs, r.ExitMs}
 		for i := 1; i < len(order); i++ {
 			if !(order[i-1] > 0 && order[i-1] <= order[i]) {
-				t.Errorf("%s %s run %d: milestones main, open, ready, first token, exit out of order: %v", r.Strategy, r.Cache, r.Run, order)
+				t.Errorf("%s %s run %d: milestones main, ready, first token, exit out of order: %v", r.Strategy, r.Cache, r.Run, order)
 				break
 			}
+		}
+		if !(r.MainMs <= r.OpenMs && r.OpenMs <= r.ExitMs) {
+			t.Errorf("%s %s run %d: open at %.1f ms, outside main %.1f – exit %.1f", r.Strategy, r.Cache, r.Run, r.OpenMs, r.MainMs, r.ExitMs)
 		}
 		if !(r.ReadyMs <= r.ResidentMs && r.ResidentMs <= r.ExitMs) {
 			t.Errorf("%s: ready %.2f, resident %.2f, exit %.2f", r.Strategy, r.ReadyMs, r.ResidentMs, r.ExitMs)
