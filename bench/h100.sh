@@ -27,24 +27,6 @@ for phase in "$@"; do
   pipeline)
     d=$(mktemp -d); mkdir -p "$d/github.com/forge-llm" && ln -s "$PWD" "$d/github.com/forge-llm/forge"
     (cd "$d" && FORGE_REQUIRE_GPU=1 "$OLDPWD/bin/device/pipeline.test" -test.v -test.run GPU -test.timeout 300s) >"$o/logs/pipeline.txt" 2>&1 ;;
-  startup) # fresh-process forge run, 3 times per setting: where the time goes
-    f=/tmp/l8.gguf
-    [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
-    cat $f >/dev/null
-    one() { # label model env...
-      local label=$1 m=$2; shift 2
-      for i in 1 2 3; do
-        local s=$(date +%s%N)
-        env "$@" bin/device/forge -v run --device gpu -m $m -p "Once upon a time" -n 1 --temp 0 --progress plain >/dev/null 2>"$o/logs/run.err"
-        local rc=$? e=$(date +%s%N)
-        echo "$label: exit $rc, $(( (e-s)/1000000 )) ms from the shell; $(grep -oE '(context|kernels|warm)=[0-9.]+ms' "$o/logs/run.err" | tr '\n' ' ')| $(grep -E '^load:' "$o/logs/run.err" | sed 's/ · prompt.*//')"
-      done
-    }
-    {
-      one tiny gguf/testdata/stories260K-Q4_0.gguf FORGE_X=
-      one default $f FORGE_X=
-      for v in ${VARIANTS:-FORGE_GPU_UPLOAD=st=12 FORGE_GPU_UPLOAD=st=16,rn=32 FORGE_READERS=4 FORGE_READERS=16 FORGE_PREFETCH=0}; do one "$v" $f "$v"; done
-    } >"$o/logs/startup.txt" 2>&1 ;;
   big70) # the 70B shape: write it, then first token (warm) and decode
     f=/tmp/l70.gguf
     mkdir -p "$o/logs/big70"

@@ -449,9 +449,7 @@ func deviceUploader(w *rocm.Worker, t UploadTuning, s Strategy, mem *actors.Memo
 	}
 	return &actors.DeviceUploader{
 		W: w, Mem: mem, PerTensor: s == HostF32, Ahead: s != Lazy,
-		// FORGE_GPU_REGISTER=1 copies from the registered mapping instead
-		// of the pinned ring (for comparisons).
-		Register:    t.Register || os.Getenv("FORGE_GPU_REGISTER") == "1",
+		Register:    t.Register,
 		RingBuffers: t.RingBuffers, RingBytes: t.RingBytes, Stagers: t.Stagers,
 		RegThreads: t.RegThreads, RegBytes: t.RegBytes,
 	}

@@ -110,20 +110,7 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	}
 	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}})
 	state := func(p string) ModelState { st, _ := e.StatusOf(p); return st.State }
-	gen := func(p string) {
-		t.Helper()
-		if _, err := e.Generate(t.Context(), EngineRequest{Model: p, Prompt: "Hi", MaxTokens: 2}); err != nil {
-			t.Fatal(err)
-		}
-		l, err := e.Acquire(t.Context(), p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Release()
-		if err := l.Model().Resident().Wait(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	gen := func(p string) { t.Helper(); useModel(t, e, p) }
 	gen(b)
 	gen(c)
 	gen(b) // c is now the least recently used

@@ -200,20 +200,7 @@ func TestEngineBudgetEvictsLRU(t *testing.T) {
 		t.Fatalf("estimates %d %d %d do not make the test", ea, eb, ec)
 	}
 	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1))})
-	gen := func(p string) {
-		t.Helper()
-		if _, err := e.Generate(t.Context(), EngineRequest{Model: p, Prompt: "Hi", MaxTokens: 2}); err != nil {
-			t.Fatal(err)
-		}
-		l, err := e.Acquire(t.Context(), p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Release()
-		if err := l.Model().Resident().Wait(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	gen := func(p string) { t.Helper(); useModel(t, e, p) }
 	state := func(p string) ModelState { st, _ := e.StatusOf(p); return st.State }
 	gen(b)
 	gen(c)
@@ -446,5 +433,23 @@ func TestEngineCloseCancels(t *testing.T) {
 	}
 	if _, err := e.Generate(context.Background(), EngineRequest{Model: path, Prompt: "x"}); !errors.Is(err, ErrEngineClosed) {
 		t.Errorf("after Close: %v", err)
+	}
+}
+
+// useModel makes p the most recently used model of e: a short request,
+// then a lease held until every weight is resident (so that the model's
+// memory is all in place when the test measures it).
+func useModel(t *testing.T, e *Engine, p string) {
+	t.Helper()
+	if _, err := e.Generate(t.Context(), EngineRequest{Model: p, Prompt: "Hi", MaxTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.Acquire(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if err := l.Model().Resident().Wait(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }

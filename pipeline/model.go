@@ -3,8 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,15 +107,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{})}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
-	go func() {
-		defer close(m.prefetched)
-		if os.Getenv("FORGE_PREFETCH") != "0" { // 0: for measurements
-			prefetchFile(f)
-		}
-	}()
-	if n, err := strconv.Atoi(os.Getenv("FORGE_READERS")); err == nil && n > 0 && o.Readers <= 0 {
-		o.Readers = n // for measurements of a whole process
-	}
+	go func() { defer close(m.prefetched); prefetchFile(f) }()
 	up := o.Uploader
 	conv := actors.Conversion{AllF32: o.Strategy == HostF32}
 	if background {

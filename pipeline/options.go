@@ -75,7 +75,7 @@ type Options struct {
 type UploadTuning struct {
 	// Register copies from the mapped file, registered read-only, instead
 	// of through the pinned ring (slower on the H100 host: for
-	// comparisons; FORGE_GPU_REGISTER=1 sets it too).
+	// comparisons; FORGE_GPU_UPLOAD=reg sets it for a whole process).
 	Register bool
 	// RingBuffers × RingBytes is the pinned staging ring; Stagers the
 	// goroutines filling it.

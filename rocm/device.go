@@ -37,15 +37,7 @@ func Open(b Backend) (*Runtime, error) {
 	rt := &Runtime{}
 	rt.backend = b
 	var err error
-	switch b {
-	case CUDA:
-		rt.lib, err = openLibrary(EnvCUDALib, "libcuda.so.1", "libcuda.so")
-	case HIP:
-		rt.lib, err = openLibrary(EnvHIPLib, "libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5")
-	default:
-		return nil, fmt.Errorf("rocm: unknown backend %d", b)
-	}
-	if err != nil {
+	if rt.lib, err = openDriverLibrary(b); err != nil {
 		return nil, err
 	}
 	if err := rt.lib.resolve(b, rt.symbols()); err != nil {
@@ -76,14 +68,35 @@ func Open(b Backend) (*Runtime, error) {
 	return rt, nil
 }
 
+// openDriverLibrary loads backend b's driver library without initialising
+// it: Open, Probe and PreloadCompiler look in the same places.
+func openDriverLibrary(b Backend) (*library, error) {
+	switch b {
+	case CUDA:
+		return openLibrary(EnvCUDALib, "libcuda.so.1", "libcuda.so")
+	case HIP:
+		return openLibrary(EnvHIPLib, "libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5")
+	}
+	return nil, fmt.Errorf("rocm: unknown backend %d", b)
+}
+
+// candidates are the backends OpenAny tries, in order: the one
+// $FORGE_GPU_BACKEND names, or else CUDA and then HIP.
+func candidates() []Backend {
+	switch strings.ToLower(os.Getenv(EnvBackend)) {
+	case "cuda":
+		return []Backend{CUDA}
+	case "hip", "rocm":
+		return []Backend{HIP}
+	}
+	return []Backend{CUDA, HIP}
+}
+
 // OpenAny opens the backend named by $FORGE_GPU_BACKEND, or else CUDA and
 // then HIP. Its error names every library and path it tried.
 func OpenAny() (*Runtime, error) {
-	switch strings.ToLower(os.Getenv(EnvBackend)) {
-	case "cuda":
-		return Open(CUDA)
-	case "hip", "rocm":
-		return Open(HIP)
+	if c := candidates(); len(c) == 1 {
+		return Open(c[0])
 	}
 	rt, errC := Open(CUDA)
 	if errC == nil {

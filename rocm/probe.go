@@ -2,7 +2,6 @@ package rocm
 
 import (
 	"fmt"
-	"os"
 	"strings"
 )
 
@@ -14,24 +13,11 @@ import (
 // tenth of a second or more: callers that open the device in the
 // background use it to fail at once on a machine with no driver.
 func Probe() error {
-	type lib struct {
-		env   string
-		names []string
-	}
-	cuda := lib{EnvCUDALib, []string{"libcuda.so.1", "libcuda.so"}}
-	hip := lib{EnvHIPLib, []string{"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"}}
-	libs := []lib{cuda, hip}
-	switch strings.ToLower(os.Getenv(EnvBackend)) {
-	case "cuda":
-		libs = []lib{cuda}
-	case "hip", "rocm":
-		libs = []lib{hip}
-	}
 	var errs []string
-	for _, l := range libs {
+	for _, b := range candidates() {
 		// The library stays loaded: Open dlopens it again, which then
 		// only counts a reference.
-		_, err := openLibrary(l.env, l.names...)
+		_, err := openDriverLibrary(b)
 		if err == nil {
 			return nil
 		}

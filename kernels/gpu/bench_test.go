@@ -27,73 +27,13 @@ var copyBW struct {
 	err  error
 }
 
-// d2dCopyGBs measures cuMemcpyDtoDAsync / hipMemcpyDtoDAsync of a 1 GiB
-// buffer, counting bytes read plus bytes written.
+// d2dCopyGBs is CopyBandwidth, measured once per binary.
 func d2dCopyGBs(b *testing.B, bk *Backend) float64 {
-	copyBW.once.Do(func() {
-		const size = 1 << 30
-		const reps = 20
-		copyBW.err = bk.do(func(c *rocm.Ctx) error {
-			src, err := c.Malloc(size)
-			if err != nil {
-				return err
-			}
-			defer c.Free(src, size)
-			dst, err := c.Malloc(size)
-			if err != nil {
-				return err
-			}
-			defer c.Free(dst, size)
-			if err := c.MemsetD8Async(src, 1, size, bk.stream); err != nil {
-				return err
-			}
-			ms, err := timeOn(c, bk.stream, 3, reps, func(int) error { return c.CopyDtoDAsync(dst, src, size, bk.stream) })
-			if err != nil {
-				return err
-			}
-			copyBW.gbs = 2 * size * reps / (float64(ms) / 1e3) / 1e9
-			return nil
-		})
-	})
+	copyBW.once.Do(func() { copyBW.gbs, copyBW.err = bk.CopyBandwidth() })
 	if copyBW.err != nil {
 		b.Fatal(copyBW.err)
 	}
 	return copyBW.gbs
-}
-
-// timeOn runs warm calls of fn, then reps calls between two events, and
-// returns the milliseconds the device spent on the reps.
-func timeOn(c *rocm.Ctx, s rocm.Stream, warm, reps int, fn func(i int) error) (float32, error) {
-	for i := range warm {
-		if err := fn(i); err != nil {
-			return 0, err
-		}
-	}
-	e0, err := c.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer c.DestroyEvent(e0)
-	e1, err := c.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer c.DestroyEvent(e1)
-	if err := c.Record(e0, s); err != nil {
-		return 0, err
-	}
-	for i := range reps {
-		if err := fn(warm + i); err != nil {
-			return 0, err
-		}
-	}
-	if err := c.Record(e1, s); err != nil {
-		return 0, err
-	}
-	if err := c.SyncEvent(e1); err != nil {
-		return 0, err
-	}
-	return c.Elapsed(e0, e1)
 }
 
 // timeGraph runs warm calls of fn, captures reps more into one graph on s,

@@ -10,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/gpu"
-	"github.com/forge-llm/forge/rocm"
 )
 
 // llamaCppRef is llama.cpp's llama-bench on the same H100 (CUDA, flash
@@ -53,7 +51,10 @@ func TestGPUDecodeBench(t *testing.T) {
 		t.Skip("set FORGE_BIG_MODEL to GGUF files (comma-separated) to measure decode and prompt rates on the GPU")
 	}
 	be := openGPU(t)
-	copyGBs := copyBandwidth(t, be)
+	copyGBs, err := be.CopyBandwidth()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("GPU-BENCH device-to-device copy: %.0f GB/s (read + written)", copyGBs)
 	var summary []string
 	for _, path := range strings.Split(paths, ",") {
@@ -65,19 +66,7 @@ func TestGPUDecodeBench(t *testing.T) {
 }
 
 func benchFile(t *testing.T, be *gpu.Backend, path string, copyGBs float64) []string {
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cfg, err := ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, fw := openWeights(t, path)
 	// Upload everything first (the load pipeline is measured elsewhere),
 	// counting what a decode step reads.
 	var stepBytes, fileBytes int64
@@ -252,62 +241,4 @@ func logProfile(t *testing.T, what string, prof []gpu.KernelTime) {
 		}
 		t.Logf("GPU-PROFILE   %-22s %5d× %9.3f ms %5.1f%%", k.Name, k.Launches, k.Ms, 100*k.Ms/total)
 	}
-}
-
-// copyBandwidth times a 1 GiB device-to-device copy (20 times, after 3),
-// counting bytes read plus bytes written.
-func copyBandwidth(t *testing.T, be *gpu.Backend) float64 {
-	const size, reps = 1 << 30, 20
-	var ms float32
-	err := be.Worker().Do(context.Background(), func(c *rocm.Ctx) error {
-		s := be.Stream()
-		src, err := c.Malloc(size)
-		if err != nil {
-			return err
-		}
-		defer c.Free(src, size)
-		dst, err := c.Malloc(size)
-		if err != nil {
-			return err
-		}
-		defer c.Free(dst, size)
-		if err := c.MemsetD8Async(src, 1, size, s); err != nil {
-			return err
-		}
-		for range 3 {
-			if err := c.CopyDtoDAsync(dst, src, size, s); err != nil {
-				return err
-			}
-		}
-		e0, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(e0)
-		e1, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(e1)
-		if err := c.Record(e0, s); err != nil {
-			return err
-		}
-		for range reps {
-			if err := c.CopyDtoDAsync(dst, src, size, s); err != nil {
-				return err
-			}
-		}
-		if err := c.Record(e1, s); err != nil {
-			return err
-		}
-		if err := c.SyncEvent(e1); err != nil {
-			return err
-		}
-		ms, err = c.Elapsed(e0, e1)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return 2 * size * reps / (float64(ms) / 1e3) / 1e9
 }

@@ -26,7 +26,9 @@ var testBackends = func(t *testing.T) []testBackend {
 	return []testBackend{{"host", hostBackend{}}}
 }
 
-func openModel(t testing.TB, path string, be kernels.Backend, o Options) (*Model, *gguf.File) {
+// openWeights maps the GGUF file at path (closed when the test ends) and
+// reads its config and weights.
+func openWeights(t testing.TB, path string) (*gguf.File, Config, *FileWeights) {
 	t.Helper()
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -41,6 +43,12 @@ func openModel(t testing.TB, path string, be kernels.Backend, o Options) (*Model
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, cfg, w
+}
+
+func openModel(t testing.TB, path string, be kernels.Backend, o Options) (*Model, *gguf.File) {
+	t.Helper()
+	f, cfg, w := openWeights(t, path)
 	m, err := New(be, cfg, w, o)
 	if err != nil {
 		t.Fatal(err)
@@ -361,19 +369,7 @@ func (b *blockingWeights) Layer(ctx context.Context, i int) (*LayerWeights, erro
 // TestWaitsPerLayer: the forward pass waits on each layer, finishes once
 // they arrive, and gives up with the context's error.
 func TestWaitsPerLayer(t *testing.T) {
-	f, err := gguf.Open(testmodels.Path(t, "stories260K-F32.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cfg, err := ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, fw := openWeights(t, testmodels.Path(t, "stories260K-F32.gguf"))
 	bw := &blockingWeights{Weights: fw}
 	for range cfg.Layers {
 		bw.ready = append(bw.ready, make(chan struct{}))

@@ -192,22 +192,29 @@ func TestWriteReadBack(t *testing.T) {
 	}
 }
 
+// writeThree writes o three times: with one worker, with workers, and
+// with workers and the next seed.
+func writeThree(t *testing.T, o Options, workers int) (a, b, c *bytes.Buffer) {
+	t.Helper()
+	a, b, c = new(bytes.Buffer), new(bytes.Buffer), new(bytes.Buffer)
+	o.Workers = 1
+	if err := Write(context.Background(), a, o); err != nil {
+		t.Fatal(err)
+	}
+	o.Workers = workers
+	if err := Write(context.Background(), b, o); err != nil {
+		t.Fatal(err)
+	}
+	o.Seed++
+	if err := Write(context.Background(), c, o); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, c
+}
+
 // TestDeterministic: the bytes depend on the seed, not on the worker count.
 func TestDeterministic(t *testing.T) {
-	o := Options{Shape: Presets["tiny"], Mix: MixQ4_KM, Seed: 3}
-	var a, b, c bytes.Buffer
-	o.Workers = 1
-	if err := Write(context.Background(), &a, o); err != nil {
-		t.Fatal(err)
-	}
-	o.Workers = 5
-	if err := Write(context.Background(), &b, o); err != nil {
-		t.Fatal(err)
-	}
-	o.Seed = 4
-	if err := Write(context.Background(), &c, o); err != nil {
-		t.Fatal(err)
-	}
+	a, b, c := writeThree(t, Options{Shape: Presets["tiny"], Mix: MixQ4_KM, Seed: 3}, 5)
 	if !bytes.Equal(a.Bytes(), b.Bytes()) {
 		t.Error("1 and 5 workers wrote different bytes")
 	}
@@ -423,20 +430,7 @@ func TestDeterministicBlocks(t *testing.T) {
 	}
 	for _, c := range cases {
 		mix := c.mix
-		o := Options{Shape: c.s, Mix: mix, Seed: 3, Fill: FillBlocks}
-		var a, b, c bytes.Buffer
-		o.Workers = 1
-		if err := Write(context.Background(), &a, o); err != nil {
-			t.Fatal(err)
-		}
-		o.Workers = 4
-		if err := Write(context.Background(), &b, o); err != nil {
-			t.Fatal(err)
-		}
-		o.Seed = 4
-		if err := Write(context.Background(), &c, o); err != nil {
-			t.Fatal(err)
-		}
+		a, b, c := writeThree(t, Options{Shape: c.s, Mix: mix, Seed: 3, Fill: FillBlocks}, 4)
 		if !bytes.Equal(a.Bytes(), b.Bytes()) {
 			t.Errorf("%s: 1 and 4 workers wrote different bytes", mix)
 		}
