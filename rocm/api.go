@@ -52,6 +52,8 @@ type api struct {
 	graphDestroy                                    uintptr
 	moduleLoadData, moduleUnload, moduleGetFunction uintptr
 	launchKernel                                    uintptr
+	// CUDA 12.4 and later (absent: 0): a module's functions, loaded now.
+	moduleFuncCount, moduleEnumFuncs, funcLoad uintptr
 }
 
 func (a *api) symbols() []symbol {
@@ -106,6 +108,9 @@ func (a *api) symbols() []symbol {
 		{&a.moduleUnload, "cuModuleUnload", "hipModuleUnload", false},
 		{&a.moduleGetFunction, "cuModuleGetFunction", "hipModuleGetFunction", false},
 		{&a.launchKernel, "cuLaunchKernel", "hipModuleLaunchKernel", false},
+		{&a.moduleFuncCount, "cuModuleGetFunctionCount", "", true},
+		{&a.moduleEnumFuncs, "cuModuleEnumerateFunctions", "", true},
+		{&a.funcLoad, "cuFuncLoad", "", true},
 	}
 }
 

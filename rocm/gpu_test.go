@@ -376,6 +376,15 @@ func TestLaunchSaxpy(t *testing.T) {
 				return err
 			}
 			defer c.UnloadModule(mod)
+			// Where the driver lists a module's functions, every kernel of
+			// the source is loaded up front.
+			nfn, err := c.LoadFunctions(mod)
+			if err != nil {
+				return err
+			}
+			if want := strings.Count(testSource(t), "__global__"); c.funcLoad != 0 && nfn != want {
+				return fmt.Errorf("LoadFunctions loaded %d kernels, the source has %d", nfn, want)
+			}
 			f, err := c.Function(mod, "saxpy")
 			if err != nil {
 				return err

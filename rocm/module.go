@@ -58,6 +58,36 @@ func (c *Ctx) Function(m *Module, name string) (Function, error) {
 	return Function(f), nil
 }
 
+// LoadFunctions loads every kernel of m now and returns how many. The CUDA
+// driver loads a module's kernels lazily, each at its first use, and a
+// load then stops other threads' driver calls, the weight copies among
+// them, for milliseconds; loading them before the copies start keeps
+// that off the copy stream. Where the driver cannot list a module's
+// functions (before CUDA 12.4, and HIP, which loads modules whole) it
+// does nothing.
+func (c *Ctx) LoadFunctions(m *Module) (int, error) {
+	if c.moduleFuncCount == 0 || c.moduleEnumFuncs == 0 || c.funcLoad == 0 || m == nil || m.h == 0 {
+		return 0, nil
+	}
+	var n uint32
+	if err := c.call("cuModuleGetFunctionCount", c.moduleFuncCount, uintptr(unsafe.Pointer(&n)), m.h); err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	fs := make([]uintptr, n)
+	if err := c.call("cuModuleEnumerateFunctions", c.moduleEnumFuncs, uintptr(unsafe.Pointer(&fs[0])), uintptr(n), m.h); err != nil {
+		return 0, err
+	}
+	for i, f := range fs {
+		if err := c.call("cuFuncLoad", c.funcLoad, f); err != nil {
+			return i, err
+		}
+	}
+	return int(n), nil
+}
+
 // Dim3 is a grid or block shape.
 type Dim3 struct{ X, Y, Z uint32 }
 

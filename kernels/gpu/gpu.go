@@ -177,6 +177,9 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	if b.warp <= 0 {
 		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)
 	}
+	tLoad := time.Now()
+	var nfn int
+	var tFuncs time.Duration
 	err = b.do(func(c *rocm.Ctx) error {
 		for i, code := range codes {
 			m, err := c.LoadModule(code)
@@ -185,6 +188,19 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 			}
 			b.mods = append(b.mods, m)
 		}
+		// Every kernel now (137, ~3 ms on the H100), not at its first
+		// launch (rocm.LoadFunctions): a first prompt runs while the
+		// weights still stream in, and a 512-token one came ~30 ms
+		// sooner (bench/results/2026-11-25-gpu-h100.md).
+		t := time.Now()
+		for i, m := range b.mods {
+			n, err := c.LoadFunctions(m)
+			if err != nil {
+				return fmt.Errorf("gpu: load the kernels of %s: %w", mods[i], err)
+			}
+			nfn += n
+		}
+		tFuncs = time.Since(t)
 		s, err := c.NewStream()
 		if err != nil {
 			return err
@@ -196,7 +212,8 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		b.release()
 		return nil, err
 	}
-	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0))
+	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0),
+		"load", time.Since(tLoad), "kernels loaded", nfn, "in", tFuncs)
 	b.vendorReady = make(chan struct{})
 	if w.Device.Backend == rocm.CUDA && !o.NoVendorGEMM {
 		go b.openVendor()
