@@ -132,10 +132,10 @@ func backgroundDevice(o Options, f *gguf.File, probed bool) (rocm.Selection, boo
 }
 
 // pendingDevice is a device opening in the background: the driver is
-// initialised and the GPU context made (the uploader starts from there),
-// then the kernels are loaded from the cache (the executor starts from
-// there). Loading weights and compiling nothing new, the second step
-// overlaps the weight stream.
+// initialised, the GPU context made and the kernels loaded from the cache
+// (a few milliseconds), then the uploader and the executor start. Where a
+// kernel is not cached yet its compilation holds both back (the first run
+// on a machine).
 type pendingDevice struct {
 	o     Options
 	sel   rocm.Selection
@@ -220,12 +220,12 @@ func (p *pendingDevice) run() {
 	t0 := time.Now()
 	// The run-time compiler (the kernel cache needs its version: ~70 ms
 	// to load in a fresh process) loads next to the driver's start;
-	// cuBLAS (~100–200 ms), once the context is current: loaded next to
-	// the driver, it held the loader's lock that the driver's own start
-	// needs, and the context came ~100 ms later (bench/results/
-	// 2026-11-25-gpu-h100.md). FORGE_GPU_PRELOAD (for measurements):
-	// "early" both next to the driver, "late" both after the context, "0"
-	// neither.
+	// cuBLAS's library (a ~100 ms dlopen) once the driver is initialised,
+	// while the context is made: loaded next to cuInit, it held the
+	// loader's lock that cuInit needs, and the context came ~100 ms later
+	// (bench/results/2026-11-25-gpu-h100.md). FORGE_GPU_PRELOAD (for
+	// measurements): "early" both next to the driver, "split" cuBLAS
+	// after the context, "late" both after it, "0" neither.
 	preloads := &p.preloads
 	preloadWhen := os.Getenv("FORGE_GPU_PRELOAD")
 	preloadRTC := func() { preloads.Go(rocm.PreloadCompiler) }
@@ -268,6 +268,9 @@ func (p *pendingDevice) run() {
 		p.err = errAborted
 		return
 	}
+	if preloadWhen == "" {
+		preloadBLAS()
+	}
 	w, err := ch.Runtime.NewWorker(ch.Device.Ordinal)
 	if err != nil {
 		p.err = &DeviceError{Device: p.o.Device, Err: fmt.Errorf("%s: %w", ch.Device, err)}
@@ -279,7 +282,7 @@ func (p *pendingDevice) run() {
 	case "late":
 		preloadRTC()
 		preloadBLAS()
-	case "", "split":
+	case "split":
 		preloadBLAS()
 	}
 	upW, err := w.Sibling()
@@ -294,10 +297,10 @@ func (p *pendingDevice) run() {
 		}
 		w.Close()
 	}
-	setCtx(nil)
-	if p.sel.Kind == rocm.SelectAuto {
-		slog.Info("pipeline: running on the GPU", "device", ch.Device.String())
-	}
+	// The kernel modules load before the context is handed to the
+	// uploader: beside the first copies a module load took 40–70 ms and
+	// held the copies back that long; alone it takes ~4 ms (bench/results/
+	// 2026-11-25-gpu-h100.md).
 	if p.aborted() {
 		p.err, p.closeFn = errAborted, closeWorkers
 		return
@@ -309,6 +312,10 @@ func (p *pendingDevice) run() {
 	}
 	p.closeFn = func() { b.Close(); closeWorkers() }
 	tKernels := time.Since(t0)
+	setCtx(nil)
+	if p.sel.Kind == rocm.SelectAuto {
+		slog.Info("pipeline: running on the GPU", "device", ch.Device.String())
+	}
 	p.be, p.beAt = b, time.Now()
 	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels)
 }
@@ -362,6 +369,9 @@ func (l *lazyUploader) Reserve(p *actors.Plan) error {
 	}
 	if l.dev.ctxErr != nil {
 		return l.dev.ctxErr
+	}
+	if !l.dev.cpu {
+		slog.Debug("pipeline: reserving device memory", "after context", time.Since(l.dev.ctxAt))
 	}
 	up := l.make(l.dev.cpu)
 	l.mu.Lock()
