@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -194,5 +195,22 @@ func TestPromptIDs(t *testing.T) {
 		if ids[i] != again[i] || ids[i] < 0 || ids[i] >= 512 {
 			t.Fatalf("ids %v / %v", ids, again)
 		}
+	}
+}
+
+// TestSchedule: strategies alternate round by round with the peer last in
+// each round; host-f32's runs come after every round.
+func TestSchedule(t *testing.T) {
+	got := schedule([]string{"prefetch", "host-f32", "eager"}, true, 2)
+	want := []slot{
+		{1, "prefetch"}, {1, "eager"}, {1, "peer"},
+		{2, "prefetch"}, {2, "eager"}, {2, "peer"},
+		{1, "host-f32"}, {2, "host-f32"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("schedule = %v, want %v", got, want)
+	}
+	if got := schedule([]string{"lazy"}, false, 3); !slices.Equal(got, []slot{{1, "lazy"}, {2, "lazy"}, {3, "lazy"}}) {
+		t.Errorf("one strategy: %v", got)
 	}
 }

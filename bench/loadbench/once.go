@@ -148,6 +148,9 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 		err = m.Resident().Wait(ctx)
 	}
 	r.DevicePeak = m.Memory().Peak()
+	if d := m.ContextCurrent(); d > 0 {
+		r.ContextMs = at(d)
+	}
 	cerr := m.Close()
 	<-drained
 	if err == nil {

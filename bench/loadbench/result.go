@@ -24,6 +24,7 @@ type Result struct {
 
 	MainMs       float64 `json:"main_ms"`        // the child's main ran
 	OpenMs       float64 `json:"open_ms"`        // pipeline.Open returned
+	ContextMs    float64 `json:"context_ms"`     // the GPU context became current (0 on the CPU)
 	ReadyMs      float64 `json:"ready_ms"`       // embedding and head resident
 	ResidentMs   float64 `json:"resident_ms"`    // every weight resident
 	FirstTokenMs float64 `json:"first_token_ms"` // first token of the prompt's answer
@@ -97,6 +98,7 @@ func posOrNaN(x float64) float64 {
 var Metrics = []Metric{
 	{"main", "ms", func(r *Result) float64 { return posOrNaN(r.MainMs) }},
 	{"open", "ms", func(r *Result) float64 { return posOrNaN(r.OpenMs) }},
+	{"context", "ms", func(r *Result) float64 { return posOrNaN(r.ContextMs) }},
 	{"ready", "ms", func(r *Result) float64 { return posOrNaN(r.ReadyMs) }},
 	{"resident", "ms", func(r *Result) float64 { return posOrNaN(r.ResidentMs) }},
 	{"first token", "ms", func(r *Result) float64 { return posOrNaN(r.FirstTokenMs) }},

@@ -17,7 +17,12 @@ import (
 
 // Config is a benchmark: every model × cache mode × run × strategy, each a
 // fresh process, with the peer command (if any) after forge's strategies in
-// every round, so slow drifts of the machine hit all of them alike.
+// every round, so slow drifts of the machine hit all of them alike. The
+// host-f32 runs come after those rounds, in a block of their own: a
+// process that held 31 GB on the host and the device (the 8B shape) slows
+// the next process's GPU driver start by ~0.1 s after it ends (bench/
+// results/2026-11-25-gpu-h100.md), which would otherwise land on whichever
+// strategy follows it.
 type Config struct {
 	Models       []string
 	Strategies   []string
@@ -52,42 +57,67 @@ func Run(ctx context.Context, c Config) ([]Result, error) {
 			return out, err
 		}
 		for _, cache := range c.Caches {
-			for run := 1; run <= c.Runs; run++ {
-				kinds := append([]string(nil), c.Strategies...)
-				if c.Peer != "" {
-					kinds = append(kinds, "peer")
+			for _, sl := range schedule(c.Strategies, c.Peer != "", c.Runs) {
+				if err := ctx.Err(); err != nil {
+					return out, err
 				}
-				for _, kind := range kinds {
-					if err := ctx.Err(); err != nil {
-						return out, err
-					}
-					if err := prepare(model, cache); err != nil {
-						return out, err
-					}
-					frac, _ := CachedFraction(model)
-					var r Result
-					if kind == "peer" {
-						r = runPeer(ctx, c.Peer, model)
-					} else {
-						r = runSelf(ctx, c, model, kind, ids)
-					}
-					r.Model, r.Strategy, r.Cache, r.Run, r.CachedBefore = model, kind, cache, run, frac
-					if c.Log != nil {
-						status := fmt.Sprintf("first token %.1f ms, resident %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ResidentMs, r.ExitMs)
-						if kind == "peer" {
-							status = fmt.Sprintf("first output %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ExitMs)
-						}
-						if r.Err != "" {
-							status = "error: " + r.Err
-						}
-						fmt.Fprintf(c.Log, "%s %s %s run %d (cached %.0f%%): %s\n", model, kind, cache, run, 100*frac, status)
-					}
-					out = append(out, r)
+				if err := prepare(model, cache); err != nil {
+					return out, err
 				}
+				frac, _ := CachedFraction(model)
+				var r Result
+				if sl.kind == "peer" {
+					r = runPeer(ctx, c.Peer, model)
+				} else {
+					r = runSelf(ctx, c, model, sl.kind, ids)
+				}
+				r.Model, r.Strategy, r.Cache, r.Run, r.CachedBefore = model, sl.kind, cache, sl.run, frac
+				if c.Log != nil {
+					status := fmt.Sprintf("first token %.1f ms, resident %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ResidentMs, r.ExitMs)
+					if sl.kind == "peer" {
+						status = fmt.Sprintf("first output %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ExitMs)
+					}
+					if r.Err != "" {
+						status = "error: " + r.Err
+					}
+					fmt.Fprintf(c.Log, "%s %s %s run %d (cached %.0f%%): %s\n", model, sl.kind, cache, sl.run, 100*frac, status)
+				}
+				out = append(out, r)
 			}
 		}
 	}
 	return out, nil
+}
+
+// slot is one run of a schedule: a strategy or "peer", and its round.
+type slot struct {
+	run  int
+	kind string
+}
+
+// schedule orders one cache mode's runs: rounds of every strategy (and the
+// peer) in turn, then the host-f32 runs (see Config).
+func schedule(strategies []string, peer bool, runs int) []slot {
+	var rounds, last []string
+	for _, s := range strategies {
+		if s == "host-f32" {
+			last = append(last, s)
+		} else {
+			rounds = append(rounds, s)
+		}
+	}
+	if peer {
+		rounds = append(rounds, "peer")
+	}
+	var out []slot
+	for _, block := range [][]string{rounds, last} {
+		for run := 1; run <= runs; run++ {
+			for _, kind := range block {
+				out = append(out, slot{run, kind})
+			}
+		}
+	}
+	return out
 }
 
 // prepare puts the file's page cache in the state a cache mode asks for.
