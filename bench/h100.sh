@@ -10,7 +10,12 @@
 # quick: every GPU package's tests (bench/device.sh quick); decode: decode
 # and prompt rates, 8B and 7B (bench/gpu-decode.sh); load: the load path on
 # the 8B shape (bench/device.sh load); benchload: `forge bench load`, all
-# four strategies, warm and cold, with the SVG timeline (issue 8).
+# four strategies, warm and cold, with the SVG timeline (issue 8); floor:
+# the driver alone and bench/floor/overlap.c; why: `forge -v run` start-up
+# lines; grid / abgrid: settings of $GRID (VAR=value, commas for several)
+# in blocks / interleaved run by run; mixed: prefetch next to host-f32 and
+# eager; aftermath: the driver right after a forge process and after idling;
+# big70: the 70B shape.
 set -uo pipefail
 [ -f bin/device.tar.xz ] && tar -C bin -xJf bin/device.tar.xz
 o=${OUT:-out}
@@ -45,6 +50,13 @@ for phase in "$@"; do
         bin/device/forge -v run --device gpu -m gguf/testdata/stories260K-Q4_0.gguf -p "Once upon a time" -n 1 --temp 0 --progress plain 2>&1 >/dev/null |
           grep -oE '(context|kernels|warm)=[0-9.]+ms|^load:.*first token [0-9.]+m?s' | tr '\n' ' '; echo
       done
+      # Copies next to module loads, the cuBLAS dlopen and cublasCreate
+      # (the kernel cache is filled by the runs above).
+      f=/tmp/l8.gguf
+      [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
+      cat $f >/dev/null
+      cc -O2 -I/usr/local/cuda/include -o /tmp/overlap bench/floor/overlap.c -L/usr/local/cuda/lib64/stubs -lcuda -ldl -lpthread &&
+        for i in 1 2; do /tmp/overlap $f "${FORGE_CACHE_DIR:-$HOME/.cache/forge/kernels}"/*.bin; done
     } >"$o/logs/floor.txt" 2>&1 ;;
   why) # the device's own start-up times (forge -v) under each setting of $GRID, tiny and 8B
     for m in gguf/testdata/stories260K-Q4_0.gguf /tmp/l8.gguf; do
@@ -52,7 +64,7 @@ for phase in "$@"; do
         for i in 1 2; do
           echo "== $m $g"
           env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge -v run --device gpu -m $m -p "Once upon a time" -n 1 --temp 0 --progress plain 2>&1 >/dev/null |
-            grep -E 'gpu: backend|device open|^load:' | sed -E 's/^time=[^ ]+ level=DEBUG //; s/ · prompt.*//'
+            grep -E 'gpu: backend|device open|reserving|device uploads|cuBLAS|^load:' | sed -E 's/^time=[^ ]+ level=DEBUG //; s/ · prompt.*//'
         done
       done
     done >"$o/logs/why.txt" 2>&1 ;;
@@ -66,6 +78,64 @@ for phase in "$@"; do
           --cache warm --strategies prefetch --prompt-tokens 32 2>&1 | tail -1
       done
     done >"$o/logs/grid.txt" 2>&1 ;;
+  mixed) # the warm 8B, prefetch next to host-f32 and next to eager, run by run
+    f=/tmp/l8.gguf
+    [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
+    for st in prefetch,host-f32 prefetch,eager; do
+      echo "== $st"
+      bin/device/forge bench load -m $f --device gpu --runs ${RUNS:-4} --cache warm --strategies $st --prompt-tokens 32
+    done >"$o/logs/mixed.txt" 2>&1 ;;
+  p512) # issue 9: prefetch against eager, 512-token prompt, warm, under each setting of $GRID
+    f=/tmp/l8.gguf
+    [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
+    for g in ${GRID:-default}; do
+      echo "== $g"
+      env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge bench load -m $f --device gpu --runs ${RUNS:-3} \
+        --cache warm --strategies prefetch,eager --prompt-tokens 512 2>&1 | tail -2
+    done >"$o/logs/p512.txt" 2>&1 ;;
+  abgrid) # the settings of $GRID interleaved run by run ($RUNS rounds; forge bench load-once, warm 8B),
+    # for each prompt length in $PROMPTS and strategy in $STRATS; min/median/max by setting
+    f=/tmp/l8.gguf
+    [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
+    cat $f >/dev/null
+    for r in $(seq ${RUNS:-6}); do
+      for p in ${PROMPTS:-32}; do
+        for st in ${STRATS:-prefetch}; do
+          for g in ${GRID:-default}; do
+            echo "$g $p $st $(env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge bench load-once -m $f \
+              --strategy $st --prompt-tokens $p --device gpu --fork-ns $(date +%s%N) 2>/dev/null | tail -1)"
+          done
+        done
+      done
+    done >"$o/logs/abgrid.raw" 2>&1
+    python3 - "$o/logs/abgrid.raw" >"$o/logs/abgrid.txt" 2>&1 <<'PY'
+import collections, json, statistics, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    g, p, st, js = line.rstrip("\n").split(" ", 3)
+    try:
+        runs[(int(p), st, g)].append(json.loads(js))
+    except ValueError:
+        print("unreadable run:", line[:300])
+def mmm(rs, k):
+    xs = sorted(r.get(k, 0) for r in rs)
+    return "%.0f/%.0f/%.0f" % (xs[0], statistics.median(xs), xs[-1])
+for (p, st, g), rs in sorted(runs.items()):
+    print("prompt %4d %-9s %-52s n=%d  context %s  ready %s  resident %s  first token %s" % (p, st, g, len(rs),
+          mmm(rs, "context_ms"), mmm(rs, "ready_ms"), mmm(rs, "resident_ms"), mmm(rs, "first_token_ms")))
+PY
+    ;;
+  aftermath) # the driver's start-up right after a forge process ends, and after the GPU idled
+    f=/tmp/l8.gguf
+    [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
+    cc -O2 -o /tmp/driver bench/floor/driver.c -ldl
+    { for st in prefetch host-f32 prefetch; do
+        echo "== after $st"
+        bin/device/forge bench load-once -m $f --strategy $st --prompt-tokens 32 --device gpu | tail -1 | grep -oE '"(context|first_token)_ms":[0-9.]+' | tr '\n' ' '; echo
+        for i in 1 2 3 4; do /tmp/driver; done
+      done
+      for idle in 1 3 10; do echo "== after $idle s idle"; sleep $idle; /tmp/driver; /tmp/driver; done
+    } >"$o/logs/aftermath.txt" 2>&1 ;;
   benchload)
     f=/tmp/l8.gguf
     [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
