@@ -69,21 +69,22 @@ type DeviceUploader struct {
 	// registration covers (default 64 MiB), under Register.
 	RegThreads int
 	RegBytes   int64
-	mu         sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
-	released   bool
-	stream     rocm.Stream
-	arena      rocm.DevPtr
-	arenaN     int64
-	reserved   int64 // accounted in Mem for the arena
-	units      map[*Unit]*unitState
-	perT       map[*Tensor]rocm.DevPtr
-	perSum     int64 // accounted in Mem for perT
-	weights    map[string]*kernels.Weight
-	useReg     bool
-	planned    bool     // pieces planned (at the first pass-through upload)
-	pieces     []*piece // registration ranges in load order
-	byAddr     []*piece // the same, by address
-	regW       []*rocm.Worker
+
+	mu       sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
+	released bool
+	stream   rocm.Stream
+	arena    rocm.DevPtr
+	arenaN   int64
+	reserved int64 // accounted in Mem for the arena
+	units    map[*Unit]*unitState
+	perT     map[*Tensor]rocm.DevPtr
+	perSum   int64 // accounted in Mem for perT
+	weights  map[string]*kernels.Weight
+	useReg   bool
+	planned  bool     // pieces planned (at the first pass-through upload)
+	pieces   []*piece // registration ranges in load order
+	byAddr   []*piece // the same, by address
+	regW     []*rocm.Worker
 
 	stageMu sync.Mutex // guards the two below; never held while waiting
 	staging bool       // the ring and stagers are started
@@ -130,7 +131,8 @@ type DeviceStats struct {
 }
 
 type deviceStats struct {
-	mu sync.Mutex
+	mu    sync.Mutex
+	first atomic.Bool // FirstUpload is set
 	DeviceStats
 }
 
@@ -398,7 +400,8 @@ func (d *DeviceUploader) Upload(t *Tensor, off int64, data []byte) error {
 		return err
 	}
 	j := &job{us: us, dst: base + rocm.DevPtr(off), data: data}
-	if now := time.Since(d.reserveAt); d.Stats().FirstUpload == 0 {
+	if d.stats.first.CompareAndSwap(false, true) {
+		now := time.Since(d.reserveAt)
 		d.stats.add(func(s *DeviceStats) { s.FirstUpload = now })
 	}
 	us.mu.Lock()
@@ -604,12 +607,8 @@ func (d *DeviceUploader) copier() {
 				err := d.do(func(c *rocm.Ctx) error {
 					err := c.SyncEvent(d.ringEv[inflight[0]])
 					done, inflight = append(done, inflight[0]), inflight[1:]
-					for err == nil && len(inflight) > 0 {
-						ok, qerr := c.Query(d.ringEv[inflight[0]])
-						if qerr != nil || !ok {
-							break
-						}
-						done, inflight = append(done, inflight[0]), inflight[1:]
+					if err == nil {
+						done, inflight = d.copied(c, done, inflight)
 					}
 					return err
 				})
@@ -681,15 +680,7 @@ func (d *DeviceUploader) copier() {
 				}
 				us.close(err)
 			}
-			// Give back buffers whose copies are done.
-			for len(inflight) > 0 {
-				ok, err := c.Query(d.ringEv[inflight[0]])
-				if err != nil || !ok {
-					break
-				}
-				done = append(done, inflight[0])
-				inflight = inflight[1:]
-			}
+			done, inflight = d.copied(c, done, inflight)
 			return nil
 		})
 		now := time.Since(d.reserveAt)
@@ -713,6 +704,18 @@ func (d *DeviceUploader) copier() {
 			d.free <- i
 		}
 	}
+}
+
+// copied moves the ring buffers at the front of inflight (oldest first)
+// whose copies are done to done, stopping at the first still in flight.
+func (d *DeviceUploader) copied(c *rocm.Ctx, done, inflight []int) ([]int, []int) {
+	for len(inflight) > 0 {
+		if ok, err := c.Query(d.ringEv[inflight[0]]); err != nil || !ok {
+			break
+		}
+		done, inflight = append(done, inflight[0]), inflight[1:]
+	}
+	return done, inflight
 }
 
 // osPage is the granularity of host registration.

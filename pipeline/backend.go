@@ -300,7 +300,7 @@ func (p *pendingDevice) run() {
 	// The kernel modules load before the context is handed to the
 	// uploader: beside the first copies a module load took 40–70 ms and
 	// held the copies back that long; alone it takes ~4 ms (bench/results/
-	// 2026-11-25-gpu-h100.md).
+	// 2026-11-25-gpu-startup-h100.md).
 	if p.aborted() {
 		p.err, p.closeFn = errAborted, closeWorkers
 		return

@@ -59,12 +59,11 @@ func (c *Ctx) Function(m *Module, name string) (Function, error) {
 }
 
 // LoadFunctions loads every kernel of m now and returns how many. The CUDA
-// driver loads a module's kernels lazily, each at its first use, and a
-// load then stops other threads' driver calls, the weight copies among
-// them, for milliseconds; loading them before the copies start keeps
-// that off the copy stream. Where the driver cannot list a module's
-// functions (before CUDA 12.4, and HIP, which loads modules whole) it
-// does nothing.
+// driver loads a module's kernels lazily, each at its first launch, so a
+// first prompt that runs while the weights still stream in pays for every
+// kernel it meets; loaded here, before the copies start, they cost ~3 ms
+// in all. Where the driver cannot list a module's functions (before CUDA
+// 12.4, and HIP, which loads modules whole) it does nothing.
 func (c *Ctx) LoadFunctions(m *Module) (int, error) {
 	if c.moduleFuncCount == 0 || c.moduleEnumFuncs == 0 || c.funcLoad == 0 || m == nil || m.h == 0 {
 		return 0, nil

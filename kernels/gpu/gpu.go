@@ -177,7 +177,6 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	if b.warp <= 0 {
 		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)
 	}
-	tLoad := time.Now()
 	var nfn int
 	var tFuncs time.Duration
 	err = b.do(func(c *rocm.Ctx) error {
@@ -191,7 +190,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		// Every kernel now (137, ~3 ms on the H100), not at its first
 		// launch (rocm.LoadFunctions): a first prompt runs while the
 		// weights still stream in, and a 512-token one came ~30 ms
-		// sooner (bench/results/2026-11-25-gpu-h100.md).
+		// sooner (bench/results/2026-11-25-gpu-startup-h100.md).
 		t := time.Now()
 		for i, m := range b.mods {
 			n, err := c.LoadFunctions(m)
@@ -213,7 +212,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		return nil, err
 	}
 	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0),
-		"load", time.Since(tLoad), "kernels loaded", nfn, "in", tFuncs)
+		"kernels", nfn, "kernels loaded in", tFuncs)
 	b.vendorReady = make(chan struct{})
 	if w.Device.Backend == rocm.CUDA && !o.NoVendorGEMM {
 		go b.openVendor()

@@ -25,6 +25,19 @@ DEV void ld2kv(const float* p, int i, float* a, float* b) {
   *a = v.x;
   *b = v.y;
 }
+// kdot_pairs is q·k two values at a time, for any row type ld2kv reads.
+template <typename T>
+DEV float kdot_pairs(const T* kr, const float* qs, int D) {
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 8
+  for (int d = 0; d < D / 2; d++) {
+    float a, b;
+    ld2kv(kr, d, &a, &b);
+    s0 = fmaf(qs[2 * d], a, s0);
+    s1 = fmaf(qs[2 * d + 1], b, s1);
+  }
+  return s0 + s1;
+}
 // kdot is q·k for one cached key row kr of D values (q in shared memory).
 // f16 rows are read 16 bytes at a time, all loads of a row in flight at
 // once (a decode step's blocks each score few positions, so the latency of
@@ -48,27 +61,9 @@ DEV float kdot(const u16* kr, const float* qs, int D) {
     }
     return (s0 + s1) + (s2 + s3);
   }
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll 8
-  for (int d = 0; d < D / 2; d++) {
-    float a, b;
-    ld2kv(kr, d, &a, &b);
-    s0 = fmaf(qs[2 * d], a, s0);
-    s1 = fmaf(qs[2 * d + 1], b, s1);
-  }
-  return s0 + s1;
+  return kdot_pairs(kr, qs, D);
 }
-DEV float kdot(const float* kr, const float* qs, int D) {
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll 8
-  for (int d = 0; d < D / 2; d++) {
-    float a, b;
-    ld2kv(kr, d, &a, &b);
-    s0 = fmaf(qs[2 * d], a, s0);
-    s1 = fmaf(qs[2 * d + 1], b, s1);
-  }
-  return s0 + s1;
-}
+DEV float kdot(const float* kr, const float* qs, int D) { return kdot_pairs(kr, qs, D); }
 
 DEV void stkv(u16* p, size_t i, float v) { p[i] = f2h(v); }
 DEV void stkv(float* p, size_t i, float v) { p[i] = v; }

@@ -598,15 +598,7 @@ DEV uint4 ld16w(const u8* p) {
 // One thread per value; 32 consecutive threads share a block.
 KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  float v = i < n ? x[i] : 0.0f;
-  float a = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
-  float s = a / 127.0f;
-  float inv = a > 0.0f ? 127.0f / a : 0.0f;
-  if (i < n) {
-    q[i] = (i8)(int)rintf(v * inv);
-    if ((i & 31) == 0) d[i >> 5] = s;
-  }
+  q8_group(i < n ? x[i] : 0.0f, i, n, q, d);
 }
 
 // Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
