@@ -228,3 +228,59 @@ type SharedInputMatMuler interface {
 	// MatMul(dsts[i], ws[i], x, n) does.
 	MatMuls(dsts []Tensor, ws []*Weight, x Tensor, n int) error
 }
+
+// KVPool is a paged KV cache shared by every sequence of one model (the
+// serving engine's continuous batching): Blocks blocks of BlockSize
+// positions, each position holding one key row and one value row of KVDim
+// values for every layer. A sequence's positions live in the blocks its
+// block table lists, in order: position p is slot p%BlockSize of block
+// table[p/BlockSize]. Which blocks belong to whom is the caller's business
+// (pipeline/batch); the backend only stores and reads them. Its storage
+// belongs to the backend that made it.
+type KVPool struct {
+	Layers, Blocks, BlockSize, KVDim int
+	Impl                             any
+}
+
+// Layout describes the rows of one batched step: the sequence each row
+// belongs to and its position there. The rows of one sequence are
+// contiguous and in increasing position order; the positions of a sequence
+// before its first row in the step must already be in the pool.
+type Layout struct {
+	Pos    []int32   // [n] position of row i in its sequence
+	Seq    []int32   // [n] sequence of row i: an index into Tables
+	Tables [][]int32 // per sequence: its block table (block ids in the pool)
+}
+
+// MaxBatchRows is the most rows a Batcher's MatMul promises to compute
+// row-invariantly (see Batcher).
+const MaxBatchRows = 64
+
+// Batcher is a Backend that runs one forward step over the rows of several
+// sequences, each with its own KV in a shared pool: continuous batching.
+//
+// Batch invariance: a row's results must not depend on the other rows of a
+// step. Every op of a Batcher is row-wise except PagedAttention, which reads
+// only the row's own sequence; and MatMul with 1 ≤ n ≤ MaxBatchRows must
+// give each row exactly (bit for bit) what MatMul with n = 1 gives for that
+// row alone. A fixed seed then gives the same text alone or under load.
+type Batcher interface {
+	// NewKVPool allocates a pool of blocks×blockSize positions for layers
+	// layers of kvDim-wide key and value rows; FreeKVPool releases it.
+	NewKVPool(layers, blocks, blockSize, kvDim int) (*KVPool, error)
+	FreeKVPool(p *KVPool)
+	// SetLayout makes l the layout of the RoPEAt and PagedAttention ops
+	// queued after it, until the next SetLayout. The caller may reuse l's
+	// slices once SetLayout returns (a GPU backend copies them to the
+	// device in queue order).
+	SetLayout(l *Layout) error
+	// RoPEAt rotates n rows like RoPE, row i at position Layout.Pos[i].
+	//   x [n][heads][headDim]
+	RoPEAt(x Tensor, n, heads, headDim int, r Rope) error
+	// PagedAttention stores row i's key and value in the pool at position
+	// Pos[i] of sequence Seq[i] (through that sequence's block table), then
+	// computes causal grouped-query attention: row i attends to positions
+	// 0…Pos[i] of its own sequence.
+	//   q, out [n][a.Heads][a.HeadDim]; k, v [n][a.KVHeads][a.HeadDim]
+	PagedAttention(out, q, k, v Tensor, p *KVPool, layer, n int, a Attn) error
+}
