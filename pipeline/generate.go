@@ -30,6 +30,19 @@ type GenerateOptions struct {
 	OnToken func(t Token) error
 }
 
+// MaxGenerateTokens bounds MaxTokens: no request asks for more tokens than
+// any context holds.
+const MaxGenerateTokens = 1 << 24
+
+// Validate range-checks every field a caller (a CLI flag, an HTTP request)
+// can set and returns a *sample.FieldError naming the first bad one.
+func (o GenerateOptions) Validate() error {
+	if o.MaxTokens < 0 || o.MaxTokens > MaxGenerateTokens {
+		return &sample.FieldError{Field: "max_tokens", Value: o.MaxTokens, Reason: fmt.Sprintf("must be in [0, %d] (0: until the end of generation)", MaxGenerateTokens)}
+	}
+	return o.Sampling.Validate()
+}
+
 // Token is one generated token.
 type Token struct {
 	ID   int32
