@@ -283,3 +283,70 @@ var eotTexts = map[string]bool{
 	"<|endoftext|>": true, "<|end_of_text|>": true, "<EOT>": true, "_<EOT>": true,
 	"<｜end▁of▁sentence｜>": true, "<end_of_utterance>": true,
 }
+
+// Bounds on hyper-parameters that Validate enforces: far above any
+// published model, yet small enough that a structure sized by one of them
+// cannot exhaust memory before the tensors are checked against it.
+const (
+	MaxBlockCount  = 4096
+	MaxEmbedding   = 1 << 17
+	MaxFeedForward = 1 << 20
+	MaxHeads       = 1 << 12
+	MaxContext     = 1 << 24
+	MaxVocab       = 1 << 23
+)
+
+// ConfigError is a hyper-parameter that no model can run with. Key is the
+// metadata key it came from (or would have, for a default).
+type ConfigError struct {
+	Path   string
+	Key    string
+	Value  any
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("gguf: %s: %s = %v: %s", e.Path, e.Key, e.Value, e.Reason)
+}
+
+// Validate checks what Config read for values that would crash or poison a
+// forward pass (NaN or non-positive epsilon and RoPE base, which make every
+// logit NaN) or size memory without bound (a block count of 2³² − 1). It
+// is separate from Config so that tools that only describe a file (forge
+// inspect) still show a broken one.
+func (c Config) Validate(path string) error {
+	k := func(s string) string { return c.Arch + "." + s }
+	ints := []struct {
+		key       string
+		v, lo, hi int
+	}{
+		{k("context_length"), c.ContextLength, 1, MaxContext},
+		{k("embedding_length"), c.EmbeddingLength, 1, MaxEmbedding},
+		{k("block_count"), c.BlockCount, 1, MaxBlockCount},
+		{k("feed_forward_length"), c.FeedForwardLength, 0, MaxFeedForward},
+		{k("attention.head_count"), c.HeadCount, 0, MaxHeads},
+		{k("attention.head_count_kv"), c.HeadCountKV, 0, MaxHeads},
+		{k("rope.dimension_count"), c.RopeDim, 0, MaxEmbedding},
+		{k("rope.scaling.original_context_length"), c.RopeOrigContext, 0, MaxContext},
+		{k("vocab_size"), c.VocabSize, 0, MaxVocab},
+	}
+	for _, x := range ints {
+		if x.v < x.lo || x.v > x.hi {
+			return &ConfigError{path, x.key, x.v, fmt.Sprintf("must be in [%d, %d]", x.lo, x.hi)}
+		}
+	}
+	floats := []struct {
+		key    string
+		v, max float64
+	}{
+		{k("attention.layer_norm_rms_epsilon"), float64(c.NormEps), 1},
+		{k("rope.freq_base"), float64(c.RopeFreqBase), math.MaxFloat32},
+		{k("rope.scaling.factor"), float64(c.RopeScalingFactor), math.MaxFloat32},
+	}
+	for _, x := range floats {
+		if math.IsNaN(x.v) || x.v <= 0 || x.v > x.max {
+			return &ConfigError{path, x.key, x.v, fmt.Sprintf("must be a finite number in (0, %g]", x.max)}
+		}
+	}
+	return nil
+}

@@ -2,6 +2,8 @@ package gguf
 
 import (
 	"bytes"
+	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -141,4 +143,38 @@ func tokEqual(a, b TokenizerMeta) bool {
 	return a.Model == b.Model && a.Pre == b.Pre && a.BOS == b.BOS && a.EOS == b.EOS && a.UNK == b.UNK && a.PAD == b.PAD &&
 		a.SEP == b.SEP && a.EOT == b.EOT && a.AddBOS == b.AddBOS && a.AddEOS == b.AddEOS && a.AddSpacePrefix == b.AddSpacePrefix &&
 		a.ChatTemplate == b.ChatTemplate
+}
+
+// TestConfigValidate: Validate names the key of each value no model can
+// run with; a bundled model's configuration passes.
+func TestConfigValidate(t *testing.T) {
+	good := Config{Arch: "llama", ContextLength: 128, EmbeddingLength: 64, BlockCount: 5, FeedForwardLength: 172, HeadCount: 8,
+		HeadCountKV: 4, RopeDim: 8, RopeFreqBase: 10000, RopeScalingFactor: 1, RopeOrigContext: 128, NormEps: 1e-5, VocabSize: 512}
+	if err := good.Validate("m"); err != nil {
+		t.Fatal(err)
+	}
+	nan := float32(math.NaN())
+	for _, c := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.NormEps = nan }, "llama.attention.layer_norm_rms_epsilon = NaN"},
+		{func(c *Config) { c.NormEps = -1 }, "llama.attention.layer_norm_rms_epsilon = -1"},
+		{func(c *Config) { c.RopeFreqBase = 0 }, "llama.rope.freq_base = 0"},
+		{func(c *Config) { c.RopeFreqBase = float32(math.Inf(1)) }, "llama.rope.freq_base = +Inf"},
+		{func(c *Config) { c.RopeScalingFactor = nan }, "llama.rope.scaling.factor = NaN"},
+		{func(c *Config) { c.BlockCount = math.MaxInt32 }, "llama.block_count = 2147483647"},
+		{func(c *Config) { c.BlockCount = 0 }, "llama.block_count = 0"},
+		{func(c *Config) { c.ContextLength = 0 }, "llama.context_length = 0"},
+		{func(c *Config) { c.HeadCount = MaxHeads + 1 }, "llama.attention.head_count"},
+		{func(c *Config) { c.VocabSize = MaxVocab + 1 }, "llama.vocab_size"},
+	} {
+		bad := good
+		c.mod(&bad)
+		err := bad.Validate("m")
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("error %v, want a *ConfigError containing %q", err, c.want)
+		}
+	}
 }

@@ -58,12 +58,18 @@ type Result struct {
 	Stop         string // "eog", "max_tokens" or "context_full"
 }
 
-// Generate runs one request: it tokenizes the prompt (BOS as the model
+// Generate runs one request: it validates o (a *sample.FieldError, wrapped,
+// for a value out of range), tokenizes the prompt (BOS as the model
 // asks), waits for the model to be ready (every weight under eager and
 // host-f32), then generates, each layer of the first forward pass waiting
 // for its own weights. It returns when the request ends or ctx is done
 // (within one layer's work).
 func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) (Result, error) {
+	// Out-of-range options are the caller's mistake, reported as a
+	// *sample.FieldError before anything runs.
+	if err := o.Validate(); err != nil {
+		return Result{}, fmt.Errorf("pipeline: %w", err)
+	}
 	// A prompt given as ids needs no tokenizer: a file without a usable
 	// vocabulary still generates (ids only, no text, no end-of-generation
 	// tokens).

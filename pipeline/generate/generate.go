@@ -90,19 +90,42 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 		return err
 	}
 
+	// failed names why a step failed: a cancelled request is reported as
+	// interrupted, not as whatever wait the cancellation happened to cut
+	// short (a layer wait, say, though every layer was resident).
+	failed := func(what string, err error) error {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("generate: interrupted at %s after %d tokens: %w", what, st.Generated, cerr)
+		}
+		return fmt.Errorf("generate: %s: %w", what, err)
+	}
+
 	start := time.Now()
-	if err := eval(prompt, 0); err != nil {
-		return nil, st, fmt.Errorf("generate: prompt: %w", err)
+	// The prompt's row of logits is always read, even when greedy, so a
+	// model whose weights or hyper-parameters overflow fails here with
+	// sample.ErrNonFinite instead of emitting argmaxes of NaN.
+	var err error
+	if logits, err = m.Forward(ctx, prompt, 0); err != nil {
+		return nil, st, failed("prompt", err)
 	}
 	st.PromptTime = time.Since(start)
+	if v := m.Cfg.Vocab; len(logits) > v { // AllLogits: the last token's row
+		logits = logits[len(logits)-v:]
+	}
+	if next, err = smp.Sample(logits); err != nil {
+		return nil, st, failed("prompt", err)
+	}
 
 	var tok [1]int32 // the fed-back token; an array so decoding allocates nothing
 	pos := len(prompt)
 	var decodeStart time.Time
 	for {
 		id := next
-		if !greedy {
-			id = smp.Sample(logits)
+		if !greedy && st.Generated > 0 {
+			var err error
+			if id, err = smp.Sample(logits); err != nil {
+				return out, st, failed(fmt.Sprintf("position %d", pos), err)
+			}
 		}
 		if st.Generated == 0 {
 			st.FirstToken = time.Since(start)
@@ -132,7 +155,7 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 		decodeStart = time.Now()
 		tok[0] = id
 		if err := eval(tok[:], pos); err != nil {
-			return out, st, fmt.Errorf("generate: position %d: %w", pos, err)
+			return out, st, failed(fmt.Sprintf("position %d", pos), err)
 		}
 		pos++
 		st.DecodeSteps++

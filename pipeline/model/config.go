@@ -13,6 +13,8 @@ package model
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -54,6 +56,15 @@ func ConfigFromFile(f *gguf.File) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	// Every value is checked before anything is sized by it: a hostile
+	// block_count or a NaN epsilon is an error here, not an allocation or
+	// a row of NaN logits later.
+	if err := gc.Validate(f.Path); err != nil {
+		return Config{}, err
+	}
+	if err := checkBlocks(f, gc.Arch, gc.BlockCount); err != nil {
+		return Config{}, err
+	}
 	c, err := configFrom(gc)
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", f.Path, err)
@@ -61,17 +72,53 @@ func ConfigFromFile(f *gguf.File) (Config, error) {
 	// llama.cpp takes the head size from attention.key_length when given
 	// (models whose heads are not Embd/Heads wide).
 	if kl, ok := f.Uint(gc.Arch + ".attention.key_length"); ok && kl > 0 {
+		if kl > maxHeadDim {
+			return Config{}, fmt.Errorf("model: %s: %s.attention.key_length = %d: must be at most %d", f.Path, gc.Arch, kl, maxHeadDim)
+		}
 		c.HeadDim = int(kl)
 		if _, ok := f.Uint(gc.Arch + ".rope.dimension_count"); !ok {
 			c.Rope.Dim = c.HeadDim
 		}
 	}
 	if c.Vocab == 0 {
-		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 {
+		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 && t.Dims[1] <= gguf.MaxVocab {
 			c.Vocab = int(t.Dims[1])
 		}
 	}
-	return c, c.check()
+	if err := c.check(); err != nil {
+		return Config{}, fmt.Errorf("%w (%s)", err, f.Path)
+	}
+	return c, nil
+}
+
+// maxHeadDim bounds attention.key_length (the largest published head is
+// 256 wide).
+const maxHeadDim = 1 << 12
+
+// checkBlocks makes sure the file holds tensors for exactly the blocks
+// 0 … blockCount-1 that its metadata announces. It sizes nothing by
+// blockCount: the set it builds has at most one entry per tensor.
+func checkBlocks(f *gguf.File, arch string, blockCount int) error {
+	seen := map[int]bool{}
+	for i := range f.Tensors {
+		rest, ok := strings.CutPrefix(f.Tensors[i].Name, "blk.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		l, err := strconv.Atoi(num)
+		if err != nil || l < 0 {
+			return fmt.Errorf("model: %s: tensor %q: block number %q is not a number", f.Path, f.Tensors[i].Name, num)
+		}
+		if l >= blockCount {
+			return fmt.Errorf("model: %s: %s.block_count = %d but the file has tensor %q", f.Path, arch, blockCount, f.Tensors[i].Name)
+		}
+		seen[l] = true
+	}
+	if len(seen) != blockCount {
+		return fmt.Errorf("model: %s: %s.block_count = %d but the file has tensors for %d blocks", f.Path, arch, blockCount, len(seen))
+	}
+	return nil
 }
 
 // configFrom maps gguf's generic configuration onto an architecture.
@@ -115,10 +162,24 @@ func configFrom(gc gguf.Config) (Config, error) {
 	return c, nil
 }
 
+// check rejects a shape the forward pass cannot run: missing or
+// non-positive sizes, sizes beyond gguf's bounds, and epsilon, RoPE base
+// and scale that are not finite and positive (any of them makes every
+// logit NaN).
 func (c Config) check() error {
+	pos := func(v float32) bool { return v > 0 && !math.IsInf(float64(v), 1) } // false for NaN
 	switch {
-	case c.Embd <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.FF <= 0 || c.Vocab <= 0:
+	case c.Embd <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.FF <= 0 || c.Vocab <= 0 || c.HeadDim <= 0:
 		return fmt.Errorf("model: incomplete config %+v", c)
+	case c.Embd > gguf.MaxEmbedding || c.Layers > gguf.MaxBlockCount || c.Heads > gguf.MaxHeads || c.KVHeads > gguf.MaxHeads ||
+		c.FF > gguf.MaxFeedForward || c.Vocab > gguf.MaxVocab || c.HeadDim > maxHeadDim || c.Ctx > gguf.MaxContext || c.Ctx < 0:
+		return fmt.Errorf("model: config %+v exceeds the supported sizes", c)
+	case !pos(c.NormEps) || c.NormEps > 1:
+		return fmt.Errorf("model: rms epsilon %v must be a finite number in (0, 1]", c.NormEps)
+	case !pos(c.Rope.Base):
+		return fmt.Errorf("model: rope freq_base %v must be a finite number > 0", c.Rope.Base)
+	case !pos(c.Rope.Scale):
+		return fmt.Errorf("model: rope scale %v must be a finite number > 0", c.Rope.Scale)
 	case c.Heads%c.KVHeads != 0:
 		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
 	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:

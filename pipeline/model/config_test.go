@@ -28,7 +28,7 @@ func TestConfigFromFile(t *testing.T) {
 
 func TestConfigRejects(t *testing.T) {
 	base := gguf.Config{Arch: "llama", EmbeddingLength: 64, BlockCount: 1, FeedForwardLength: 128, HeadCount: 4, HeadCountKV: 4,
-		RopeDim: 16, RopeFreqBase: 10000, RopeScalingType: "linear", RopeScalingFactor: 1, VocabSize: 10, ContextLength: 16}
+		RopeDim: 16, RopeFreqBase: 10000, RopeScalingType: "linear", RopeScalingFactor: 1, VocabSize: 10, ContextLength: 16, NormEps: 1e-5}
 	if c, err := configFrom(base); err != nil || c.check() != nil {
 		t.Fatalf("valid config rejected: %v %v", err, c.check())
 	}

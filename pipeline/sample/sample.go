@@ -9,10 +9,20 @@
 package sample
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 )
+
+// ErrNonFinite is returned (wrapped, with the token id) by Sample when a
+// logit is NaN or infinite: a model whose weights or hyper-parameters
+// overflow gives such rows, and no distribution can be drawn from them.
+var ErrNonFinite = errors.New("non-finite logit")
+
+// ErrNoLogits is returned by Sample for an empty row of logits.
+var ErrNoLogits = errors.New("no logits to sample from")
 
 // Params selects the sampling method. The zero value is greedy with no
 // penalty; Defaults gives llama.cpp's defaults.
@@ -56,11 +66,13 @@ type Sampler struct {
 	step  uint32
 }
 
-// New returns a sampler for a vocabulary of vocab tokens.
+// New returns a sampler for a vocabulary of vocab tokens. Parameters out
+// of range (see Params.Validate) are clamped to the nearest meaning, so a
+// Sampler is safe whatever it is given; callers that take parameters from
+// users validate them first to report the mistake.
 func New(p Params, vocab int) *Sampler {
-	if p.RepeatLastN <= 0 {
-		p.RepeatLastN = 64
-	}
+	p = p.clamp()
+	vocab = max(vocab, 0)
 	s := &Sampler{
 		p:     p,
 		vocab: vocab,
@@ -74,7 +86,31 @@ func New(p Params, vocab int) *Sampler {
 	return s
 }
 
-// Params returns the parameters the sampler was made with.
+// clamp maps every value Validate rejects onto an in-range one: NaN and
+// negative settings turn their filter off (NaN or negative temperature is
+// greedy), too-large ones take the largest valid value. The result never
+// makes Sample divide by zero, empty the candidate list or allocate
+// without bound.
+func (p Params) clamp() Params {
+	fix := func(v *float32, hi float32) {
+		if math.IsNaN(float64(*v)) || *v < 0 {
+			*v = 0
+		}
+		*v = min(*v, hi)
+	}
+	fix(&p.Temp, maxTemp)
+	fix(&p.TopP, 1)
+	fix(&p.MinP, 1)
+	fix(&p.RepeatPenalty, maxRepeatPenalty)
+	p.TopK = min(max(p.TopK, 0), maxTopK)
+	if p.RepeatLastN <= 0 {
+		p.RepeatLastN = 64
+	}
+	p.RepeatLastN = min(p.RepeatLastN, maxRepeatLastN)
+	return p
+}
+
+// Params returns the parameters the sampler uses (after clamping).
 func (s *Sampler) Params() Params { return s.p }
 
 func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPenalty != 1 }
@@ -93,15 +129,25 @@ func (s *Sampler) Accept(id int32) {
 func (s *Sampler) Reset() { s.nh = 0 }
 
 // Sample picks the next token from logits ([vocab] values, left unchanged).
-func (s *Sampler) Sample(logits []float32) int32 {
+// A NaN or infinite logit is an error wrapping ErrNonFinite (the model
+// overflowed; no token is picked), an empty row one wrapping ErrNoLogits.
+func (s *Sampler) Sample(logits []float32) (int32, error) {
 	n := min(len(logits), s.vocab)
+	if n == 0 {
+		return 0, ErrNoLogits
+	}
 	c := s.cand[:n]
 	for i := range c {
-		c[i] = candidate{id: int32(i), logit: logits[i]}
+		l := logits[i]
+		// l-l is 0 for finite l and NaN for NaN and ±Inf: one test for both.
+		if l-l != 0 {
+			return 0, fmt.Errorf("sample: token %d has logit %v: %w", i, l, ErrNonFinite)
+		}
+		c[i] = candidate{id: int32(i), logit: l}
 	}
 	s.applyPenalty(c)
 	if s.p.Greedy() {
-		return argmax(c)
+		return argmax(c), nil
 	}
 	if k := s.p.TopK; k > 0 && k < len(c) {
 		c = topK(c, k)
@@ -136,16 +182,19 @@ func (s *Sampler) Sample(logits []float32) int32 {
 		}
 		c = kept
 	}
+	if len(c) == 0 { // unreachable with clamped Params; never index an empty list
+		return 0, ErrNoLogits
+	}
 	softmax(c, s.p.Temp)
 	r := s.rng.Float64()
 	cum := 0.0
 	for i := range c {
 		cum += c[i].p
 		if r < cum {
-			return c[i].id
+			return c[i].id, nil
 		}
 	}
-	return c[len(c)-1].id // r rounded past the last cumulative sum
+	return c[len(c)-1].id, nil // r rounded past the last cumulative sum
 }
 
 // applyPenalty applies the repetition penalty to every distinct token among
@@ -166,11 +215,15 @@ func (s *Sampler) applyPenalty(c []candidate) {
 			continue
 		}
 		s.stamp[id] = s.step
-		if l := c[id].logit; l > 0 {
-			c[id].logit = l / pen
+		l := c[id].logit
+		if l > 0 {
+			l /= pen
 		} else {
-			c[id].logit = l * pen
+			l *= pen
 		}
+		// A tiny penalty can overflow a large logit: keep it the largest
+		// finite value of its sign, so the softmax stays defined.
+		c[id].logit = max(min(l, math.MaxFloat32), -math.MaxFloat32)
 	}
 }
 
@@ -239,6 +292,9 @@ func siftDown(h []candidate, i int) {
 func softmax(c []candidate, temp float32) {
 	if temp <= 0 {
 		temp = 1
+	}
+	if len(c) == 0 {
+		return
 	}
 	maxL := c[0].logit
 	for _, x := range c {

@@ -14,9 +14,19 @@ func randLogits(r *rand.Rand, n int) []float32 {
 	return l
 }
 
+// mustSample is s.Sample for logits that are known to be finite.
+func mustSample(t *testing.T, s *Sampler, logits []float32) int32 {
+	t.Helper()
+	id, err := s.Sample(logits)
+	if err != nil {
+		t.Fatalf("Sample: %v", err)
+	}
+	return id
+}
+
 func TestGreedyTiesToLowestID(t *testing.T) {
 	s := New(Params{}, 6)
-	if got := s.Sample([]float32{1, 5, 2, 5, -1, 5}); got != 1 {
+	if got := mustSample(t, s, []float32{1, 5, 2, 5, -1, 5}); got != 1 {
 		t.Fatalf("greedy = %d, want 1 (lowest of the tied maxima 1, 3, 5)", got)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
@@ -29,7 +39,7 @@ func TestGreedyTiesToLowestID(t *testing.T) {
 				best = i
 			}
 		}
-		if got := s.Sample(l); got != int32(best) {
+		if got := mustSample(t, s, l); got != int32(best) {
 			t.Fatalf("greedy = %d, want %d", got, best)
 		}
 	}
@@ -41,12 +51,12 @@ func TestRepeatPenalty(t *testing.T) {
 	s := New(Params{RepeatPenalty: 2}, 3)
 	s.Accept(0)
 	s.Accept(0) // repeated tokens are penalised once
-	if got := s.Sample([]float32{4, 3, 0}); got != 1 {
+	if got := mustSample(t, s, []float32{4, 3, 0}); got != 1 {
 		t.Fatalf("with penalty = %d, want 1", got)
 	}
 	s = New(Params{RepeatPenalty: 2}, 3)
 	s.Accept(2)
-	if got := s.Sample([]float32{-1, -1.5, -0.9}); got != 0 {
+	if got := mustSample(t, s, []float32{-1, -1.5, -0.9}); got != 0 {
 		t.Fatalf("negative logit penalised: got %d, want 0 (-0.9·2 = -1.8 is now last)", got)
 	}
 	// Outside the window the penalty no longer applies.
@@ -54,14 +64,14 @@ func TestRepeatPenalty(t *testing.T) {
 	s.Accept(0)
 	s.Accept(1)
 	s.Accept(1)
-	if got := s.Sample([]float32{4, 3, 0}); got != 0 {
+	if got := mustSample(t, s, []float32{4, 3, 0}); got != 0 {
 		t.Fatalf("token 0 left the window: got %d, want 0", got)
 	}
 	// The logits the caller passed are left unchanged.
 	l := []float32{4, 3, 0}
 	s = New(Params{RepeatPenalty: 2}, 3)
 	s.Accept(0)
-	s.Sample(l)
+	mustSample(t, s, l)
 	if l[0] != 4 {
 		t.Fatalf("Sample modified the caller's logits: %v", l)
 	}
@@ -77,7 +87,7 @@ func TestSeedDeterminism(t *testing.T) {
 		s := New(Params{Temp: 1.2, TopK: 50, TopP: 0.9, MinP: 0.01, RepeatPenalty: 1.1, Seed: seed}, 300)
 		out := make([]int32, len(rows))
 		for i, l := range rows {
-			out[i] = s.Sample(l)
+			out[i] = mustSample(t, s, l)
 			s.Accept(out[i])
 		}
 		return out
@@ -103,7 +113,7 @@ func TestTopKOneIsGreedy(t *testing.T) {
 	g := New(Params{}, 100)
 	for range 50 {
 		l := randLogits(r, 100)
-		if a, b := s.Sample(l), g.Sample(l); a != b {
+		if a, b := mustSample(t, s, l), mustSample(t, g, l); a != b {
 			t.Fatalf("top-k 1 = %d, greedy = %d", a, b)
 		}
 	}
@@ -118,7 +128,7 @@ func TestDistribution(t *testing.T) {
 	s := New(Params{Temp: temp, Seed: 1}, len(logits))
 	count := make([]int, len(logits))
 	for range draws {
-		count[s.Sample(logits)]++
+		count[mustSample(t, s, logits)]++
 	}
 	want := make([]float64, len(logits))
 	sum := 0.0
@@ -144,7 +154,7 @@ func TestFiltersNeverPickExcludedTokens(t *testing.T) {
 		s := New(p, len(logits))
 		seen := map[int32]bool{}
 		for range 5000 {
-			id := s.Sample(logits)
+			id := mustSample(t, s, logits)
 			if !allowed[id] {
 				t.Fatalf("%s: sampled excluded token %d", name, id)
 			}
@@ -195,7 +205,10 @@ func TestSampleDoesNotAllocate(t *testing.T) {
 	for _, p := range []Params{{}, Defaults(), {Temp: 1, TopP: 0.9, RepeatPenalty: 1.1}} {
 		s := New(p, len(l))
 		s.Accept(5)
-		if a := testing.AllocsPerRun(20, func() { s.Accept(s.Sample(l)) }); a != 0 {
+		if a := testing.AllocsPerRun(20, func() {
+			id, _ := s.Sample(l)
+			s.Accept(id)
+		}); a != 0 {
 			t.Errorf("%+v: %.1f allocations per token, want 0", p, a)
 		}
 	}
