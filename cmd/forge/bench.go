@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -80,18 +78,32 @@ func benchLoadCmd(c *cli.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, sigs := watchSignals(ctx)
+	defer sigs.Stop()
+	return sigs.Err(benchLoad(ctx, c))
+}
+
+// benchLoad is forge bench load once its signals are watched. It fails
+// (after printing what it measured) when any run failed: a benchmark with
+// a missing strategy is no result.
+func benchLoad(ctx context.Context, c *cli.Context) error {
 	stdout, stderr := c.App.Writer, c.App.ErrWriter
 
 	strategies := splitList(c.String("strategies"))
 	for _, s := range strategies {
 		if _, err := pipeline.ParseStrategy(s); err != nil {
-			return fmt.Errorf("--strategies: %w", err)
+			return usageErrorf("--strategies: %w", err)
 		}
 	}
 	if len(strategies) == 0 {
-		return fmt.Errorf("--strategies: none given")
+		return usageErrorf("--strategies: none given")
+	}
+	if err := checkInts(c,
+		intRange{"runs", 1, 10000, "runs per strategy and cache mode"},
+		intRange{"prompt-tokens", 1, 1 << 20, "prompt length"},
+		intRange{"threads", 0, maxThreads, "0: all cores"},
+	); err != nil {
+		return err
 	}
 	var caches []string
 	switch cm := c.String("cache"); cm {
@@ -100,7 +112,7 @@ func benchLoadCmd(c *cli.Context) error {
 	case "both":
 		caches = []string{"warm", "cold"}
 	default:
-		return fmt.Errorf("--cache %q: want warm, cold or both", cm)
+		return usageErrorf("--cache %q: want warm, cold or both", cm)
 	}
 	if err := checkDevice(c.String("device")); err != nil {
 		return err
@@ -124,6 +136,7 @@ func benchLoadCmd(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	failed := runsFailed(results)
 	groups := loadbench.Summarize(results)
 	if c.String("svg") != "" {
 		r := loadbench.Pick(results, models[0], strategies[0], caches[0])
@@ -148,10 +161,42 @@ func benchLoadCmd(c *cli.Context) error {
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"runs": results, "summary": groups, "prompt_tokens": cfg.PromptTokens,
-			"device": cfg.Device, "peer": cfg.Peer})
+		if err := enc.Encode(map[string]any{"runs": results, "summary": groups, "prompt_tokens": cfg.PromptTokens,
+			"device": cfg.Device, "peer": cfg.Peer}); err != nil {
+			return err
+		}
+		return failed
 	}
-	return loadbench.WriteTable(stdout, groups)
+	if err := loadbench.WriteTable(stdout, groups); err != nil {
+		return err
+	}
+	return failed
+}
+
+// runsFailed is an error counting the failed runs (naming the first), nil
+// when every run succeeded.
+func runsFailed(results []loadbench.Result) error {
+	n := 0
+	var first *loadbench.Result
+	for i := range results {
+		if results[i].Err != "" {
+			if n == 0 {
+				first = &results[i]
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("bench load: %d of %d runs failed; the first, %s %s run %d of %s: %s",
+		n, len(results), first.Strategy, first.Cache, first.Run, first.Model, firstLine(first.Err))
+}
+
+// firstLine keeps an error one line long.
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
 }
 
 func benchLoadOnceCmd(c *cli.Context) error {

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -50,21 +49,30 @@ func genCmd(c *cli.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, sigs := watchSignals(ctx)
+	defer sigs.Stop()
+	return sigs.Err(gen(ctx, c))
+}
+
+// writeModel writes the synthetic model; tests replace it to make a write
+// fail midway.
+var writeModel = synth.Write
+
+// gen is forge gen once its signals are watched.
+func gen(ctx context.Context, c *cli.Context) error {
 	stdout, stderr := c.App.Writer, c.App.ErrWriter
 
 	shape, ok := synth.Presets[c.String("preset")]
 	if !ok {
-		return fmt.Errorf("--preset %q: want one of %s", c.String("preset"), strings.Join(synth.PresetNames(), ", "))
+		return usageErrorf("--preset %q: want one of %s", c.String("preset"), strings.Join(synth.PresetNames(), ", "))
 	}
 	mix, err := synth.ParseMix(c.String("quant"))
 	if err != nil {
-		return err
+		return usageErrorf("--quant: %w", err)
 	}
 	fill, err := synth.ParseFill(c.String("fill"))
 	if err != nil {
-		return fmt.Errorf("--fill: %w", err)
+		return usageErrorf("--fill: %w", err)
 	}
 	o := synth.Options{Shape: shape, Mix: mix, Seed: c.Uint64("seed"), Fill: fill, Name: "synthetic " + c.String("preset") + " " + string(mix)}
 	if v := c.String("vocab"); v != "" {
@@ -81,7 +89,7 @@ func genCmd(c *cli.Context) error {
 		mode = progressMode(mode, stderr)
 	case "tty", "plain":
 	default:
-		return fmt.Errorf("--progress %q: want auto, tty or plain", mode)
+		return usageErrorf("--progress %q: want auto, tty or plain", mode)
 	}
 	total, err := plannedSize(ctx, o)
 	if err != nil {
@@ -91,24 +99,34 @@ func genCmd(c *cli.Context) error {
 	fmt.Fprintf(stderr, "writing %s: %s %s, %d layers, %s parameters, %s\n", path, c.String("preset"), mix,
 		shape.Layers, humanize.SIWithDigits(float64(o.Shape.Params()), 2, ""), humanize.Bytes(uint64(total)))
 
-	f, err := os.Create(path)
+	// The model is written to a temporary file beside the output and
+	// renamed over it only once complete and synced: a full disk, an
+	// error or Ctrl-C leaves an existing file as it was.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return err
+		return fmt.Errorf("gen %s: %w", path, err)
 	}
+	tmp := f.Name()
 	cw := &countingFile{f: f}
 	start := time.Now()
 	done := showWriteProgress(mode, stderr, cw, total, start)
-	err = synth.Write(ctx, cw, o)
+	err = writeModel(ctx, cw, o)
 	if err == nil {
 		err = f.Sync() // the rate is the disk's, not the page cache's
+	}
+	if err == nil {
+		err = f.Chmod(0o644) // CreateTemp's 0600 is for the partial file only
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
 	elapsed := time.Since(start)
 	done()
 	if err != nil {
-		os.Remove(path)
+		os.Remove(tmp)
 		return fmt.Errorf("gen %s: %w", path, err)
 	}
 	st, err := os.Stat(path)

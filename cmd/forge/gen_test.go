@@ -170,9 +170,13 @@ func TestGenCancelRemovesFile(t *testing.T) {
 		case err = <-res:
 			t.Fatalf("gen finished before it was cancelled: %v", err)
 		case <-time.After(2 * time.Millisecond):
-			if st, serr := os.Stat(out); serr == nil && st.Size() > 1<<20 {
-				cancel()
-				err, done = <-res, true
+			// The file is written under a temporary name beside out.
+			tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(out), ".c.gguf.tmp-*"))
+			if len(tmps) == 1 {
+				if st, serr := os.Stat(tmps[0]); serr == nil && st.Size() > 1<<20 {
+					cancel()
+					err, done = <-res, true
+				}
 			}
 		}
 	}
@@ -181,6 +185,9 @@ func TestGenCancelRemovesFile(t *testing.T) {
 	}
 	if _, serr := os.Stat(out); !os.IsNotExist(serr) {
 		t.Errorf("partial file left behind: %v", serr)
+	}
+	if left, _ := os.ReadDir(filepath.Dir(out)); len(left) != 0 {
+		t.Errorf("files left behind: %v", left)
 	}
 }
 

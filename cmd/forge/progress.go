@@ -70,6 +70,7 @@ type stats struct {
 	firstRead, lastRead, lastConv, lastUp     time.Duration
 
 	reqStart, firstToken, done time.Duration
+	lastToken                  time.Duration // the latest token's time, for an interrupted request (no done)
 	promptTokens, tokens       int
 	stop                       string
 	err                        error
@@ -128,7 +129,7 @@ func (s *stats) add(e pipeline.Event) {
 	case pipeline.FirstToken:
 		s.firstToken = e.At
 	case pipeline.TokenEvent:
-		s.tokens = e.Index + 1
+		s.tokens, s.lastToken = e.Index+1, e.At
 	case pipeline.Done:
 		s.done, s.tokens, s.stop = e.At, e.Tokens, e.Stop
 	case pipeline.ErrorEvent:
@@ -196,9 +197,15 @@ func (s *stats) promptRate() float64 {
 	return float64(s.promptTokens) / d.Seconds()
 }
 
-// decodeRate is tokens per second after the first.
+// decodeRate is tokens per second after the first: up to the end of the
+// request, or for one interrupted (no Done event) up to its last token, so
+// the rate is over the tokens decoded and the time they took.
 func (s *stats) decodeRate() float64 {
-	d := s.done - s.firstToken
+	end := s.done
+	if end == 0 {
+		end = s.lastToken
+	}
+	d := end - s.firstToken
 	if d <= 0 || s.tokens < 2 {
 		return 0
 	}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -31,6 +33,11 @@ func (d *plainDisplay) Event(e pipeline.Event) {
 	case pipeline.FirstToken:
 		fmt.Fprintf(d.w, "first token %s (%s after the request started)\n", fmtDur(e.At), fmtDur(e.Latency))
 	case pipeline.ErrorEvent:
+		if errors.Is(e.Err, context.Canceled) {
+			// Ctrl-C: whatever wait it cut short is not the failure.
+			fmt.Fprintf(d.w, "interrupted %s\n", fmtDur(e.At))
+			return
+		}
 		fmt.Fprintf(d.w, "error %s: %v\n", fmtDur(e.At), e.Err)
 	}
 }

@@ -7,10 +7,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -34,7 +32,7 @@ func init() {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file", Required: true},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt text"},
-			&cli.IntFlag{Name: "max-tokens", Aliases: []string{"n"}, Value: 256, Usage: "most tokens to generate (≤ 0: until end of text or a full context)"},
+			&cli.IntFlag{Name: "max-tokens", Aliases: []string{"n"}, Value: 256, Usage: "most tokens to generate (0: until end of text or a full context)"},
 			&cli.Float64Flag{Name: "temp", Value: float64(d.Temp), Usage: "temperature; 0 is greedy"},
 			&cli.IntFlag{Name: "top-k", Value: d.TopK, Usage: "keep the K most likely tokens (0: off)"},
 			&cli.Float64Flag{Name: "top-p", Value: float64(d.TopP), Usage: "nucleus sampling threshold (1: off)"},
@@ -52,6 +50,8 @@ func init() {
 			// For tests and demonstrations: a slow disk, one reader.
 			&cli.StringFlag{Name: "throttle", Hidden: true, Usage: "limit reads to this many bytes per second (e.g. 2MB)"},
 			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
+			// For tests and demonstrations: a slow generation, to interrupt.
+			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
 		},
 		Action: runCmd,
 	})
@@ -67,7 +67,7 @@ func checkDevice(s string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("--device %q: want auto, cpu, gpu or gpu:N", s)
+	return usageErrorf("--device %q: want auto, cpu, gpu or gpu:N", s)
 }
 
 // isTerminal reports whether w is a terminal.
@@ -106,6 +106,48 @@ func throttleHook(rate uint64) func(ctx context.Context, tensor string, off, n i
 	}
 }
 
+// flagOfField is the flag of each field GenerateOptions.Validate names.
+var flagOfField = map[string]string{
+	"temperature": "temp", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p",
+	"repeat_penalty": "repeat-penalty", "repeat_last_n": "repeat-last-n", "max_tokens": "max-tokens",
+}
+
+// checkGenerate range-checks the generation flags: a usage error naming
+// the flag for the first value out of range.
+func checkGenerate(o pipeline.GenerateOptions) error {
+	err := o.Validate()
+	if fe, ok := errors.AsType[*sample.FieldError](err); ok {
+		name := fe.Field
+		if f, ok := flagOfField[name]; ok {
+			name = f
+		}
+		return usageErrorf("--%s %v: %s", name, fe.Value, fe.Reason)
+	}
+	return err
+}
+
+// intRange is one integer flag's accepted range.
+type intRange struct {
+	flag   string
+	lo, hi int
+	what   string
+}
+
+// checkInts range-checks integer flags: a usage error naming the first
+// one out of range.
+func checkInts(c *cli.Context, rs ...intRange) error {
+	for _, r := range rs {
+		if v := c.Int(r.flag); v < r.lo || v > r.hi {
+			return usageErrorf("--%s %d: must be in [%d, %d] (%s)", r.flag, v, r.lo, r.hi, r.what)
+		}
+	}
+	return nil
+}
+
+// maxThreads bounds --threads: far more than any machine's cores, small
+// enough not to spawn a goroutine storm.
+const maxThreads = 4096
+
 // samplingFlags reads the sampling flags.
 func samplingFlags(c *cli.Context) sample.Params {
 	p := sample.Params{
@@ -129,19 +171,27 @@ func runCmd(c *cli.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	// Ctrl-C cancels the load and the request; the statistics are still
-	// printed.
-	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSignals()
+	// Ctrl-C cancels the load and the request; the partial text and the
+	// statistics are still printed, then the exit status is 130 (143 for
+	// SIGTERM).
+	ctx, sigs := watchSignals(ctx)
+	defer sigs.Stop()
+	err := runModel(ctx, c)
+	return sigs.Err(err)
+}
+
+// runModel is forge run once its signals are watched.
+func runModel(ctx context.Context, c *cli.Context) error {
 	stdout, stderr := c.App.Writer, c.App.ErrWriter
 
+	// Every flag is checked before the model is opened.
 	device := c.String("device")
 	if err := checkDevice(device); err != nil {
 		return err
 	}
 	strategy, err := pipeline.ParseStrategy(c.String("strategy"))
 	if err != nil {
-		return err
+		return usageErrorf("--strategy: %w", err)
 	}
 	mode := progressMode(c.String("progress"), stderr)
 	// Check the mode before loading anything, without making a display:
@@ -149,14 +199,32 @@ func runCmd(c *cli.Context) error {
 	switch mode {
 	case "tty", "plain", "json":
 	default:
-		return fmt.Errorf("unknown --progress %q (auto, tty, plain, json)", mode)
+		return usageErrorf("--progress %q: want auto, tty, plain or json", mode)
+	}
+	if err := checkInts(c,
+		intRange{"ctx", 0, gguf.MaxContext, "0: the model's, at most 4096"},
+		intRange{"batch", 1, 1 << 16, "prompt tokens per forward step"},
+		intRange{"threads", 0, maxThreads, "0: all cores"},
+		intRange{"readers", 0, 1024, "0: the pipeline's default"},
+	); err != nil {
+		return err
+	}
+	if s := c.Int64("seed"); s < -1 {
+		return usageErrorf("--seed %d: must be ≥ -1 (-1: random)", s)
+	}
+	if d := c.Duration("token-delay"); d < 0 {
+		return usageErrorf("--token-delay %v: must be ≥ 0", d)
+	}
+	gopts := pipeline.GenerateOptions{MaxTokens: c.Int("max-tokens"), Sampling: samplingFlags(c)}
+	if err := checkGenerate(gopts); err != nil {
+		return err
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
 		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers")}
 	if s := c.String("throttle"); s != "" {
 		rate, err := parseBytes(s)
 		if err != nil || rate == 0 {
-			return fmt.Errorf("--throttle %q: want a byte rate such as 2MB", s)
+			return usageErrorf("--throttle %q: want a byte rate such as 2MB", s)
 		}
 		opts.Hooks.Read = throttleHook(rate)
 	}
@@ -199,22 +267,30 @@ func runCmd(c *cli.Context) error {
 	var printed strings.Builder // what went to stdout, to add what a flush completes
 	var werr error
 	started := false
-	res, err := m.Generate(ctx, text, pipeline.GenerateOptions{
-		MaxTokens: c.Int("max-tokens"),
-		Sampling:  samplingFlags(c),
-		OnToken: func(t pipeline.Token) error {
-			if !started {
-				started = true
-				disp.Finish() // the text starts below the display
-				if c.Bool("echo") {
-					io.WriteString(stdout, text)
-				}
+	delay := c.Duration("token-delay")
+	gopts.OnToken = func(t pipeline.Token) error {
+		if !started {
+			started = true
+			disp.Finish() // the text starts below the display
+			if c.Bool("echo") {
+				io.WriteString(stdout, text)
 			}
-			printed.WriteString(t.Text)
-			_, werr = io.WriteString(stdout, t.Text)
+		}
+		printed.WriteString(t.Text)
+		if _, werr = io.WriteString(stdout, t.Text); werr != nil {
 			return werr
-		},
-	})
+		}
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
+	res, err := m.Generate(ctx, text, gopts)
 	stop := res.Stop
 	if errors.Is(err, context.Canceled) {
 		stop = "interrupted"
@@ -241,6 +317,9 @@ func runCmd(c *cli.Context) error {
 	m.Close() // ends the subscription once every event is delivered
 	<-drained
 	disp.Close(stop)
+	if stop == "interrupted" {
+		return err // a signal's exit status, or the cancellation of the caller's context
+	}
 	return nil
 }
 
