@@ -106,3 +106,20 @@ func TestOpenHostileBlockCount(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineRejectsBadSampling: the server's path (Engine.Generate) gets
+// the *sample.FieldError for min_p 2 (the request body of issue 17's item
+// 1), and the engine serves the next request.
+func TestEngineRejectsBadSampling(t *testing.T) {
+	e := NewEngine(EngineOptions{Resolve: func(n string) (string, error) { return n, nil }, Open: Options{Threads: 1}})
+	defer e.Close()
+	m := testmodels.Path(t, "stories260K-Q8_0.gguf")
+	_, err := e.Generate(context.Background(), EngineRequest{Model: m, Prompt: "hi", Sampling: sample.Params{Temp: 0.8, MinP: 2}})
+	var fe *sample.FieldError
+	if !errors.As(err, &fe) || fe.Field != "min_p" {
+		t.Fatalf("min_p 2: %v, want a FieldError for min_p", err)
+	}
+	if _, err := e.Generate(context.Background(), EngineRequest{Model: m, Prompt: "hi", MaxTokens: 2, Sampling: sample.Defaults()}); err != nil {
+		t.Fatal(err)
+	}
+}

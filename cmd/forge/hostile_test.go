@@ -93,6 +93,12 @@ func TestUnparsableFlagUsageOnStderr(t *testing.T) {
 			t.Errorf("%v: stderr %q lacks the error and the usage", args, stderr.String())
 		}
 	}
+	// A missing required flag is a usage error too (urfave/cli prints
+	// that usage itself).
+	var stdout, stderr bytes.Buffer
+	if err := newApp(&stdout, &stderr).Run([]string{"forge", "run", "-p", "x"}); exitCode(err) != 2 {
+		t.Errorf("run without -m: %v, exit %d, want 2", err, exitCode(err))
+	}
 }
 
 // forgeProcess is `forge args…` as a process: this test binary acting as

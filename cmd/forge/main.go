@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/urfave/cli/v2"
@@ -46,6 +47,10 @@ func exitCode(err error) int {
 	if ee, ok := errors.AsType[*exitError](err); ok {
 		return ee.code
 	}
+	// urfave/cli's missing-flag error has no exported type.
+	if strings.HasPrefix(err.Error(), "Required flag") {
+		return 2
+	}
 	return 1
 }
 
@@ -60,7 +65,7 @@ func onUsageError(c *cli.Context, err error, _ bool) error {
 	} else {
 		cli.HelpPrinter(w, cli.AppHelpTemplate, c.App)
 	}
-	return &exitError{code: 2, err: fmt.Errorf("%w", err), quiet: true}
+	return &exitError{code: 2, err: err, quiet: true}
 }
 
 // setUsageHandlers installs onUsageError on every command once (the
