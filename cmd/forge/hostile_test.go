@@ -21,7 +21,7 @@ import (
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
-	"github.com/forge-llm/forge/internal/ggufedit"
+	"github.com/forge-llm/forge/gguf/ggufedit"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/synth"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
-	"github.com/forge-llm/forge/internal/ggufedit"
+	"github.com/forge-llm/forge/gguf/ggufedit"
 )
 
 // hostileFile copies stories260K-F32 with e applied into a temporary file.
