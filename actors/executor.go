@@ -275,7 +275,13 @@ func (e *executor) run(gen Generator, r *runReq) runRes {
 	if err == nil {
 		stop, err = gen.Generate(ctx, r.req.Prompt, r.req.Opts, emit)
 		if gguf.MappingBroken(err) {
-			s.setBroken(s.locate(err))
+			// A kernel's fault knows the address, not the file: name
+			// them (the messages inside were formatted already).
+			var fe *gguf.FaultError
+			if errors.As(err, &fe) && fe.File == "" && s.cfg.File.Locate(err) {
+				err = fmt.Errorf("%s: offset %d: %w", fe.File, fe.Offset, err)
+			}
+			s.setBroken(err)
 		}
 	}
 	res := Result{ID: r.id, Tokens: toks, Stop: stop}

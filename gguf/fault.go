@@ -3,6 +3,7 @@ package gguf
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"time"
 	"unsafe"
@@ -51,7 +52,9 @@ func (e *FaultError) Error() string {
 	case e.Addr != 0:
 		msg = fmt.Sprintf("%s at %#x", msg, e.Addr)
 	}
-	if e.Err != nil {
+	// The runtime's own text for a fault ("invalid memory address or nil
+	// pointer dereference") misleads here; a system call's error does not.
+	if _, rt := e.Err.(runtime.Error); e.Err != nil && !rt {
 		msg += ": " + e.Err.Error()
 	}
 	return msg
@@ -110,6 +113,8 @@ func (e *ChangedError) Error() string {
 	switch {
 	case e.Err != nil:
 		return fmt.Sprintf("%s: %s: checking it: %v", e.File, ErrFileChanged, e.Err)
+	case e.Size < e.WasSize:
+		return fmt.Sprintf("%s: %s: truncated to %d bytes, was %d when mapped", e.File, ErrFileChanged, e.Size, e.WasSize)
 	case e.Size != e.WasSize:
 		return fmt.Sprintf("%s: %s: size %d bytes, was %d when mapped", e.File, ErrFileChanged, e.Size, e.WasSize)
 	default:

@@ -139,7 +139,7 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = f.Check()
-	if !errors.As(err, &ce) || ce.Size != f.Size/2 || ce.WasSize != f.Size || !strings.Contains(err.Error(), "size") {
+	if !errors.As(err, &ce) || ce.Size != f.Size/2 || ce.WasSize != f.Size || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("Check after truncation: %v", err)
 	}
 
