@@ -316,7 +316,9 @@ func (s *System) usable() error {
 
 // Broken returns why the model's file can no longer be used (a
 // *gguf.ChangedError or *gguf.FaultError inside), or nil. Every request
-// after that fails with it at once; the owner should close the model.
+// after that fails with it at once, and so does every unit not yet
+// resident (a lazy model's layers never demanded included); the owner
+// should close the model.
 func (s *System) Broken() error {
 	if p := s.broken.Load(); p != nil {
 		return *p
@@ -326,6 +328,6 @@ func (s *System) Broken() error {
 
 func (s *System) setBroken(err error) {
 	if s.broken.CompareAndSwap(nil, &err) {
-		s.publish(Error{At: s.bus.Since(), Layer: NoLayer, Err: fmt.Errorf("model file unusable: %w", err)})
+		s.failAll(fmt.Errorf("model file unusable: %w", err))
 	}
 }

@@ -120,7 +120,7 @@ func TestConverterFault(t *testing.T) {
 	}
 	dataAt := f.DataOffset
 	f.Close()
-	conv := &faultingConverter{Conversion: Conversion{AllF32: true}, path: path, at: dataAt}
+	conv := &faultingConverter{Conversion: Conversion{AllF32: true}, path: path, at: 0}
 	// One chunk in flight: the globals' first chunk is the one that faults,
 	// before any reader could see the change.
 	s := startFile(t, path, Config{Strategy: HostF32, Converter: conv, Readers: 1, MaxInflight: 1})
@@ -192,6 +192,10 @@ func TestExecutorBrokenFile(t *testing.T) {
 		_, err := s.Submit(context.Background(), Request{Prompt: []int32{1}})
 		if !errors.Is(err, gguf.ErrFileChanged) || !errors.Is(s.Broken(), gguf.ErrFileChanged) {
 			t.Fatalf("request after truncation: %v (broken: %v)", err, s.Broken())
+		}
+		// What was still loading fails with it; what was resident stays.
+		if err := s.Ready().Err(); err != nil {
+			t.Errorf("resident globals failed: %v", err)
 		}
 	})
 	t.Run("fault during", func(t *testing.T) {

@@ -176,3 +176,35 @@ func TestEngineModelFileChanged(t *testing.T) {
 		})
 	}
 }
+
+// A lazily loaded model whose file is cut before its blocks were read: the
+// request fails with the change at its start, and every readiness future
+// resolves (the blocks never demanded fail with it instead of staying
+// pending forever); TestMain's goleak checks nothing is left running.
+func TestLazyModelTruncatedBeforeLayers(t *testing.T) {
+	path := copyModel(t, "stories260K-Q4_0.gguf", t.TempDir(), "m.gguf")
+	m, err := Open(context.Background(), path, Options{Strategy: Lazy, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Ready().Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	halve(t, path)
+	_, err = m.Generate(context.Background(), "", GenerateOptions{PromptIDs: []int32{1, 403}, MaxTokens: 4})
+	if !errors.Is(err, gguf.ErrFileChanged) {
+		t.Fatalf("request after truncation: %v", err)
+	}
+	for i := range m.Config().Layers {
+		if err := m.Layer(i).Wait(context.Background()); !errors.Is(err, gguf.ErrFileChanged) {
+			t.Errorf("layer %d: %v, want the change", i, err)
+		}
+	}
+	if err := m.Resident().Wait(context.Background()); !errors.Is(err, gguf.ErrFileChanged) {
+		t.Errorf("Resident: %v", err)
+	}
+	if err := m.Ready().Err(); err != nil {
+		t.Errorf("the globals, resident before the cut: %v", err)
+	}
+}

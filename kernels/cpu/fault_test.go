@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -111,27 +112,30 @@ func TestMatMulOnTruncatedMapping(t *testing.T) {
 	goleak.VerifyNone(t, opt)
 }
 
-// faultTask faults on the worker chosen by bad, after making sure that the
-// helpers take part: worker 0 waits in its first item until a helper has
-// started one, so the fault of either side is certain to happen.
+// faultTask faults on the workers chosen by bad, after making sure that
+// the caller and a helper both take part: every item waits until each side
+// has started one (the items held meanwhile are at most one per worker, so
+// items are left for the late side), so the fault is certain to happen.
 type faultTask struct {
-	bad     func(w int) bool
-	mem     []byte // a mapping whose file is gone
-	helped  atomic.Bool
-	done    atomic.Int64
-	started atomic.Int64
+	bad    func(w int) bool
+	mem    []byte // a mapping whose file is gone
+	caller atomic.Bool
+	helper atomic.Bool
+	done   atomic.Int64
+	sink   atomic.Uint32 // keeps the faulting read
 }
 
 func (t *faultTask) run(w, lo, hi int) {
-	t.started.Add(1)
-	if w != 0 {
-		t.helped.Store(true)
+	if w == 0 {
+		t.caller.Store(true)
 	} else {
-		for !t.helped.Load() {
-		}
+		t.helper.Store(true)
+	}
+	for !t.caller.Load() || !t.helper.Load() {
+		runtime.Gosched()
 	}
 	if t.bad(w) {
-		_ = *(*byte)(unsafe.Pointer(unsafe.SliceData(t.mem[len(t.mem)/2:])))
+		t.sink.Add(uint32(*(*byte)(unsafe.Pointer(unsafe.SliceData(t.mem[len(t.mem)/2:])))))
 	}
 	t.done.Add(int64(hi - lo))
 }
