@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/forge-llm/forge/gguf"
 )
 
 // Generator is the model as the executor runs it: pipeline builds one from
@@ -269,7 +271,19 @@ func (e *executor) run(gen Generator, r *runReq) runRes {
 		toks = append(toks, id)
 		return r.guard.call(id)
 	}
-	stop, err := gen.Generate(ctx, r.req.Prompt, r.req.Opts, emit)
+	stop, err := "", s.usable()
+	if err == nil {
+		stop, err = gen.Generate(ctx, r.req.Prompt, r.req.Opts, emit)
+		if gguf.MappingBroken(err) {
+			// A kernel's fault knows the address, not the file: name
+			// them (the messages inside were formatted already).
+			var fe *gguf.FaultError
+			if errors.As(err, &fe) && fe.File == "" && s.cfg.File.Locate(err) {
+				err = fmt.Errorf("%s: offset %d: %w", fe.File, fe.Offset, err)
+			}
+			s.setBroken(err)
+		}
+	}
 	res := Result{ID: r.id, Tokens: toks, Stop: stop}
 	if err != nil {
 		ev := Error{At: s.bus.Since(), Req: r.id, Layer: NoLayer, Err: err}
@@ -282,4 +296,38 @@ func (e *executor) run(gen Generator, r *runReq) runRes {
 	}
 	s.publish(Done{At: s.bus.Since(), Req: r.id, Tokens: len(toks), Stop: stop})
 	return runRes{Result: res}
+}
+
+// usable is checked at the start of every request: a model whose file
+// changed under its mapping (truncated by a download or `forge gen -o`
+// over it, rewritten in place) must not run, since reading the weights
+// faults or reads another model's bytes. Once that was seen, by this check
+// or by a fault during a request, the model stays broken.
+func (s *System) usable() error {
+	if err := s.Broken(); err != nil {
+		return err
+	}
+	if err := s.cfg.File.Check(); err != nil {
+		s.setBroken(err)
+		return err
+	}
+	return nil
+}
+
+// Broken returns why the model's file can no longer be used (a
+// *gguf.ChangedError or *gguf.FaultError inside), or nil. Every request
+// after that fails with it at once, and so does every unit not yet
+// resident (a lazy model's layers never demanded included); the owner
+// should close the model.
+func (s *System) Broken() error {
+	if p := s.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *System) setBroken(err error) {
+	if s.broken.CompareAndSwap(nil, &err) {
+		s.failAll(fmt.Errorf("model file unusable: %w", err))
+	}
 }

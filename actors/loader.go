@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/forge-llm/forge/gguf"
 )
 
 // Messages of the load pipeline. Each chunk travels as one *chunk from the
@@ -164,8 +166,14 @@ func (r *reader) Receive(c actor.Context) {
 		if h := r.s.cfg.Hooks.Read; h != nil {
 			ch.readErr = h(r.s.ctx, ch.t.Name(), ch.off, ch.n)
 		}
+		// A file truncated or rewritten since it was mapped is caught
+		// here, before its pages are touched; one that changes between
+		// this check and the read faults, which pageIn reports.
 		if ch.readErr == nil {
-			ch.readErr = pageIn(ch.t.src[ch.off : ch.off+ch.n])
+			ch.readErr = r.s.cfg.File.Check()
+		}
+		if ch.readErr == nil {
+			ch.readErr = r.s.locate(pageIn(ch.t.src[ch.off : ch.off+ch.n]))
 		}
 	}
 	c.Send(c.Parent(), &chunkRead{c: ch})
@@ -223,7 +231,7 @@ func (w *converter) Receive(c actor.Context) {
 			ch.data = src
 		} else if dst, err := w.s.cfg.Uploader.Dest(t, ch.outOff, ch.outN); err != nil {
 			ch.convertErr = err
-		} else if err := w.s.cfg.Converter.Convert(t.Info.Type, t.To, src, dst); err != nil {
+		} else if err := w.convert(t, src, dst); err != nil {
 			ch.convertErr = fmt.Errorf("converting %s to %s: %w", t.Info.Type, t.To, err)
 		} else {
 			ch.data = dst
@@ -234,6 +242,19 @@ func (w *converter) Receive(c actor.Context) {
 		}
 	}
 	c.Send(w.s.uploader, m)
+}
+
+// convert runs the Converter on bytes of the mapping. The reader paged
+// them in, but the file may have been truncated since, and then reading
+// them raises SIGBUS: the fault becomes the chunk's error (a
+// *gguf.FaultError) instead of killing the process. The setting is the
+// worker's only for the call: protoactor's goroutines run other actors too.
+func (w *converter) convert(t *Tensor, src, dst []byte) error {
+	var err error
+	if ferr := gguf.CatchFault(func() { err = w.s.cfg.Converter.Convert(t.Info.Type, t.To, src, dst) }); ferr != nil {
+		return w.s.locate(ferr)
+	}
+	return err
 }
 
 // uploader owns the Uploader: it makes the arena, uploads converted chunks,

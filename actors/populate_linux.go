@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forge-llm/forge/gguf"
 )
 
 // noPopulate is set once the kernel has refused MADV_POPULATE_READ (before
@@ -35,7 +37,9 @@ func pageIn(b []byte) error {
 		case errors.Is(err, unix.EINVAL):
 			noPopulate.Store(true)
 		default:
-			return fmt.Errorf("paging in the mapped file (file truncated or I/O error): %w", err)
+			// EFAULT: a page would raise SIGBUS (past the end of a
+			// truncated file); EIO: the disk failed.
+			return &gguf.FaultError{Offset: -1, Err: fmt.Errorf("madvise(MADV_POPULATE_READ): %w", err)}
 		}
 	}
 	return touch(b)

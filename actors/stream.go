@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 )
 
@@ -85,7 +86,15 @@ func (su *StreamUploader) Upload(t *Tensor, off int64, data []byte) error {
 				return
 			}
 		}
-		copy(su.arena[t.ArenaOff+off:], data)
+		// data is a view of the mapping for a pass-through tensor: a file
+		// truncated since fails the unit instead of the process.
+		if err := gguf.CopyMapped(su.arena[t.ArenaOff+off:], data); err != nil {
+			su.mu.Lock()
+			if su.failed[t.unit] == nil {
+				su.failed[t.unit] = fmt.Errorf("tensor %q: copy failed: %w", t.Name(), err)
+			}
+			su.mu.Unlock()
+		}
 	}
 	return nil
 }

@@ -68,9 +68,10 @@ type System struct {
 	loader, dequant, uploader, executor *actor.PID
 	exec                                *executorState
 
-	failed   atomic.Bool  // the whole load failed (failAll)
-	failFrom atomic.Int32 // units from this index on are failed (fail)
-	resident atomic.Int32 // units resident
+	failed   atomic.Bool           // the whole load failed (failAll)
+	failFrom atomic.Int32          // units from this index on are failed (fail)
+	resident atomic.Int32          // units resident
+	broken   atomic.Pointer[error] // the file changed under the mapping (see usable)
 	wg       sync.WaitGroup
 
 	closeMu sync.Mutex

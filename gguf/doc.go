@@ -25,6 +25,18 @@
 //
 // OpenReaderAt reads through an io.ReaderAt instead of a mapping.
 //
+// # A file that changes under its mapping
+//
+// A mapped file truncated while open (a download restarting, `forge gen -o`
+// writing over it) makes every read of the lost pages raise SIGBUS, which
+// kills a Go process. File.Check (one fstat) says whether the open file
+// still has the size and modification time it was mapped with, as a
+// *ChangedError. Code that reads views anyway does it where a fault is an
+// error: CopyMapped, ReadTensor and CatchFault turn it into a *FaultError,
+// and goroutines that run with debug.SetPanicOnFault on turn what they
+// recover into one with AsFault. Both match MappingBroken: the holder of
+// the mapping should stop using it.
+//
 // # Writing
 //
 // Writer streams a version 3 file. Declare the metadata and the tensors,

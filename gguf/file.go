@@ -2,7 +2,6 @@ package gguf
 
 import (
 	"fmt"
-	"runtime/debug"
 )
 
 // Tensor finds a tensor by name.
@@ -18,7 +17,10 @@ func (f *File) Tensor(name string) (*TensorInfo, bool) {
 // and the pages are read from disk only when touched. The view is valid
 // until Close. Touching it after the file shrank faults (SIGBUS) and kills
 // the process: code that must survive a file changed under it copies out of
-// the view with CopyMapped, or uses ReadTensor.
+// the view with CopyMapped, uses ReadTensor, or reads the view inside
+// CatchFault (or on a goroutine with debug.SetPanicOnFault on, turning what
+// it recovers into an error with AsFault); Check tells beforehand whether
+// the file still is what was mapped.
 func (f *File) TensorData(t *TensorInfo) ([]byte, error) {
 	if f.mmap == nil {
 		return nil, fmt.Errorf("gguf: %s: tensor %q: file was opened without mmap; use ReadTensor", f.Path, t.Name)
@@ -60,29 +62,19 @@ func (f *File) ReadTensor(t *TensorInfo, off uint64, dst []byte) error {
 		return nil
 	}
 	if err := CopyMapped(dst, f.mmap[start:end]); err != nil {
+		f.Locate(err)
 		return fmt.Errorf("gguf: %s: tensor %q: read at offset %d: %w", f.Path, t.Name, start, err)
 	}
 	return nil
 }
 
-// CopyMapped copies src (memory-mapped) into dst like copy, but returns an
-// error instead of crashing if touching src faults, which is what happens
-// when the file under a mapping is truncated (SIGBUS) or an I/O error hits
-// a page. It is exported for the loader, which copies views itself.
-func CopyMapped(dst, src []byte) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if e, ok := r.(interface{ Addr() uintptr }); ok {
-				err = fmt.Errorf("memory fault at %#x reading the mapped file (file truncated or I/O error): %v", e.Addr(), r)
-				return
-			}
-			panic(r)
-		}
-	}()
-	copy(dst, src)
-	return nil
+// CopyMapped copies src (memory-mapped) into dst like copy, but returns a
+// *FaultError instead of crashing if touching src faults, which is what
+// happens when the file under a mapping is truncated (SIGBUS) or an I/O
+// error hits a page. It is exported for the loader, which copies views
+// itself.
+func CopyMapped(dst, src []byte) error {
+	return CatchFault(func() { copy(dst, src) })
 }
 
 // Lookup finds a metadata value by key.

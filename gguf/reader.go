@@ -9,6 +9,7 @@ import (
 	"math/bits"
 	"os"
 	"sort"
+	"time"
 
 	"github.com/edsrzf/mmap-go"
 )
@@ -52,6 +53,8 @@ type File struct {
 	src  io.ReaderAt // reads the header and lazy arrays
 	osf  *os.File    // non-nil when opened by Open
 	mmap mmap.MMap   // the whole file, when opened by Open
+
+	modTime time.Time // when opened by Open: the modification time Check compares
 }
 
 // TensorInfo describes one tensor. Dims are in ggml order: Dims[0] is the
@@ -114,7 +117,7 @@ func Open(path string) (*File, error) {
 		}
 		f.mmap = m
 	}
-	f.osf = osf
+	f.osf, f.modTime = osf, st.ModTime()
 	return f, nil
 }
 

@@ -61,7 +61,7 @@ const (
 	StateReady    ModelState = "ready"    // serving requests while layers still stream in
 	StateResident ModelState = "resident" // every weight resident
 	StateEvicted  ModelState = "evicted"  // unloaded to make room for another model
-	StateFailed   ModelState = "failed"   // the last load failed (Err says why); the next request retries
+	StateFailed   ModelState = "failed"   // the last load failed, or its file changed while loaded (Err says why); the next request retries
 )
 
 // ModelStatus is a snapshot of one model.
@@ -478,7 +478,9 @@ func (e *Engine) open(ent *entry, inst *instance) {
 		case ModelReady:
 			e.setState(ent, inst, StateReady)
 		case ErrorEvent:
-			if ev.Req == 0 {
+			if ev.Req == 0 && gguf.MappingBroken(ev.Err) {
+				e.fail(ent, inst, ev.Err)
+			} else if ev.Req == 0 {
 				e.mu.Lock()
 				if ent.inst == inst {
 					ent.state, ent.err = StateFailed, ev.Err
@@ -487,6 +489,58 @@ func (e *Engine) open(ent *entry, inst *instance) {
 			}
 		}
 	}
+}
+
+// ModelFailedError is what a request gets when its model's file changed
+// under the mapping while the model was loaded (gguf.MappingBroken: it was
+// truncated, by a download or `forge gen -o` over it, or rewritten in
+// place): the model was unloaded and marked failed. Its message names the
+// model, not the host path; Err (the *gguf.ChangedError or
+// *gguf.FaultError, with the path) is for logs and errors.As.
+type ModelFailedError struct {
+	Model string
+	Err   error
+}
+
+func (e *ModelFailedError) Error() string {
+	return fmt.Sprintf("pipeline: model %q failed: its file changed on disk while it was loaded (truncated or rewritten in place); it was unloaded, the next request loads the file again", e.Model)
+}
+
+func (e *ModelFailedError) Unwrap() error { return e.Err }
+
+// fail handles an error of inst (a request's, or one published by its
+// load) that says its file can no longer be read safely: the model is
+// marked failed with the reason, detached and closed in the background
+// (requests still running on it end with it), and other models keep
+// serving. The next request for it loads the file anew. It returns the
+// error for the client; other errors come back unchanged.
+func (e *Engine) fail(ent *entry, inst *instance, err error) error {
+	if !gguf.MappingBroken(err) {
+		return err
+	}
+	var mf *ModelFailedError
+	if errors.As(err, &mf) {
+		return err
+	}
+	mf = &ModelFailedError{Model: ent.id, Err: err}
+	e.mu.Lock()
+	if ent.inst != inst || e.closed {
+		e.mu.Unlock()
+		return mf
+	}
+	victim := e.detach(ent, StateFailed)
+	ent.err = mf
+	e.signalFreed()
+	e.wg.Add(1)
+	e.mu.Unlock()
+	e.log.Error("model failed: file changed while loaded; unloading", "model", ent.id, "path", inst.path, "err", err)
+	// Not on this goroutine: it may be the follower of the model's events,
+	// which Close waits to drain.
+	go func() {
+		defer e.wg.Done()
+		e.closeAll([]*instance{victim})
+	}()
+	return mf
 }
 
 func (e *Engine) setState(ent *entry, inst *instance, s ModelState) {

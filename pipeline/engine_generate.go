@@ -87,7 +87,7 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", "stop"
 		return out, nil
 	case err != nil:
-		return out, err
+		return out, e.fail(lease.ent, lease.inst, err)
 	}
 	if rest := st.flush(); rest != "" && r.OnText != nil {
 		if err := r.OnText(rest); err != nil {

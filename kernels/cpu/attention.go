@@ -14,7 +14,7 @@ import (
 // exponential, and the softmax accumulated in float32.
 //
 //	q, out [n][a.Heads][a.HeadDim]; k, v [n][a.KVHeads][a.HeadDim]
-func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, layer, pos0, n int, a kernels.Attn) error {
+func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, layer, pos0, n int, a kernels.Attn) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if c == nil {
@@ -59,8 +59,11 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, lay
 		}
 	}
 	b.att = attnTask{b: b, out: out.Host, q: q.Host, kc: s.k[layer], vc: s.v[layer], pos0: pos0, a: a}
-	b.pool.parallel(&b.att, n*a.Heads, 1)
+	err = b.pool.parallel(&b.att, n*a.Heads, 1)
 	b.att = attnTask{}
+	if err != nil {
+		return opFault("attention", nil, err)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -191,13 +192,16 @@ func (t *matmulTask) run(w, lo, hi int) {
 // dst must not overlap x.
 //
 //	x [n][w.Cols], dst [n][w.Rows]: dst[i][r] = Σ_c w[r][c]·x[i][c]
-func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
+func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "matmul", w)
 	return b.matmul(dst, w, x, n, fastKernels)
 }
 
 // matmul is MatMul with an explicit kernel table (tests run the Go table).
+// A fault reading w on the caller panics out of it (MatMul recovers it); a
+// fault on a helper is its error.
 func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int, table map[gguf.Type]kernel) error {
 	if w == nil {
 		return fmt.Errorf("cpu: matmul: nil weight")
@@ -223,11 +227,16 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	a.prepare(k.act, n, w.Cols, x.Host)
 	if k.act != actF32 {
 		b.qt = quantTask{a: a, x: x.Host, cols: w.Cols}
-		b.pool.parallel(&b.qt, n, 1)
+		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
+			return opFault("matmul: quantizing activations", nil, err)
+		}
 	}
 	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: k.dot4, scr: b.scratch}
-	b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
 	b.mm = matmulTask{}
+	if err != nil {
+		return opFault("matmul", w, err)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"unsafe"
 
 	"github.com/forge-llm/forge/dequant"
@@ -44,9 +45,10 @@ var littleEndian = func() bool { x := uint16(1); return *(*byte)(unsafe.Pointer(
 // table's block type.
 //
 //	dst [len(ids)][table.Cols]
-func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) error {
+func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "embed", table)
 	if table == nil {
 		return fmt.Errorf("cpu: embed: nil table")
 	}
@@ -99,9 +101,10 @@ func rowBytes(w *kernels.Weight) (int, error) {
 // separately.
 //
 //	x, dst [n][w.Cols]
-func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
+func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "rmsnorm", w)
 	wv, err := f32Weight("rmsnorm", w)
 	if err != nil {
 		return err
@@ -114,7 +117,11 @@ func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps f
 		return err
 	}
 	b.norm = normTask{dst: dst.Host, x: x.Host, w: wv[:cols], cols: cols, eps: eps}
-	b.pool.parallel(&b.norm, n, max(1, 16384/max(cols, 1)))
+	err = b.pool.parallel(&b.norm, n, max(1, 16384/max(cols, 1)))
+	b.norm = normTask{}
+	if err != nil {
+		return opFault("rmsnorm", w, err)
+	}
 	return nil
 }
 
@@ -147,9 +154,10 @@ func rmsNormRow(dst, x, w []float32, eps float32) {
 // AddBias adds b (F32, bias.Cols values) to each of n rows of x in place.
 //
 //	x [n][bias.Cols]
-func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
+func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "add bias", bias)
 	bv, err := f32Weight("add bias", bias)
 	if err != nil {
 		return err
@@ -175,9 +183,10 @@ func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
 // last bit of the angle.
 //
 //	x [n][heads][headDim]
-func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.Rope) error {
+func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.Rope) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "rope: freqs", r.Freqs)
 	if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > headDim {
 		return fmt.Errorf("cpu: rope: rotated dims %d must be even and in (0, headDim=%d]", r.Dim, headDim)
 	}
@@ -256,8 +265,11 @@ func (b *Backend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
 		return err
 	}
 	b.silu = siluTask{d: dst.Host[:n], g: gate.Host[:n], u: up.Host[:n]}
-	b.pool.parallel(&b.silu, n, 4096) // exp is the costly part: split big prompts
+	err := b.pool.parallel(&b.silu, n, 4096) // exp is the costly part: split big prompts
 	b.silu = siluTask{}
+	if err != nil {
+		return opFault("silu mul", nil, err)
+	}
 	return nil
 }
 

@@ -2,9 +2,12 @@ package cpu
 
 import (
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/forge-llm/forge/gguf"
 )
 
 // task is one parallel loop body. run handles items [lo, hi) on worker w
@@ -50,6 +53,10 @@ type pool struct {
 	gen     atomic.Uint64 // loop number; the helpers join when it changes
 	pending atomic.Int32  // helpers still inside the current loop
 	closed  atomic.Bool
+	// fault is the first memory fault a helper hit in the current loop
+	// (a weight read from a mapped file that was truncated under it),
+	// handed back to the caller by parallel.
+	fault atomic.Pointer[gguf.FaultError]
 }
 
 type helperState struct {
@@ -71,6 +78,11 @@ func newPool(threads int) *pool {
 // to spinFor, then parked), join it, report back; exit when closed.
 func (p *pool) helper(w int, h *helperState) {
 	defer p.wg.Done()
+	// Loops read weights straight from the model file's mapping; if the
+	// file is truncated under it the read raises SIGBUS, which kills the
+	// process unless the goroutine asked for a panic instead. This
+	// goroutine only ever runs loops, so the setting stays on for its life.
+	debug.SetPanicOnFault(true)
 	// gen is 0 when the pool is made; reading it here instead would miss a
 	// loop that parallel published before this goroutine first ran.
 	var seen uint64
@@ -84,9 +96,26 @@ func (p *pool) helper(w int, h *helperState) {
 		if p.closed.Load() {
 			return
 		}
-		p.work(w)
+		p.helperWork(w)
 		p.pending.Add(-1)
 	}
+}
+
+// helperWork is work on a helper, with a memory fault recorded for
+// parallel to return instead of taking the process down; the chunks left
+// are dropped, since the loop has failed. Other panics are bugs and go on.
+func (p *pool) helperWork(w int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := gguf.AsFault(r)
+			if !ok {
+				panic(r)
+			}
+			p.fault.CompareAndSwap(nil, fe)
+			p.next.Store(int64(p.total))
+		}
+	}()
+	p.work(w)
 }
 
 // spinWait polls gen for up to spinFor and reports whether it changed.
@@ -123,28 +152,43 @@ func (p *pool) work(w int) {
 // Every helper joins every split loop (helpers that arrive late find no
 // chunks left and leave at once); parallel waits for all of them before it
 // returns, so the loop fields are never rewritten under a helper.
-func (p *pool) parallel(t task, total, chunk int) {
+//
+// A memory fault on a helper comes back as parallel's *gguf.FaultError. A
+// fault on the caller (worker 0) panics out of parallel, once the helpers
+// are done with the loop, to the op's recoverFault: the pool stays usable
+// either way.
+func (p *pool) parallel(t task, total, chunk int) (err error) {
 	if total <= 0 {
-		return
+		return nil
 	}
 	chunk = max(chunk, 1)
 	chunks := (total + chunk - 1) / chunk
 	if chunks < 2 || len(p.helpers) == 0 || p.closed.Load() {
 		t.run(0, 0, total)
-		return
+		return nil
 	}
 	p.t, p.total, p.chunk = t, total, chunk
 	p.next.Store(0)
+	p.fault.Store(nil)
 	p.pending.Store(int32(len(p.helpers)))
 	p.gen.Add(1)
 	p.wakeHelpers()
-	p.work(0)
-	for i := 0; p.pending.Load() != 0; i++ {
-		if i&63 == 63 {
-			runtime.Gosched() // a helper may share this P or be descheduled
+	defer func() {
+		// Also on a panic of worker 0: the helpers must be out of the
+		// loop before it unwinds.
+		p.next.Store(int64(p.total)) // no-op unless worker 0 stopped early
+		for i := 0; p.pending.Load() != 0; i++ {
+			if i&63 == 63 {
+				runtime.Gosched() // a helper may share this P or be descheduled
+			}
 		}
-	}
-	p.t = nil
+		p.t = nil
+		if fe := p.fault.Load(); fe != nil {
+			err = fe
+		}
+	}()
+	p.work(0)
+	return nil
 }
 
 // close stops the helper goroutines and waits for them to exit.
