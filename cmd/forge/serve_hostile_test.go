@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -456,6 +455,3 @@ func TestServeBadStart(t *testing.T) {
 		t.Errorf("other model: %d %s", a.status, a.body)
 	}
 }
-
-// bufio is used by streamChat in serve_test.go; keep the import honest.
-var _ = bufio.NewScanner
