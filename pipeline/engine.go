@@ -235,21 +235,22 @@ func (e *Engine) maxNames() int {
 
 // pruneLocked forgets the least recently used names past the bound:
 // entries registered by requests whose model is not loaded, and aliases
-// (e.mu held). An entry forgotten takes its aliases with it.
-func (e *Engine) pruneLocked() {
+// (e.mu held), leaving room for that many more. An entry forgotten takes
+// its aliases with it.
+func (e *Engine) pruneLocked(room int) {
 	var idle []*entry
 	for _, ent := range e.models {
 		if !ent.added && ent.inst == nil {
 			idle = append(idle, ent)
 		}
 	}
-	if extra := len(idle) - e.maxNames(); extra > 0 {
+	if extra := len(idle) - e.maxNames() + room; extra > 0 {
 		slices.SortFunc(idle, func(a, b *entry) int { return a.lastUsed.Compare(b.lastUsed) })
 		for _, ent := range idle[:extra] {
 			e.forgetLocked(ent)
 		}
 	}
-	if extra := len(e.aliases) - e.maxNames(); extra > 0 {
+	if extra := len(e.aliases) - e.maxNames() + room; extra > 0 {
 		type named struct {
 			name string
 			at   time.Time
@@ -325,15 +326,15 @@ func (e *Engine) Acquire(ctx context.Context, id string) (*Lease, error) {
 		if !ok && p != nil && p.name == id {
 			// An unregistered id is a name; it is registered only once
 			// it resolves, so that bad names do not pile up, and as an
-			// alias when its file is a registered model's.
+			// alias when its file is a registered model's. Old names are
+			// forgotten first, so that the entry acquired stays.
+			e.pruneLocked(1)
 			if same := e.sameFileLocked(p.file); same != nil {
 				e.aliases[id] = &alias{ent: same, lastUsed: time.Now()}
-				e.pruneLocked()
 				return e.acquireLocked(ctx, same, p)
 			}
 			ent = &entry{id: id, name: id, keepAlive: e.defaultKeepAlive(), state: StateUnloaded, file: p.file, lastUsed: time.Now()}
 			e.models[id] = ent
-			e.pruneLocked()
 			return e.acquireLocked(ctx, ent, p)
 		}
 		e.mu.Unlock()
@@ -661,7 +662,7 @@ func (e *Engine) release(ent *entry, inst *instance) {
 		e.mu.Unlock()
 	case keep == 0:
 		victim := e.detach(ent, StateUnloaded)
-		e.pruneLocked()
+		e.pruneLocked(0)
 		e.wg.Add(1)
 		e.mu.Unlock()
 		e.log.Debug("unloading idle model", "model", ent.id)
@@ -683,7 +684,7 @@ func (e *Engine) expire(ent *entry, inst *instance) {
 		return
 	}
 	victim := e.detach(ent, StateUnloaded)
-	e.pruneLocked()
+	e.pruneLocked(0)
 	e.wg.Add(1)
 	e.mu.Unlock()
 	defer e.wg.Done()
