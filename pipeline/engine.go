@@ -301,6 +301,15 @@ type Lease struct {
 // Model is the leased model.
 func (l *Lease) Model() *Model { return l.inst.m }
 
+// WaitDevice waits until the leased model's backend is up (on a GPU, its
+// context and kernels are made in the background after Open) and returns
+// the error that failed it, if any: a server checks at start that the
+// device it was told to use works.
+func (l *Lease) WaitDevice(ctx context.Context) error {
+	_, err := l.inst.m.backend(ctx)
+	return err
+}
+
 // Release gives the model back; an idle model starts its keep-alive.
 func (l *Lease) Release() { l.once.Do(func() { l.e.release(l.ent, l.inst) }) }
 

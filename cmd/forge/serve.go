@@ -195,12 +195,15 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	// cannot be opened stops serve with the reason.
 	for _, m := range cfg.models {
 		l, err := eng.Acquire(ctx, m.id)
+		if err == nil {
+			err = l.WaitDevice(ctx)
+			l.Release()
+		}
 		if err != nil {
 			eng.Close()
 			ln.Close()
 			return fmt.Errorf("serve: model %q (-m %s): %w", m.id, m.name, err)
 		}
-		l.Release()
 	}
 	acc := newAccess(ln.Addr().String(), cfg.apiKey, cfg.allowOrigins)
 	if cfg.apiKey == "" {

@@ -116,7 +116,7 @@ func (s *server) engineError(w http.ResponseWriter, r *http.Request, model strin
 	case errors.Is(err, pipeline.ErrEngineClosed):
 		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the server is shutting down")
 	case errors.Is(err, pipeline.ErrUnknownModel), errors.Is(err, pipeline.ErrInvalidModel):
-		s.log.Info("model not found", "model", model, "err", err)
+		s.log.Debug("model not found", "model", model, "err", err)
 		if len(model) > 128 {
 			model = model[:128] + "…"
 		}

@@ -416,14 +416,21 @@ func TestServeBadStart(t *testing.T) {
 	hostStores(t)
 	notGGUF := filepath.Join(t.TempDir(), "notes.gguf")
 	os.WriteFile(notGGUF, []byte("root:x:0:0:root:/root:/bin/bash\n"), 0o644)
-	for _, args := range [][]string{
-		{"-m", "/no/such/model.gguf"}, {"-m", notGGUF}, {"-m", "no-such-store-name"},
-		{"--device", "tpu"}, {"--threads", "-1"}, {"--ctx", "-5"}, {"--read-timeout", "0s"}, {"--max-prompt-bytes", "0"},
+	model := testmodels.Path(t, "stories260K-Q8_0.gguf")
+	for _, c := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{[]string{"-m", "/no/such/model.gguf"}, "unknown model"}, {[]string{"-m", notGGUF}, "not a GGUF file"},
+		{[]string{"-m", "no-such-store-name"}, "unknown model"}, {[]string{"--device", "gpu:99", "-m", model}, `device "gpu:99"`},
+		{[]string{"--device", "tpu"}, "--device"}, {[]string{"--threads", "-1"}, "--threads"}, {[]string{"--ctx", "-5"}, "--ctx"},
+		{[]string{"--read-timeout", "0s"}, "--read-timeout"}, {[]string{"--max-prompt-bytes", "0"}, "--max-prompt-bytes"},
+		{[]string{"--allow-paths", "/no/such/dir"}, "--allow-paths"},
 	} {
 		var stdout, stderr syncBuffer
-		err := newApp(&stdout, &stderr).RunContext(t.Context(), append([]string{"forge", "serve", "--addr", "127.0.0.1:0"}, args...))
-		if err == nil {
-			t.Errorf("serve %v started", args)
+		err := newApp(&stdout, &stderr).RunContext(t.Context(), append([]string{"forge", "serve", "--addr", "127.0.0.1:0"}, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("serve %v: %v, want an error about %s", c.args, err, c.want)
 		}
 	}
 
