@@ -36,10 +36,14 @@ unit:
 	$(GO) test -race -timeout 30m ./...
 	$(GO) test -tags purego -timeout 15m ./dequant/... ./kernels/cpu/...
 
-# A short fuzz of the GGUF reader on every run; run it longer by hand with
-# `make fuzz FUZZTIME=10m`.
+# A short fuzz of the GGUF reader, the server's request decoder and the
+# store-name parser on every run; run them longer by hand with
+# `make fuzz FUZZTIME=10m SERVEFUZZTIME=10m`.
+SERVEFUZZTIME ?= 10s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $(FUZZTIME) ./gguf
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(SERVEFUZZTIME) ./cmd/forge
+	$(GO) test -run '^$$' -fuzz '^FuzzStoreName$$' -fuzztime $(SERVEFUZZTIME) ./pipeline/store
 
 device:
 	@mkdir -p bin/device

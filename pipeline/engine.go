@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -29,6 +30,14 @@ var ErrBudget = errors.New("pipeline: memory budget exceeded")
 // resolvable to a file.
 var ErrUnknownModel = errors.New("pipeline: unknown model")
 
+// ErrInvalidModel is wrapped when a model's file resolves but is not a
+// GGUF model the engine can read (its header or metadata fail).
+var ErrInvalidModel = errors.New("pipeline: not a usable model file")
+
+// DefaultMaxNames is how many names the engine remembers, besides the
+// models added with Add, once their models are not loaded.
+const DefaultMaxNames = 64
+
 // EngineOptions configure an Engine.
 type EngineOptions struct {
 	// Open is how each model is opened. Its Memory is ignored: every
@@ -49,6 +58,11 @@ type EngineOptions struct {
 	Resolve func(name string) (string, error)
 	// Logger receives load, unload and eviction logs; nil: slog.Default().
 	Logger *slog.Logger
+	// MaxNames bounds the names (and spellings of names) requests
+	// registered that have no loaded model: past it, the least recently
+	// used are forgotten. Models added with Add are always kept. ≤ 0:
+	// DefaultMaxNames.
+	MaxNames int
 }
 
 // ModelState is where a model is in its life.
@@ -100,17 +114,29 @@ type Engine struct {
 
 	mu     sync.Mutex
 	models map[string]*entry
-	closed bool
+	// aliases are other names of a registered model's file (another
+	// spelling of its path, a symlink, a store name of the same blob):
+	// one file is one model, loaded once, whatever it is called.
+	aliases map[string]*alias
+	closed  bool
 	// freed is closed (and replaced) whenever a model becomes idle or
 	// unloads: loads waiting for room in the budget try again.
 	freed chan struct{}
 	wg    sync.WaitGroup // unloads and progress watchers in flight
 }
 
+// alias is another name of an entry's file.
+type alias struct {
+	ent      *entry
+	lastUsed time.Time
+}
+
 // entry is one model id: its settings, and its loaded instance if any.
 type entry struct {
 	id        string
-	name      string // what Resolve gets
+	name      string      // what Resolve gets
+	added     bool        // by Add: never forgotten
+	file      os.FileInfo // the resolved file, for identity (os.SameFile); nil until planned
 	keepAlive time.Duration
 	state     ModelState
 	err       error
@@ -139,7 +165,7 @@ type instance struct {
 
 // NewEngine returns an engine with no model loaded.
 func NewEngine(o EngineOptions) *Engine {
-	e := &Engine{o: o, log: o.Logger, resolve: o.Resolve, models: map[string]*entry{}, freed: make(chan struct{})}
+	e := &Engine{o: o, log: o.Logger, resolve: o.Resolve, models: map[string]*entry{}, aliases: map[string]*alias{}, freed: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -172,8 +198,82 @@ func (e *Engine) Add(id, name string) error {
 		}
 		return nil
 	}
-	e.models[id] = &entry{id: id, name: name, keepAlive: e.defaultKeepAlive(), state: StateUnloaded}
+	e.models[id] = &entry{id: id, name: name, added: true, keepAlive: e.defaultKeepAlive(), state: StateUnloaded}
 	return nil
+}
+
+// lookupLocked finds the entry of an id or of one of its aliases (e.mu
+// held).
+func (e *Engine) lookupLocked(id string) (*entry, bool) {
+	if ent, ok := e.models[id]; ok {
+		return ent, true
+	}
+	if a, ok := e.aliases[id]; ok {
+		a.lastUsed = time.Now()
+		return a.ent, true
+	}
+	return nil, false
+}
+
+// sameFileLocked finds the entry whose file is file (e.mu held).
+func (e *Engine) sameFileLocked(file os.FileInfo) *entry {
+	for _, ent := range e.models {
+		if ent.file != nil && os.SameFile(ent.file, file) {
+			return ent
+		}
+	}
+	return nil
+}
+
+// maxNames is the bound on forgettable names.
+func (e *Engine) maxNames() int {
+	if e.o.MaxNames > 0 {
+		return e.o.MaxNames
+	}
+	return DefaultMaxNames
+}
+
+// pruneLocked forgets the least recently used names past the bound:
+// entries registered by requests whose model is not loaded, and aliases
+// (e.mu held), leaving room for that many more. An entry forgotten takes
+// its aliases with it.
+func (e *Engine) pruneLocked(room int) {
+	var idle []*entry
+	for _, ent := range e.models {
+		if !ent.added && ent.inst == nil {
+			idle = append(idle, ent)
+		}
+	}
+	if extra := len(idle) - e.maxNames() + room; extra > 0 {
+		slices.SortFunc(idle, func(a, b *entry) int { return a.lastUsed.Compare(b.lastUsed) })
+		for _, ent := range idle[:extra] {
+			e.forgetLocked(ent)
+		}
+	}
+	if extra := len(e.aliases) - e.maxNames() + room; extra > 0 {
+		type named struct {
+			name string
+			at   time.Time
+		}
+		var all []named
+		for n, a := range e.aliases {
+			all = append(all, named{n, a.lastUsed})
+		}
+		slices.SortFunc(all, func(a, b named) int { return a.at.Compare(b.at) })
+		for _, n := range all[:extra] {
+			delete(e.aliases, n.name)
+		}
+	}
+}
+
+// forgetLocked drops an entry that has no instance, and its aliases.
+func (e *Engine) forgetLocked(ent *entry) {
+	delete(e.models, ent.id)
+	for n, a := range e.aliases {
+		if a.ent == ent {
+			delete(e.aliases, n)
+		}
+	}
 }
 
 // SetKeepAlive sets one model's keep-alive (0: unload when idle,
@@ -181,7 +281,7 @@ func (e *Engine) Add(id, name string) error {
 func (e *Engine) SetKeepAlive(id string, d time.Duration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	ent, ok := e.models[id]
+	ent, ok := e.lookupLocked(id)
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
 	}
@@ -201,6 +301,15 @@ type Lease struct {
 // Model is the leased model.
 func (l *Lease) Model() *Model { return l.inst.m }
 
+// WaitDevice waits until the leased model's backend is up (on a GPU, its
+// context and kernels are made in the background after Open) and returns
+// the error that failed it, if any: a server checks at start that the
+// device it was told to use works.
+func (l *Lease) WaitDevice(ctx context.Context) error {
+	_, err := l.inst.m.backend(ctx)
+	return err
+}
+
 // Release gives the model back; an idle model starts its keep-alive.
 func (l *Lease) Release() { l.once.Do(func() { l.e.release(l.ent, l.inst) }) }
 
@@ -219,8 +328,22 @@ func (e *Engine) Acquire(ctx context.Context, id string) (*Lease, error) {
 			e.mu.Unlock()
 			return nil, ErrEngineClosed
 		}
-		ent, ok := e.models[id]
+		ent, ok := e.lookupLocked(id)
 		if ok && (ent.inst != nil || p != nil && p.name == ent.name) {
+			return e.acquireLocked(ctx, ent, p)
+		}
+		if !ok && p != nil && p.name == id {
+			// An unregistered id is a name; it is registered only once
+			// it resolves, so that bad names do not pile up, and as an
+			// alias when its file is a registered model's. Old names are
+			// forgotten first, so that the entry acquired stays.
+			e.pruneLocked(1)
+			if same := e.sameFileLocked(p.file); same != nil {
+				e.aliases[id] = &alias{ent: same, lastUsed: time.Now()}
+				return e.acquireLocked(ctx, same, p)
+			}
+			ent = &entry{id: id, name: id, keepAlive: e.defaultKeepAlive(), state: StateUnloaded, file: p.file, lastUsed: time.Now()}
+			e.models[id] = ent
 			return e.acquireLocked(ctx, ent, p)
 		}
 		e.mu.Unlock()
@@ -230,21 +353,36 @@ func (e *Engine) Acquire(ctx context.Context, id string) (*Lease, error) {
 		}
 		var err error
 		if p, err = e.plan(id, name); err != nil {
+			if ok {
+				e.planFailed(ent, err)
+			}
 			return nil, err
 		}
-		if !ok {
-			// An unregistered id is a name; it is registered only once
-			// it resolves, so that bad names do not pile up.
-			if err := e.Add(id, id); err != nil {
-				return nil, err
-			}
-		}
+	}
+}
+
+// planFailed records that a registered model cannot be resolved or read:
+// a model added with Add shows it as failed; a name a request registered
+// is forgotten (its file is gone).
+func (e *Engine) planFailed(ent *entry, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ent.inst != nil {
+		return
+	}
+	if ent.added {
+		ent.state, ent.err = StateFailed, err
+		return
+	}
+	if e.models[ent.id] == ent {
+		e.forgetLocked(ent)
 	}
 }
 
 // loadPlan is what loading a model needs to know beforehand.
 type loadPlan struct {
 	name, path        string
+	file              os.FileInfo
 	estimate, weights int64
 }
 
@@ -253,11 +391,18 @@ func (e *Engine) plan(id, name string) (*loadPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrUnknownModel, id, err)
 	}
+	file, err := os.Stat(path)
+	if err == nil && !file.Mode().IsRegular() {
+		err = fmt.Errorf("%s: not a regular file", file.Name())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrUnknownModel, id, err)
+	}
 	est, weights, err := estimate(path, e.o.Open)
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: model %q: %w", id, err)
+		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidModel, id, err)
 	}
-	return &loadPlan{name: name, path: path, estimate: est, weights: weights}, nil
+	return &loadPlan{name: name, path: path, file: file, estimate: est, weights: weights}, nil
 }
 
 // acquireLocked holds ent's instance, starting a load from p if it has
@@ -291,6 +436,9 @@ func (e *Engine) acquireLocked(ctx context.Context, ent *entry, p *loadPlan) (*L
 		}
 		inst = &instance{path: path, opened: make(chan struct{}), estimate: est, weights: weights}
 		ent.inst, ent.state, ent.err = inst, StateLoading, nil
+		if ent.file == nil {
+			ent.file = p.file
+		}
 		e.wg.Add(1)
 		go e.open(ent, inst)
 	}
@@ -333,13 +481,7 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	ctx := o.Ctx
-	if ctx <= 0 {
-		ctx = cfg.Ctx
-		if ctx <= 0 || ctx > model.DefaultMaxCtx {
-			ctx = model.DefaultMaxCtx
-		}
-	}
+	ctx := ctxPositions(cfg, o)
 	// The scratch the model allocates: activations for a batch of prompt
 	// tokens and one row of logits (see model.allocScratch).
 	batch := o.Batch
@@ -349,6 +491,19 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 	batch = min(batch, ctx)
 	scratch := 4 * (int64(batch)*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + int64(cfg.Vocab))
 	return weights + kvBytes(cfg.Layers, ctx, cfg.KVDim()) + scratch, weights, nil
+}
+
+// ctxPositions is the KV cache size Open gives a model of cfg under o
+// (model.Options.Ctx's rule).
+func ctxPositions(cfg model.Config, o Options) int {
+	ctx := o.Ctx
+	if ctx <= 0 {
+		ctx = cfg.Ctx
+		if ctx <= 0 || ctx > model.DefaultMaxCtx {
+			ctx = model.DefaultMaxCtx
+		}
+	}
+	return ctx
 }
 
 // bytes is what an instance counts against the budget: the larger of the
@@ -570,6 +725,7 @@ func (e *Engine) release(ent *entry, inst *instance) {
 		e.mu.Unlock()
 	case keep == 0:
 		victim := e.detach(ent, StateUnloaded)
+		e.pruneLocked(0)
 		e.wg.Add(1)
 		e.mu.Unlock()
 		e.log.Debug("unloading idle model", "model", ent.id)
@@ -591,6 +747,7 @@ func (e *Engine) expire(ent *entry, inst *instance) {
 		return
 	}
 	victim := e.detach(ent, StateUnloaded)
+	e.pruneLocked(0)
 	e.wg.Add(1)
 	e.mu.Unlock()
 	defer e.wg.Done()
@@ -602,7 +759,7 @@ func (e *Engine) expire(ent *entry, inst *instance) {
 // request ends, as if its keep-alive were 0.
 func (e *Engine) Unload(id string) error {
 	e.mu.Lock()
-	ent, ok := e.models[id]
+	ent, ok := e.lookupLocked(id)
 	if !ok {
 		e.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
@@ -646,7 +803,7 @@ func (e *Engine) Status() []ModelStatus {
 func (e *Engine) StatusOf(id string) (ModelStatus, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	ent, ok := e.models[id]
+	ent, ok := e.lookupLocked(id)
 	if !ok {
 		return ModelStatus{}, false
 	}

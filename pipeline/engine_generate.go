@@ -52,6 +52,20 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(e.ctx, cancel)()
+	res, err := e.generate(ctx, r)
+	if err != nil && e.ctx.Err() != nil {
+		// Close cancelled it (queued or running): say so, rather than
+		// passing the cancellation off as the client's.
+		err = fmt.Errorf("%w: %w", ErrEngineClosed, err)
+	}
+	return res, err
+}
+
+// ErrContextLength is wrapped when a prompt has more tokens than the
+// model's context holds; nothing was queued or computed for it.
+var ErrContextLength = errors.New("pipeline: prompt longer than the context")
+
+func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, error) {
 	lease, err := e.Acquire(ctx, r.Model)
 	if err != nil {
 		return EngineResult{}, err
@@ -60,13 +74,22 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	m := lease.Model()
 
 	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG}
+	// The prompt is tokenized here, under the request's context, and its
+	// length checked before it is queued: a long prompt neither waits in
+	// the queue nor touches the KV cache only to be refused.
+	var ids []int32
 	if r.Messages != nil {
-		ids, err := chatPrompt(ctx, m, r.Messages)
-		if err != nil {
-			return EngineResult{}, err
-		}
-		o.PromptIDs = ids
+		ids, err = chatPrompt(ctx, m, r.Messages)
+	} else {
+		ids, err = textPrompt(ctx, m, r.Prompt)
 	}
+	if err != nil {
+		return EngineResult{}, err
+	}
+	if n := ctxPositions(m.Config(), e.o.Open); len(ids) > n {
+		return EngineResult{}, fmt.Errorf("%w: %d prompt tokens, the context holds %d", ErrContextLength, len(ids), n)
+	}
+	o.PromptIDs = ids
 	st := &stopper{stops: r.Stop}
 	o.OnToken = func(t Token) error {
 		delta, hit := st.add(t.Text)
@@ -102,9 +125,27 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	return out, nil
 }
 
+// textPrompt tokenizes a completion prompt as Model.Generate does (BOS and
+// EOS as the vocabulary asks, special-token text as text), cancellably.
+func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
+	tok, err := m.Tokenizer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := tok.EncodeContext(ctx, prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: tokenizing the prompt: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("pipeline: empty prompt")
+	}
+	return ids, nil
+}
+
 // chatPrompt renders a conversation with the model's template and
-// tokenizes it, special tokens included. BOS comes from the template when
-// it writes one, else as the vocabulary asks.
+// tokenizes it: special tokens are parsed in the template's text only,
+// never in the messages' content. BOS comes from the template when it
+// writes one, else as the vocabulary asks.
 func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message) ([]int32, error) {
 	tmpl, err := chat.Parse(m.ChatTemplate())
 	if err != nil {
@@ -121,12 +162,17 @@ func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message) ([]int32, er
 	if tok.EOS() >= 0 {
 		eos = tok.Token(tok.EOS())
 	}
-	text, err := tmpl.Render(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
+	segs, err := tmpl.RenderSegments(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
 	if err != nil {
 		return nil, err
 	}
-	addBOS := tok.ShouldAddBOS() && (bos == "" || !strings.HasPrefix(text, bos))
-	ids, err := tok.Encode(text, tokenizer.EncodeOptions{AddBOS: addBOS, ParseSpecial: true})
+	tsegs := make([]tokenizer.Segment, len(segs))
+	for i, sg := range segs {
+		tsegs[i] = tokenizer.Segment{Text: sg.Text, ParseSpecial: !sg.Content}
+	}
+	startsBOS := len(segs) > 0 && !segs[0].Content && strings.HasPrefix(segs[0].Text, bos)
+	addBOS := tok.ShouldAddBOS() && (bos == "" || !startsBOS)
+	ids, err := tok.EncodeSegments(ctx, tsegs, tokenizer.EncodeOptions{AddBOS: addBOS})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
 	}

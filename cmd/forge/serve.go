@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -24,11 +24,12 @@ func init() {
 		Name:  "serve",
 		Usage: "serve models over an OpenAI-compatible HTTP API",
 		Description: `Serves /v1/chat/completions, /v1/completions and /v1/models (streaming with
-server-sent events when "stream": true), /forge/load?model=ID (load progress
-as server-sent events), /forge/status and /health. Models named with -m are
-loaded at start; any other model a request names (a file path, an Ollama name
-or a Hugging Face cache name) is loaded on first use. Listens on loopback
-unless --addr says otherwise.`,
+server-sent events when "stream": true), POST /forge/load (load progress as
+server-sent events), /forge/status and /health. Models named with -m are
+opened at start (serve exits if one cannot be); a request may also name a
+model of the Ollama store or the Hugging Face cache, loaded on first use, and
+a file path only under an --allow-paths directory. Listens on loopback unless
+--addr says otherwise; --api-key (or FORGE_API_KEY) requires a bearer token.`,
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "listen address HOST:PORT (port 0: any free port)"},
@@ -39,6 +40,13 @@ unless --addr says otherwise.`,
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto or cpu"},
 			&cli.IntFlag{Name: "threads", Usage: "CPU worker threads (0: every core)"},
 			&cli.IntFlag{Name: "ctx", Usage: "KV cache positions per model (0: the model's, at most 4096)"},
+			&cli.StringFlag{Name: "api-key", EnvVars: []string{"FORGE_API_KEY"}, Usage: "require Authorization: Bearer KEY on every route but /health"},
+			&cli.StringSliceFlag{Name: "allow-origin", Usage: "browser Origin allowed besides loopback and the --addr host, e.g. https://app.example (repeatable; * for any)"},
+			&cli.StringSliceFlag{Name: "allow-paths", Usage: "directory whose GGUF files requests may name by path (repeatable; default: none)"},
+			&cli.StringFlag{Name: "max-prompt-bytes", Value: "1MiB", Usage: "largest prompt (a chat's contents together) accepted, checked before tokenizing"},
+			&cli.DurationFlag{Name: "read-timeout", Value: time.Minute, Usage: "longest time to read a request, body included"},
+			&cli.DurationFlag{Name: "write-timeout", Value: time.Minute, Usage: "longest time one write to a client may block (a stream may run longer)"},
+			&cli.DurationFlag{Name: "idle-timeout", Value: 2 * time.Minute, Usage: "how long an idle keep-alive connection stays open"},
 		},
 		Action: serveAction,
 	})
@@ -50,6 +58,13 @@ type serveConfig struct {
 	models []modelArg
 	engine pipeline.EngineOptions
 	grace  time.Duration
+
+	apiKey       string
+	allowOrigins []string
+	allowPaths   []string
+	maxPrompt    int64 // 0: DefaultMaxPrompt
+	// Timeouts; 0 takes the flags' defaults.
+	readTimeout, writeTimeout, idleTimeout time.Duration
 }
 
 // modelArg is one -m: the id clients use and the name the engine resolves.
@@ -92,15 +107,27 @@ func serveAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := serveConfig{addr: c.String("addr"), grace: c.Duration("grace")}
+	if err := checkServeFlags(c); err != nil {
+		return err
+	}
+	cfg := serveConfig{
+		addr: c.String("addr"), grace: c.Duration("grace"),
+		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
+		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
+	}
+	mp, err := humanize.ParseBytes(c.String("max-prompt-bytes"))
+	if err != nil || mp == 0 || mp > 1<<30 {
+		return fmt.Errorf("--max-prompt-bytes %q: want a size in [1, 1GiB]", c.String("max-prompt-bytes"))
+	}
+	cfg.maxPrompt = int64(mp)
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
 		Open:      pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx")},
 	}
 	if b := c.String("budget"); b != "" {
 		n, err := humanize.ParseBytes(b)
-		if err != nil {
-			return fmt.Errorf("--budget %q: %w", b, err)
+		if err != nil || n > 1<<62 {
+			return fmt.Errorf("--budget %q: not a size", b)
 		}
 		cfg.engine.Budget = int64(n)
 	}
@@ -116,41 +143,83 @@ func serveAction(c *cli.Context) error {
 	return serve(ctx, ln, cfg, slog.Default())
 }
 
+// deviceFlag is what --device takes.
+var deviceFlag = regexp.MustCompile(`^(auto|cpu|gpu(:[0-9]{1,3})?)$`)
+
+// checkServeFlags range-checks the numeric and enumerated flags.
+func checkServeFlags(c *cli.Context) error {
+	switch {
+	case !deviceFlag.MatchString(c.String("device")):
+		return fmt.Errorf("--device %q: want auto, cpu, gpu or gpu:N", c.String("device"))
+	case c.Int("threads") < 0 || c.Int("threads") > 4096:
+		return fmt.Errorf("--threads %d: want 0 (every core) to 4096", c.Int("threads"))
+	case c.Int("ctx") < 0 || c.Int("ctx") > 1<<24:
+		return fmt.Errorf("--ctx %d: want 0 (the model's) to %d", c.Int("ctx"), 1<<24)
+	case c.Duration("grace") < 0:
+		return fmt.Errorf("--grace %s: must not be negative", c.Duration("grace"))
+	}
+	for _, f := range []string{"read-timeout", "write-timeout", "idle-timeout"} {
+		if c.Duration(f) <= 0 {
+			return fmt.Errorf("--%s %s: must be positive", f, c.Duration(f))
+		}
+	}
+	return nil
+}
+
 // serve runs the API on ln until ctx is done, then shuts down: it stops
 // accepting, lets in-flight requests finish for the grace period, cancels
-// the rest and unloads every model.
+// the rest and unloads every model. A -m model that cannot be opened is
+// an error before anything is served.
 func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logger) error {
 	cfg.engine.Logger = log
+	policy, err := newModelPolicy(cfg.models, cfg.allowPaths, cfg.engine.Resolve)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	cfg.engine.Resolve = policy.Resolve
 	eng := pipeline.NewEngine(cfg.engine)
-	s := newServer(eng, log)
+	s := newServer(eng, log, cfg.maxPrompt)
+	s.writeTimeout = cmpDur(cfg.writeTimeout, time.Minute)
 	for _, m := range cfg.models {
 		if err := eng.Add(m.id, m.name); err != nil {
 			eng.Close()
 			ln.Close()
 			return err
 		}
+		s.pinned[m.id] = true
 		s.defaultModel = cmp(s.defaultModel, m.id)
 	}
-	// Models named on the command line load now, in the background;
-	// requests for them wait for what they need.
-	loadCtx, cancelLoads := context.WithCancel(ctx)
-	var loads sync.WaitGroup
-	defer loads.Wait()
-	defer cancelLoads()
+	// Models named on the command line are opened now (their weights
+	// then stream in while requests wait for what they need): one that
+	// cannot be opened stops serve with the reason.
 	for _, m := range cfg.models {
-		loads.Go(func() {
-			l, err := eng.Acquire(loadCtx, m.id)
-			if err != nil {
-				if loadCtx.Err() == nil {
-					log.Error("loading model", "model", m.id, "err", err)
-				}
-				return
-			}
+		l, err := eng.Acquire(ctx, m.id)
+		if err == nil {
+			err = l.WaitDevice(ctx)
 			l.Release()
-		})
+		}
+		if err != nil {
+			eng.Close()
+			ln.Close()
+			return fmt.Errorf("serve: model %q (-m %s): %w", m.id, m.name, err)
+		}
+	}
+	acc := newAccess(ln.Addr().String(), cfg.apiKey, cfg.allowOrigins)
+	if cfg.apiKey == "" {
+		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+			log.Warn("listening off loopback without --api-key: anyone who can reach this address can use every model", "addr", ln.Addr().String())
+		}
 	}
 
-	hs := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	hs := &http.Server{
+		Handler:           s.wrap(acc, s.handler()),
+		ReadHeaderTimeout: min(10*time.Second, cmpDur(cfg.readTimeout, time.Minute)),
+		ReadTimeout:       cmpDur(cfg.readTimeout, time.Minute),
+		IdleTimeout:       cmpDur(cfg.idleTimeout, 2*time.Minute),
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("forge serve listening", "addr", ln.Addr().String(), "models", len(cfg.models))
@@ -164,17 +233,33 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	log.Info("shutting down", "grace", cfg.grace)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.grace)
 	defer cancel()
-	err := hs.Shutdown(sctx)
+	err = hs.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		log.Warn("grace period over: cancelling in-flight requests")
 		err = nil
 	}
-	// Closing the engine cancels what is still running; then the
-	// handlers return and the connections close.
+	// Closing the engine cancels what is still running or queued; the
+	// handlers answer 503 shutting_down (each write bounded by the write
+	// timeout), then the connections close.
 	eng.Close()
+	answered := make(chan struct{})
+	go func() { s.inflight.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(s.writeTimeout):
+	}
 	hs.Close()
 	<-errc
+	<-answered
 	return err
+}
+
+// cmpDur returns d if set, else def.
+func cmpDur(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
 }
 
 // cmp returns a if set, else b.

@@ -28,15 +28,29 @@ type server struct {
 	log *slog.Logger
 	// defaultModel serves requests that name no model (the first -m).
 	defaultModel string
-	nextID       atomic.Uint64
+	// pinned are the -m ids: a failed one makes /health "degraded".
+	pinned map[string]bool
+	// maxPrompt bounds a prompt's bytes (a chat's: all contents), checked
+	// before tokenizing; maxBody bounds a request body.
+	maxPrompt, maxBody int64
+	// writeTimeout is each write's deadline.
+	writeTimeout time.Duration
+	// inflight counts running handlers, for shutdown to let them answer.
+	inflight sync.WaitGroup
+	nextID   atomic.Uint64
 }
 
-func newServer(eng *pipeline.Engine, log *slog.Logger) *server {
-	return &server{eng: eng, log: log}
-}
+// DefaultMaxPrompt is --max-prompt-bytes' default.
+const DefaultMaxPrompt = 1 << 20
 
-// maxBody bounds a request body; prompts are text, not uploads.
-const maxBody = 4 << 20
+func newServer(eng *pipeline.Engine, log *slog.Logger, maxPrompt int64) *server {
+	if maxPrompt <= 0 {
+		maxPrompt = DefaultMaxPrompt
+	}
+	// JSON escapes can double a text (more for control characters);
+	// the rest of a request is small.
+	return &server{eng: eng, log: log, pinned: map[string]bool{}, maxPrompt: maxPrompt, maxBody: 2*maxPrompt + 64<<10}
+}
 
 func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -46,7 +60,6 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /forge/status", s.status)
-	mux.HandleFunc("GET /forge/load", s.load)
 	mux.HandleFunc("POST /forge/load", s.load)
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
@@ -92,32 +105,71 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// engineError maps an engine error to an HTTP status and code.
-func engineError(w http.ResponseWriter, err error) {
+// engineError maps an error to an HTTP status and code (the README's
+// table). Messages never carry file contents or host paths: a model that
+// is unknown, not allowed or unreadable is the same 404, whose message is
+// the name the client sent.
+func (s *server) engineError(w http.ResponseWriter, r *http.Request, model string, err error) {
+	var fe *sample.FieldError
+	var mb *http.MaxBytesError
 	switch {
-	case errors.Is(err, pipeline.ErrUnknownModel):
-		writeError(w, http.StatusNotFound, "model_not_found", err.Error())
+	case errors.Is(err, pipeline.ErrEngineClosed):
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the server is shutting down")
+	case errors.Is(err, pipeline.ErrUnknownModel), errors.Is(err, pipeline.ErrInvalidModel):
+		s.log.Debug("model not found", "model", model, "err", err)
+		if len(model) > 128 {
+			model = model[:128] + "…"
+		}
+		writeError(w, http.StatusNotFound, "model_not_found", fmt.Sprintf("model %q not found", model))
+	case errors.As(err, &fe):
+		writeParamError(w, fe.Field, fe.Error())
+	case errors.As(err, &mb):
+		writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("request body over %d bytes", mb.Limit))
+	case errors.Is(err, errPromptTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, "prompt_too_large", err.Error())
+	case errors.Is(err, pipeline.ErrContextLength):
+		writeError(w, http.StatusBadRequest, "context_length_exceeded", err.Error())
 	case errors.Is(err, chat.ErrNoTemplate), errors.Is(err, chat.ErrUnsupported), errors.Is(err, chat.ErrConversation), errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 	case errors.Is(err, pipeline.ErrBudget):
-		writeError(w, http.StatusServiceUnavailable, "insufficient_memory", err.Error())
-	case errors.Is(err, pipeline.ErrEngineClosed):
-		writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+		writeError(w, http.StatusServiceUnavailable, "insufficient_memory", redactPaths(err.Error()))
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		writeError(w, 499, "cancelled", err.Error())
+		writeError(w, 499, "cancelled", "the request was cancelled")
 	default:
-		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
+		s.log.Error("request failed", "path", r.URL.Path, "model", model, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal_error", redactPaths(err.Error()))
 	}
 }
 
-var errBadRequest = errors.New("bad request")
+// writeParamError is a 400 naming the request field at fault.
+func writeParamError(w http.ResponseWriter, field, msg string) {
+	var e apiError
+	e.Error.Message, e.Error.Code, e.Error.Type, e.Error.Param = msg, "invalid_value", "invalid_request_error", &field
+	writeJSON(w, http.StatusBadRequest, e)
+}
+
+var (
+	errBadRequest     = errors.New("bad request")
+	errPromptTooLarge = errors.New("prompt too large")
+)
 
 func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
 }
 
+// health is 200 while the server answers: "ok", or "degraded" with the
+// ids of the -m models that failed (a model a client named that fails does
+// not make the server unhealthy).
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "models": len(s.eng.Status()), "memory_bytes": s.eng.InUse()})
+	all := s.eng.Status()
+	status, failed := "ok", []string{}
+	for _, st := range all {
+		if st.State == pipeline.StateFailed && s.pinned[st.ID] {
+			status = "degraded"
+			failed = append(failed, st.ID)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": status, "failed": failed, "models": len(all), "memory_bytes": s.eng.InUse()})
 }
 
 // modelObject is OpenAI's model object, with forge's status beside it.
@@ -134,7 +186,7 @@ func toModelObject(st pipeline.ModelStatus) modelObject {
 	if st.LastUsed.IsZero() {
 		created = 0
 	}
-	return modelObject{ID: st.ID, Object: "model", Created: created, OwnedBy: "forge", Forge: st}
+	return modelObject{ID: st.ID, Object: "model", Created: created, OwnedBy: "forge", Forge: publicStatus(st)}
 }
 
 func (s *server) listModels(w http.ResponseWriter, r *http.Request) {
@@ -155,7 +207,11 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"models": s.eng.Status(), "memory_bytes": s.eng.InUse()})
+	all := s.eng.Status()
+	for i := range all {
+		all[i] = publicStatus(all[i])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"models": all, "memory_bytes": s.eng.InUse()})
 }
 
 // load loads a model and streams its progress as server-sent events: one
@@ -163,13 +219,22 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 // "status" event when every weight is resident (or an "error" event).
 func (s *server) load(w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("model")
+	var body struct {
+		Model string `json:"model"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<10))
+	if err := dec.Decode(&body); err != nil && err != io.EOF {
+		s.engineError(w, r, id, badRequest("request body: %v", err))
+		return
+	}
+	id = cmp(body.Model, id)
 	if id == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request", "load: missing ?model=ID")
+		writeError(w, http.StatusBadRequest, "invalid_request", `load: missing model ({"model":"ID"} or ?model=ID)`)
 		return
 	}
 	lease, err := s.eng.Acquire(r.Context(), id)
 	if err != nil {
-		engineError(w, err)
+		s.engineError(w, r, id, err)
 		return
 	}
 	defer lease.Release()
@@ -189,17 +254,17 @@ func (s *server) load(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				continue
 			}
-			if !sse.raw("progress", b) {
+			if !sse.raw("progress", []byte(redactPaths(string(b)))) {
 				return
 			}
 			switch ev := ev.(type) {
 			case pipeline.AllResident:
 				st, _ := s.eng.StatusOf(id)
-				sse.event("status", st)
+				sse.event("status", publicStatus(st))
 				return
 			case pipeline.ErrorEvent:
 				if ev.Req == 0 {
-					sse.event("error", map[string]string{"error": ev.Err.Error()})
+					sse.event("error", map[string]string{"error": redactPaths(ev.Err.Error())})
 					return
 				}
 			}
@@ -325,9 +390,12 @@ func stringOrList(raw json.RawMessage, field string) ([]string, error) {
 // decode reads and checks a request; chat says which endpoint.
 func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipeline.EngineRequest, error) {
 	var req completionRequest
-	body := http.MaxBytesReader(nil, r.Body, maxBody)
+	body := http.MaxBytesReader(nil, r.Body, s.maxBody)
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&req); err != nil {
+		if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
+			return req, pipeline.EngineRequest{}, err
+		}
 		return req, pipeline.EngineRequest{}, badRequest("request body: %v", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -344,6 +412,7 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		if len(req.Messages) == 0 {
 			return req, er, badRequest("messages must be a non-empty array")
 		}
+		var total int64
 		for i, m := range req.Messages {
 			text, err := m.text()
 			if err != nil {
@@ -353,6 +422,9 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 				return req, er, badRequest("messages[%d].role %q is not system, user or assistant", i, m.Role)
 			}
 			er.Messages = append(er.Messages, chat.Message{Role: m.Role, Content: text})
+			if total += int64(len(text)); total > s.maxPrompt {
+				return req, er, fmt.Errorf("%w: messages hold over %d bytes (--max-prompt-bytes)", errPromptTooLarge, s.maxPrompt)
+			}
 		}
 	} else {
 		p, err := stringOrList(req.Prompt, "prompt")
@@ -362,6 +434,9 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		if len(p) != 1 || p[0] == "" {
 			return req, er, badRequest("prompt must be one non-empty string")
 		}
+		if int64(len(p[0])) > s.maxPrompt {
+			return req, er, fmt.Errorf("%w: prompt of %d bytes, over %d (--max-prompt-bytes)", errPromptTooLarge, len(p[0]), s.maxPrompt)
+		}
 		er.Prompt = p[0]
 	}
 	mt := req.MaxTokens
@@ -369,20 +444,18 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		mt = req.MaxCompletionTokens
 	}
 	if mt != nil {
-		if *mt < 0 {
-			return req, er, badRequest("max_tokens must be ≥ 0")
-		}
 		er.MaxTokens = *mt
 	}
+	// OpenAI's ranges, narrower than the sampler's (Validate, below).
 	if t := req.Temperature; t != nil {
-		if *t < 0 || *t > 2 {
-			return req, er, badRequest("temperature must be in [0, 2]")
+		if !(*t >= 0 && *t <= 2) {
+			return req, er, &sample.FieldError{Field: "temperature", Value: *t, Reason: "must be a number in [0, 2]"}
 		}
 		er.Sampling.Temp = float32(*t)
 	}
 	if p := req.TopP; p != nil {
-		if *p <= 0 || *p > 1 {
-			return req, er, badRequest("top_p must be in (0, 1]")
+		if !(*p > 0 && *p <= 1) {
+			return req, er, &sample.FieldError{Field: "top_p", Value: *p, Reason: "must be a number in (0, 1]"}
 		}
 		er.Sampling.TopP = float32(*p)
 	}
@@ -409,6 +482,15 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	}
 	er.Stop = stops
 	er.IgnoreEOG = req.IgnoreEOS
+	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
+		if mt != nil && req.MaxCompletionTokens != nil {
+			var fe *sample.FieldError
+			if errors.As(err, &fe) && fe.Field == "max_tokens" {
+				fe.Field = "max_completion_tokens"
+			}
+		}
+		return req, er, err
+	}
 	return req, er, nil
 }
 
@@ -429,7 +511,7 @@ func usageOf(res pipeline.EngineResult) *usage {
 func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) {
 	req, er, err := s.decode(r, chatReq)
 	if err != nil {
-		engineError(w, err)
+		s.engineError(w, r, er.Model, err)
 		return
 	}
 	object, prefix := "text_completion", "cmpl-"
@@ -441,7 +523,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	if !req.Stream {
 		res, err := s.eng.Generate(r.Context(), er)
 		if err != nil {
-			engineError(w, err)
+			s.engineError(w, r, er.Model, err)
 			return
 		}
 		choice := map[string]any{"index": 0, "finish_reason": res.FinishReason}
@@ -557,13 +639,16 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 			}
 		case o := <-done:
 			if o.err != nil && sse == nil {
-				engineError(w, o.err)
+				s.engineError(w, r, er.Model, o.err)
 				return
 			}
 			flush()
 			if o.err != nil {
 				var e apiError
-				e.Error.Message, e.Error.Type = o.err.Error(), "server_error"
+				e.Error.Message, e.Error.Type = redactPaths(o.err.Error()), "server_error"
+				if errors.Is(o.err, pipeline.ErrEngineClosed) {
+					e.Error.Message, e.Error.Code = "the server is shutting down", "shutting_down"
+				}
 				sse.event("", e)
 				return
 			}

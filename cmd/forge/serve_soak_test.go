@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -182,8 +181,7 @@ func TestServeSoak(t *testing.T) {
 			m := []string{"chat", "qwen", "story"}[r.IntN(3)]
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			req, _ := http.NewRequestWithContext(cctx, "GET", ts.url+"/forge/load?model="+m, nil)
-			resp, err := ts.client.Do(req)
+			resp, err := ts.post(cctx, "/forge/load", map[string]string{"model": m})
 			if err != nil {
 				fail("load: %v", err)
 				return

@@ -412,7 +412,7 @@ func TestServeModelsAndLoadProgress(t *testing.T) {
 	if ts.getJSON(t, "/v1/models", &list); list.Object != "list" || len(list.Data) != 0 {
 		t.Fatalf("models before: %+v", list)
 	}
-	resp, err := ts.client.Get(ts.url + "/forge/load?model=stories")
+	resp, err := ts.post(t.Context(), "/forge/load?model=stories", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,8 +450,14 @@ func TestServeModelsAndLoadProgress(t *testing.T) {
 		t.Errorf("models after load: %+v", list)
 	}
 	var e apiError
-	if ts.getJSON(t, "/forge/load?model=other", &e) != 404 || e.Error.Code != "model_not_found" {
-		t.Errorf("load of an unknown model: %+v", e)
+	resp, err = ts.post(t.Context(), "/forge/load", map[string]string{"model": "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || e.Error.Code != "model_not_found" {
+		t.Errorf("load of an unknown model: %d %+v", resp.StatusCode, e)
 	}
 }
 
@@ -462,7 +468,7 @@ func TestServeKeepAliveZeroAndBudget(t *testing.T) {
 	leakCheck(t)
 	a := testmodels.Path(t, "stories260K-Q8_0.gguf")
 	b := testmodels.Path(t, "stories260K-Q4_0.gguf")
-	ts := startServer(t, serveConfig{engine: pipeline.EngineOptions{KeepAlive: new(time.Duration(0))}})
+	ts := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{KeepAlive: new(time.Duration(0))}})
 	var h struct {
 		MemoryBytes int64 `json:"memory_bytes"`
 	}
@@ -488,7 +494,7 @@ func TestServeKeepAliveZeroAndBudget(t *testing.T) {
 
 	// Budget: room for one of the two.
 	budget := int64(1_000_000) // b needs 889312 bytes, a 991456, together well over
-	tb := startServer(t, serveConfig{engine: pipeline.EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1))}})
+	tb := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1))}})
 	for _, m := range []string{a, b} {
 		resp, err := tb.post(t.Context(), "/v1/completions", map[string]any{"model": m, "prompt": "Hi", "max_tokens": 2})
 		if err != nil {

@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode"
 )
 
 // Message is one turn of a conversation. Role is "system", "user" or
@@ -112,29 +114,97 @@ type Options struct {
 	AddGenerationPrompt bool
 }
 
+// Segment is a piece of a rendered prompt: the template's own text
+// (Content false), whose special tokens are meant, or a message's content
+// (Content true), which is text whatever it contains: a user who writes
+// "<|im_start|>system" must not open a system turn.
+type Segment struct {
+	Text    string
+	Content bool
+}
+
 // Render writes the conversation as the model was trained to read it.
 func (t *Template) Render(msgs []Message, o Options) (string, error) {
+	segs, err := t.RenderSegments(msgs, o)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, sg := range segs {
+		b.WriteString(sg.Text)
+	}
+	return b.String(), nil
+}
+
+// RenderSegments is Render split into template text and content, for a
+// tokenizer to parse special tokens in the first only.
+func (t *Template) RenderSegments(msgs []Message, o Options) ([]Segment, error) {
 	if len(msgs) == 0 {
-		return "", fmt.Errorf("%w: no messages", ErrConversation)
+		return nil, fmt.Errorf("%w: no messages", ErrConversation)
 	}
 	for i, m := range msgs {
 		switch m.Role {
 		case "system", "user", "assistant":
 		default:
-			return "", fmt.Errorf("%w: message %d: role %q is not system, user or assistant", ErrConversation, i, m.Role)
+			return nil, fmt.Errorf("%w: message %d: role %q is not system, user or assistant", ErrConversation, i, m.Role)
 		}
 	}
+	var b segments
 	switch t.Family {
 	case Llama2:
-		return renderLlama2(msgs, o)
+		return b, renderLlama2(&b, msgs, o)
 	case Llama3:
-		return renderLlama3(msgs, o), nil
+		renderLlama3(&b, msgs, o)
+		return b, nil
 	case ChatML:
-		return renderChatML(msgs, o, t.DefaultSystem), nil
+		renderChatML(&b, msgs, o, t.DefaultSystem)
+		return b, nil
 	case Mistral:
-		return renderMistral(msgs, o)
+		return b, renderMistral(&b, msgs, o)
 	}
-	return "", fmt.Errorf("%w: family %q", ErrUnsupported, t.Family)
+	return nil, fmt.Errorf("%w: family %q", ErrUnsupported, t.Family)
+}
+
+// segments builds a rendered prompt.
+type segments []Segment
+
+// tmpl appends template text.
+func (b *segments) tmpl(s string) { b.add(s, false) }
+
+// content appends message content.
+func (b *segments) content(s string) { b.add(s, true) }
+
+func (b *segments) add(s string, content bool) {
+	if s == "" {
+		return
+	}
+	if n := len(*b); n > 0 && (*b)[n-1].Content == content {
+		(*b)[n-1].Text += s
+		return
+	}
+	*b = append(*b, Segment{Text: s, Content: content})
+}
+
+// trimSpace is strings.TrimSpace over the concatenation of segs, keeping
+// each byte in its segment.
+func trimSpace(segs []Segment) []Segment {
+	segs = slices.Clone(segs)
+	for len(segs) > 0 {
+		segs[0].Text = strings.TrimLeftFunc(segs[0].Text, unicode.IsSpace)
+		if segs[0].Text != "" {
+			break
+		}
+		segs = segs[1:]
+	}
+	for len(segs) > 0 {
+		n := len(segs) - 1
+		segs[n].Text = strings.TrimRightFunc(segs[n].Text, unicode.IsSpace)
+		if segs[n].Text != "" {
+			break
+		}
+		segs = segs[:n]
+	}
+	return segs
 }
 
 // splitSystem takes a leading system message off the conversation.
@@ -163,57 +233,65 @@ func alternate(msgs []Message) error {
 // renderLlama2 is meta-llama/Llama-2-*-chat: every user turn is
 // BOS "[INST] " content " [/INST]", every assistant turn " " content " " EOS;
 // the system message goes into the first user turn inside <<SYS>> tags;
-// contents are stripped.
-func renderLlama2(msgs []Message, o Options) (string, error) {
+// contents are stripped (the template strips the tagged system message
+// and the content together).
+func renderLlama2(b *segments, msgs []Message, o Options) error {
 	system, has, rest := splitSystem(msgs)
 	if err := alternate(rest); err != nil {
-		return "", err
+		return err
 	}
-	var b strings.Builder
 	for i, m := range rest {
-		content := m.Content
+		content := []Segment{{Text: m.Content, Content: true}}
 		if i == 0 && has {
-			content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content
+			content = []Segment{{"<<SYS>>\n", false}, {system, true}, {"\n<</SYS>>\n\n", false}, {m.Content, true}}
 		}
-		content = strings.TrimSpace(content)
 		if m.Role == "user" {
-			b.WriteString(o.BOS + "[INST] " + content + " [/INST]")
+			b.tmpl(o.BOS + "[INST] ")
 		} else {
-			b.WriteString(" " + content + " " + o.EOS)
+			b.tmpl(" ")
+		}
+		for _, sg := range trimSpace(content) {
+			b.add(sg.Text, sg.Content)
+		}
+		if m.Role == "user" {
+			b.tmpl(" [/INST]")
+		} else {
+			b.tmpl(" " + o.EOS)
 		}
 	}
-	return b.String(), nil
+	return nil
 }
 
 // renderLlama3 is Meta-Llama-3-*-Instruct: BOS, then per message a header
 // with the role, a blank line, the trimmed content and <|eot_id|>.
-func renderLlama3(msgs []Message, o Options) string {
-	var b strings.Builder
-	b.WriteString(o.BOS)
+func renderLlama3(b *segments, msgs []Message, o Options) {
+	b.tmpl(o.BOS)
 	for _, m := range msgs {
-		b.WriteString("<|start_header_id|>" + m.Role + "<|end_header_id|>\n\n" + strings.TrimSpace(m.Content) + "<|eot_id|>")
+		b.tmpl("<|start_header_id|>" + m.Role + "<|end_header_id|>\n\n")
+		b.content(strings.TrimSpace(m.Content))
+		b.tmpl("<|eot_id|>")
 	}
 	if o.AddGenerationPrompt {
-		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
+		b.tmpl("<|start_header_id|>assistant<|end_header_id|>\n\n")
 	}
-	return b.String()
 }
 
 // renderChatML is <|im_start|>role\ncontent<|im_end|>\n per message,
 // contents as they are; a template with a default system message puts it
-// first when the conversation has none.
-func renderChatML(msgs []Message, o Options, defaultSystem string) string {
-	var b strings.Builder
+// first when the conversation has none (that message is the template's
+// own text).
+func renderChatML(b *segments, msgs []Message, o Options, defaultSystem string) {
 	if defaultSystem != "" && msgs[0].Role != "system" {
-		b.WriteString("<|im_start|>system\n" + defaultSystem + "<|im_end|>\n")
+		b.tmpl("<|im_start|>system\n" + defaultSystem + "<|im_end|>\n")
 	}
 	for _, m := range msgs {
-		b.WriteString("<|im_start|>" + m.Role + "\n" + m.Content + "<|im_end|>\n")
+		b.tmpl("<|im_start|>" + m.Role + "\n")
+		b.content(m.Content)
+		b.tmpl("<|im_end|>\n")
 	}
 	if o.AddGenerationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
+		b.tmpl("<|im_start|>assistant\n")
 	}
-	return b.String()
 }
 
 // renderMistral is Mistral-7B-Instruct v0.1/v0.2: BOS, then "[INST] "
@@ -221,23 +299,24 @@ func renderChatML(msgs []Message, o Options, defaultSystem string) string {
 // Its template rejects system messages; as llama.cpp does, a system
 // message is put in front of the first user message, separated by a
 // newline.
-func renderMistral(msgs []Message, o Options) (string, error) {
+func renderMistral(b *segments, msgs []Message, o Options) error {
 	system, has, rest := splitSystem(msgs)
 	if err := alternate(rest); err != nil {
-		return "", err
+		return err
 	}
-	var b strings.Builder
-	b.WriteString(o.BOS)
+	b.tmpl(o.BOS)
 	for i, m := range rest {
 		if m.Role == "user" {
-			content := m.Content
+			b.tmpl("[INST] ")
 			if i == 0 && has {
-				content = system + "\n" + content
+				b.content(system + "\n")
 			}
-			b.WriteString("[INST] " + content + " [/INST]")
+			b.content(m.Content)
+			b.tmpl(" [/INST]")
 		} else {
-			b.WriteString(m.Content + o.EOS)
+			b.content(m.Content)
+			b.tmpl(o.EOS)
 		}
 	}
-	return b.String(), nil
+	return nil
 }

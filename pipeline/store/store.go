@@ -58,8 +58,9 @@ func Default() Stores {
 }
 
 // Resolve returns the path of a model: an existing file as it is, else
-// the model of that name in Ollama's store, else in the Hugging Face
-// cache.
+// the model of that name in a store (see Lookup). It is for a local user
+// naming files on the command line; a server answering clients uses
+// Lookup, which never takes a path.
 func (s Stores) Resolve(name string) (string, error) {
 	if name == "" {
 		return "", fmt.Errorf("store: empty model name")
@@ -67,6 +68,14 @@ func (s Stores) Resolve(name string) (string, error) {
 	if st, err := os.Stat(name); err == nil && st.Mode().IsRegular() {
 		return name, nil
 	}
+	return s.Lookup(name)
+}
+
+// Lookup returns the path of the model of that name in Ollama's store,
+// else in the Hugging Face cache. Names are parsed strictly (ParseOllama,
+// ParseHF): no name reaches outside a store, manifests are read only as
+// small regular files, and the model file found must be a regular file.
+func (s Stores) Lookup(name string) (string, error) {
 	var errs []error
 	if s.Ollama != "" {
 		p, err := s.ollama(name)
@@ -83,28 +92,9 @@ func (s Stores) Resolve(name string) (string, error) {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		return "", fmt.Errorf("%w: %q is not a file and no store is configured", ErrNotFound, name)
+		return "", fmt.Errorf("%w: %q: no store is configured", ErrNotFound, name)
 	}
 	return "", fmt.Errorf("%w: %q: %w", ErrNotFound, name, errors.Join(errs...))
-}
-
-// ollamaName splits an Ollama model name into registry, namespace, model
-// and tag, with Ollama's defaults.
-func ollamaName(name string) (host, ns, model, tag string) {
-	host, ns, tag = "registry.ollama.ai", "library", "latest"
-	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
-		name, tag = name[:i], name[i+1:]
-	}
-	parts := strings.Split(name, "/")
-	switch len(parts) {
-	case 1:
-		model = parts[0]
-	case 2:
-		ns, model = parts[0], parts[1]
-	default:
-		host, ns, model = strings.Join(parts[:len(parts)-2], "/"), parts[len(parts)-2], parts[len(parts)-1]
-	}
-	return host, ns, model, tag
 }
 
 // manifest is the part of an Ollama manifest we read.
@@ -119,14 +109,12 @@ type manifest struct {
 const ollamaModelLayer = "application/vnd.ollama.image.model"
 
 func (s Stores) ollama(name string) (string, error) {
-	host, ns, model, tag := ollamaName(name)
-	for _, part := range []string{host, ns, model, tag} {
-		if part == "" || part == "." || part == ".." || strings.ContainsAny(part, `\`) {
-			return "", fmt.Errorf("ollama: bad model name %q", name)
-		}
+	n, err := ParseOllama(name)
+	if err != nil {
+		return "", fmt.Errorf("ollama: %w", err)
 	}
-	mpath := filepath.Join(s.Ollama, "manifests", host, ns, model, tag)
-	data, err := os.ReadFile(mpath)
+	mpath := filepath.Join(s.Ollama, "manifests", n.Host, n.Namespace, n.Model, n.Tag)
+	data, err := readSmall(mpath, maxManifest)
 	if err != nil {
 		return "", fmt.Errorf("ollama: %w", err)
 	}
@@ -139,11 +127,11 @@ func (s Stores) ollama(name string) (string, error) {
 			continue
 		}
 		hex, ok := strings.CutPrefix(l.Digest, "sha256:")
-		if !ok || hex == "" || strings.ContainsAny(hex, `/\.`) {
+		if !ok || !component(hex) || strings.Contains(hex, ".") {
 			return "", fmt.Errorf("ollama: manifest %s: model layer digest %q is not sha256:<hex>", mpath, l.Digest)
 		}
 		blob := filepath.Join(s.Ollama, "blobs", "sha256-"+hex)
-		if _, err := os.Stat(blob); err != nil {
+		if err := regularFile(blob); err != nil {
 			return "", fmt.Errorf("ollama: manifest %s: model blob: %w", mpath, err)
 		}
 		return blob, nil
@@ -152,24 +140,18 @@ func (s Stores) ollama(name string) (string, error) {
 }
 
 func (s Stores) hf(name string) (string, error) {
-	repo, quant := name, ""
-	file := ""
-	if i := strings.LastIndexByte(repo, ':'); i >= 0 {
-		repo, quant = repo[:i], repo[i+1:]
+	n, err := ParseHF(name)
+	if err != nil {
+		return "", fmt.Errorf("hf: %w", err)
 	}
-	repo = strings.TrimPrefix(repo, "hf.co/")
-	repo = strings.TrimPrefix(repo, "huggingface.co/")
-	parts := strings.Split(repo, "/")
-	if len(parts) > 2 {
-		repo, file = parts[0]+"/"+parts[1], strings.Join(parts[2:], "/")
-	}
-	if len(strings.Split(repo, "/")) != 2 {
-		return "", fmt.Errorf("hf: %q is not org/name", name)
-	}
+	repo, quant, file := n.Repo, n.Quant, n.File
 	dir := filepath.Join(s.HF, "models--"+strings.ReplaceAll(repo, "/", "--"))
 	rev := "main"
-	if b, err := os.ReadFile(filepath.Join(dir, "refs", "main")); err == nil {
+	if b, err := readSmall(filepath.Join(dir, "refs", "main"), maxManifest); err == nil {
 		rev = strings.TrimSpace(string(b))
+		if !component(rev) {
+			return "", fmt.Errorf("hf: %s: refs/main is not a revision", dir)
+		}
 	}
 	snap := filepath.Join(dir, "snapshots", rev)
 	if _, err := os.Stat(snap); err != nil {
@@ -180,13 +162,13 @@ func (s Stores) hf(name string) (string, error) {
 		if !strings.HasPrefix(p, snap+string(filepath.Separator)) {
 			return "", fmt.Errorf("hf: bad file name %q", file)
 		}
-		if _, err := os.Stat(p); err != nil {
+		if err := regularFile(p); err != nil {
 			return "", fmt.Errorf("hf: %w", err)
 		}
 		return p, nil
 	}
 	var ggufs []string
-	err := filepath.WalkDir(snap, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(snap, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -212,6 +194,9 @@ func (s Stores) hf(name string) (string, error) {
 	case 0:
 		return "", fmt.Errorf("hf: no .gguf file in %s matches %q", snap, name)
 	case 1:
+		if err := regularFile(ggufs[0]); err != nil {
+			return "", fmt.Errorf("hf: %w", err)
+		}
 		return ggufs[0], nil
 	}
 	var names []string

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"log/slog"
 	"strings"
 	"unicode/utf8"
@@ -117,7 +118,7 @@ type bpeSession struct {
 	enc   []byte
 }
 
-func (m *bpeModel) encode(frags []fragment, out []int32) []int32 {
+func (m *bpeModel) encode(ctx context.Context, frags []fragment, out []int32) ([]int32, error) {
 	s := &bpeSession{m: m}
 	for _, f := range frags {
 		if f.tok >= 0 {
@@ -132,7 +133,12 @@ func (m *bpeModel) encode(frags []fragment, out []int32) []int32 {
 			text = string(runes)
 		}
 		start, bstart := 0, 0
-		for _, n := range m.pre.split(runes) {
+		for i, n := range m.pre.split(runes) {
+			if i%checkEvery == checkEvery-1 {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+			}
 			blen := 0
 			for _, r := range runes[start : start+n] {
 				blen += utf8.RuneLen(r)
@@ -142,7 +148,7 @@ func (m *bpeModel) encode(frags []fragment, out []int32) []int32 {
 			bstart += blen
 		}
 	}
-	return out
+	return out, nil
 }
 
 // encoded returns the byte-level text of raw bytes (each byte as its

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"fmt"
 	"strings"
 )
@@ -99,13 +100,17 @@ type spmBigram struct {
 	size        int32
 }
 
-func (m *spmModel) encode(frags []fragment, out []int32) []int32 {
+func (m *spmModel) encode(ctx context.Context, frags []fragment, out []int32) ([]int32, error) {
 	// A space goes in front of the text and after every special token
 	// (SentencePiece's add_dummy_prefix), then spaces become "▁".
 	prevSpecial := true
 	var sb strings.Builder
-	s := &spmSession{m: m}
+	s := &spmSession{m: m, ctx: ctx}
+	words := 0
 	for _, f := range frags {
+		if s.err != nil {
+			return nil, s.err
+		}
 		if f.tok >= 0 {
 			out = append(out, f.tok)
 			prevSpecial = true
@@ -117,17 +122,29 @@ func (m *spmModel) encode(frags []fragment, out []int32) []int32 {
 		}
 		sb.WriteString(strings.ReplaceAll(f.text, " ", "▁"))
 		if m.wordsIndependent {
-			wordStarts(sb.String(), func(w string) { out = s.tokenize(w, out) })
+			wordStarts(sb.String(), func(w string) {
+				if words++; words%checkEvery == 0 && s.err == nil {
+					s.err = ctx.Err()
+				}
+				if s.err == nil {
+					out = s.tokenize(w, out)
+				}
+			})
 		} else {
 			out = s.tokenize(sb.String(), out)
 		}
 		prevSpecial = false
 	}
-	return out
+	if s.err != nil {
+		return nil, s.err
+	}
+	return out, nil
 }
 
 type spmSession struct {
 	m     *spmModel
+	ctx   context.Context
+	err   error // ctx's error, once seen
 	text  string
 	syms  []symbol
 	queue spmQueue
@@ -149,7 +166,14 @@ func (s *spmSession) tokenize(text string, out []int32) []int32 {
 	for i := 1; i < len(s.syms); i++ {
 		s.tryBigram(i-1, i)
 	}
-	for len(s.queue) > 0 {
+	for n := 1; len(s.queue) > 0; n++ {
+		// A text whose words cannot be merged one by one is merged
+		// whole: look at the context now and then here too.
+		if n%(16*checkEvery) == 0 {
+			if s.err = s.ctx.Err(); s.err != nil {
+				return out
+			}
+		}
 		bg := s.queue.pop()
 		l, r := &s.syms[bg.left], &s.syms[bg.right]
 		if l.n == 0 || r.n == 0 || l.n+r.n != int(bg.size) {

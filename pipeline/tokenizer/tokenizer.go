@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -286,6 +287,49 @@ type fragment struct {
 
 // Encode turns text into token ids.
 func (t *Tokenizer) Encode(text string, opts EncodeOptions) ([]int32, error) {
+	return t.EncodeContext(context.Background(), text, opts)
+}
+
+// EncodeContext is Encode that gives up with ctx's error once ctx is done:
+// a long text (a prompt sent to a server) is checked every few hundred
+// words, so a request cancelled by its client stops tokenizing.
+func (t *Tokenizer) EncodeContext(ctx context.Context, text string, opts EncodeOptions) ([]int32, error) {
+	return t.encode(ctx, t.partition(text, opts.ParseSpecial), opts)
+}
+
+// Segment is a part of a text to encode, with its own special-token
+// parsing: a chat prompt is the template's text, whose control tokens
+// ("<|im_start|>", "</s>") are meant, and the messages' contents, where
+// the same text is only text.
+type Segment struct {
+	Text string
+	// ParseSpecial cuts control tokens out of this segment (see
+	// EncodeOptions.ParseSpecial, which EncodeSegments ignores).
+	ParseSpecial bool
+}
+
+// EncodeSegments encodes the concatenation of segs, each segment's special
+// tokens parsed as it says. Plain text on both sides of a segment boundary
+// is encoded as one text, exactly as if the segments had been one string
+// whose control tokens were found only in the segments that parse them.
+func (t *Tokenizer) EncodeSegments(ctx context.Context, segs []Segment, opts EncodeOptions) ([]int32, error) {
+	var frags []fragment
+	for _, sg := range segs {
+		for _, f := range t.partition(sg.Text, sg.ParseSpecial) {
+			if n := len(frags); f.tok < 0 && n > 0 && frags[n-1].tok < 0 {
+				frags[n-1].text += f.text
+				continue
+			}
+			frags = append(frags, f)
+		}
+	}
+	return t.encode(ctx, frags, opts)
+}
+
+// checkEvery is how many words are encoded between looks at the context.
+const checkEvery = 256
+
+func (t *Tokenizer) encode(ctx context.Context, frags []fragment, opts EncodeOptions) ([]int32, error) {
 	var out []int32
 	if opts.AddBOS {
 		if t.bos < 0 {
@@ -293,11 +337,14 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) ([]int32, error) {
 		}
 		out = append(out, t.bos)
 	}
-	frags := t.partition(text, opts.ParseSpecial)
+	var err error
 	if t.spm != nil {
-		out = t.spm.encode(frags, out)
+		out, err = t.spm.encode(ctx, frags, out)
 	} else {
-		out = t.bpe.encode(frags, out)
+		out, err = t.bpe.encode(ctx, frags, out)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	if opts.AddEOS {
 		if t.eos < 0 {
