@@ -131,6 +131,12 @@ func (s *server) engineError(w http.ResponseWriter, r *http.Request, model strin
 		writeError(w, http.StatusBadRequest, "context_length_exceeded", err.Error())
 	case errors.Is(err, chat.ErrNoTemplate), errors.Is(err, chat.ErrUnsupported), errors.Is(err, chat.ErrConversation), errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+	case errors.As(err, new(*pipeline.ModelFailedError)):
+		// The model's file changed under its mapping: it was unloaded and
+		// the next request loads it again. The message names no path.
+		var mf *pipeline.ModelFailedError
+		errors.As(err, &mf)
+		writeError(w, http.StatusServiceUnavailable, "model_failed", mf.Error())
 	case errors.Is(err, pipeline.ErrBudget):
 		writeError(w, http.StatusServiceUnavailable, "insufficient_memory", redactPaths(err.Error()))
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -544,3 +544,63 @@ func TestServeChatMLContentIsText(t *testing.T) {
 	}
 	ts.stillServing(t, nil)
 }
+
+// Item 8 through the server: a served model whose file is truncated
+// answers 503 model_failed (no path), shows state failed, and the other
+// model keeps serving; the process never sees the SIGBUS.
+func TestServeTruncatedModel(t *testing.T) {
+	leakCheck(t)
+	hostStores(t)
+	dir := t.TempDir()
+	src, err := os.ReadFile(testmodels.Path(t, "stories260K-Q8_0.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(dir, "cut.gguf")
+	if err := os.WriteFile(cut, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, serveConfig{models: []modelArg{
+		{id: "plain", name: testmodels.Path(t, "stories260K-Q8_0.gguf")},
+		{id: "cut", name: cut},
+	}, engine: pipeline.EngineOptions{KeepAlive: new(time.Duration(-1))}})
+	req := `{"model":"cut","prompt":"Once upon a time","max_tokens":4,"seed":1}`
+	if a := ts.do(t, "POST", "/v1/completions", "application/json", req, nil); a.status != 200 {
+		t.Fatalf("before the cut: %d %s", a.status, a.body)
+	}
+	if err := os.Truncate(cut, int64(len(src)/2)); err != nil {
+		t.Fatal(err)
+	}
+	a := ts.do(t, "POST", "/v1/completions", "application/json", req, nil)
+	if a.status != http.StatusServiceUnavailable || a.err.Error.Code != "model_failed" {
+		t.Fatalf("after the cut: %d %s, want 503 model_failed", a.status, a.body)
+	}
+	if strings.Contains(a.body, dir) {
+		t.Errorf("the answer names the host path: %s", a.body)
+	}
+	var st struct {
+		Models []pipeline.ModelStatus
+	}
+	ts.getJSON(t, "/forge/status", &st)
+	found := false
+	for _, m := range st.Models {
+		if m.ID == "cut" {
+			found = true
+			if m.State != pipeline.StateFailed || m.Err == "" || strings.Contains(m.Err, dir) {
+				t.Errorf("cut model status: %+v", m)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no status for the cut model: %+v", st.Models)
+	}
+	// /health stays 200 and names the failed -m model; the other serves.
+	if a := ts.do(t, "GET", "/health", "", "", nil); a.status != 200 || !strings.Contains(a.body, `"status":"degraded"`) || !strings.Contains(a.body, `"cut"`) {
+		t.Errorf("health after the cut: %d %s", a.status, a.body)
+	}
+	a = ts.do(t, "POST", "/v1/completions", "application/json", `{"model":"plain","prompt":"Once upon a time","max_tokens":4,"seed":1}`, nil)
+	if a.status != 200 || !strings.Contains(a.body, `"text_completion"`) {
+		t.Errorf("the other model after the cut: %d %s", a.status, a.body)
+	}
+}
+
