@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forge-llm/forge/gguf"
-	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/gguf/ggufedit"
+	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/synth"
 )

@@ -603,4 +603,3 @@ func TestServeTruncatedModel(t *testing.T) {
 		t.Errorf("the other model after the cut: %d %s", a.status, a.body)
 	}
 }
-
