@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
-	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/gguf/ggufedit"
+	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/sample"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
-	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/gguf/ggufedit"
+	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"

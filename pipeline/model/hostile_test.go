@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
-	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/gguf/ggufedit"
+	"github.com/forge-llm/forge/gguf/testmodels"
 )
 
 // hostileFile copies stories260K-F32 with e applied into a temporary file.
