@@ -61,6 +61,7 @@ func init() {
 				},
 				Action: benchLoadOnceCmd,
 			},
+			benchServeCommand(),
 		},
 	})
 }
