@@ -563,8 +563,15 @@ func TestTailWriter(t *testing.T) {
 	default:
 		t.Fatal("no address")
 	}
+	if w.loadError() != "" {
+		t.Errorf("load error %q", w.loadError())
+	}
+	io.WriteString(w, `time=y level=ERROR msg="loading model" model=m err="no such file"`+"\n")
+	if !strings.Contains(w.loadError(), "no such file") {
+		t.Errorf("load error %q", w.loadError())
+	}
 	lines := strings.Split(w.tail(), "\n")
-	if len(lines) != tailLines || lines[0] != "line 11" {
+	if len(lines) != tailLines || lines[0] != "line 12" {
 		t.Errorf("%d lines, first %q", len(lines), lines[0])
 	}
 }

@@ -84,6 +84,9 @@ func StartServer(ctx context.Context, hc *http.Client, argv, env []string, model
 type permanent struct{ error }
 
 func (s *Server) ready(ctx context.Context, hc *http.Client, models []string, allowEvicted bool) error {
+	if e := s.log.loadError(); e != "" {
+		return permanent{fmt.Errorf("a model failed to load: %s", e)}
+	}
 	if _, err := getJSON(ctx, hc, s.URL+"/health", nil); err != nil {
 		return err
 	}
@@ -160,6 +163,10 @@ type tailWriter struct {
 	lines []string
 	addr  chan string
 	found bool
+	// loadErr is the server's log line saying a -m model failed to load:
+	// forge serve logs it, but its API leaves such a model "unloaded",
+	// which waiting would not change.
+	loadErr string
 }
 
 const tailLines = 30
@@ -181,6 +188,9 @@ func (w *tailWriter) Write(p []byte) (int, error) {
 		if len(w.lines) > tailLines {
 			w.lines = w.lines[len(w.lines)-tailLines:]
 		}
+		if w.loadErr == "" && strings.Contains(line, "level=ERROR") && strings.Contains(line, `msg="loading model"`) {
+			w.loadErr = line
+		}
 		if !w.found && strings.Contains(line, "forge serve listening") {
 			if _, rest, ok := strings.Cut(line, " addr="); ok {
 				if i := strings.IndexByte(rest, ' '); i >= 0 {
@@ -192,6 +202,12 @@ func (w *tailWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+func (w *tailWriter) loadError() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.loadErr
 }
 
 func (w *tailWriter) tail() string {
