@@ -588,3 +588,33 @@ func TestCancel(t *testing.T) {
 		t.Error("a cancelled run succeeded")
 	}
 }
+
+// WaitLoading waits out a server's 503 from /health (llama-server while
+// it loads), and gives up only when its context ends.
+func TestWaitLoading(t *testing.T) {
+	leakCheck(t)
+	var mu sync.Mutex
+	calls := 0
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 3 || r.URL.Path == "/forever/health" {
+			http.Error(w, `{"error":{"message":"Loading model"}}`, http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte(`{"status":"ok"}`))
+	}))
+	t.Cleanup(s.Close)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	if err := WaitLoading(t.Context(), hc, s.URL); err != nil || calls != 4 {
+		t.Errorf("%v after %d calls", err, calls)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := WaitLoading(ctx, hc, s.URL+"/forever"); err == nil {
+		t.Error("a server loading for ever was waited out")
+	}
+}

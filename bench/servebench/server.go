@@ -215,3 +215,23 @@ func (w *tailWriter) tail() string {
 	defer w.mu.Unlock()
 	return strings.Join(w.lines, "\n")
 }
+
+// WaitLoading waits while a running server's GET /health answers 503,
+// which llama-server does until its model is loaded. Any other answer,
+// or none (a server that is down is measured as failing), ends the wait;
+// only ctx ending is an error.
+func WaitLoading(ctx context.Context, hc *http.Client, base string) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		status, _ := getJSON(ctx, hc, base+"/health", nil)
+		if status != http.StatusServiceUnavailable {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("servebench: %s/health still says 503 (loading): %w", base, ctx.Err())
+		}
+	}
+}

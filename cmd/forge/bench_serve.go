@@ -38,7 +38,7 @@ func benchServeCommand() *cli.Command {
 			"every answer is --max-tokens long. --turns holds multi-turn conversations that resend their history; " +
 			"--swap alternates one-token requests between two models under --budget.",
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "model for forge serve: PATH, store NAME or ID=PATH (repeat for several; with --url, the ids to request)"},
+			&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "model for forge serve: PATH, store NAME or ID=PATH (repeat for several; with --url, the models to request, by the id forge serve would give them)"},
 			&cli.StringFlag{Name: "clients", Value: "1,4,16,64", Usage: "concurrent clients per step, comma-separated"},
 			&cli.IntFlag{Name: "prompt-tokens", Value: 32, Usage: "prompt length in tokens (calibrated where a tokenizer is at hand)"},
 			&cli.IntFlag{Name: "max-tokens", Value: 128, Usage: "tokens generated per request"},
@@ -193,6 +193,12 @@ func benchServeCmd(c *cli.Context) error {
 		for slices.ContainsFunc(targets, func(t servebench.Target) bool { return t.Name == name }) {
 			name += "'"
 		}
+		hctx, cancel := context.WithTimeout(ctx, c.Duration("ready-timeout"))
+		err = servebench.WaitLoading(hctx, hc, u)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--peer-url %s: %w", name, err)
+		}
 		t := servebench.Target{Name: name, URL: u, Models: peerModels(ctx, hc, u, primary.Models, c.Bool("swap"))}
 		log.Info("peer", "name", name, "url", u, "models", t.Models)
 		targets = append(targets, t)
@@ -210,10 +216,11 @@ func benchServeCmd(c *cli.Context) error {
 	if c.IsSet("duration") {
 		cfg.RequestsPerClient = 0
 	}
-	rep, err := servebench.Run(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
+	rep, runErr := servebench.Run(ctx, cfg)
+	if rep == nil {
+		return fmt.Errorf("bench serve: %w", runErr)
 	}
+	// Interrupted: what was measured is still printed, then the error.
 	rep.Calibration = cal
 	if f := c.String("svg"); f != "" {
 		if err := writeFileWith(f, func(fl *os.File) error { return servebench.WriteSVG(fl, rep) }); err != nil {
@@ -234,6 +241,9 @@ func benchServeCmd(c *cli.Context) error {
 		}
 	} else if err := servebench.WriteTable(stdout, rep); err != nil {
 		return err
+	}
+	if runErr != nil {
+		return fmt.Errorf("bench serve: stopped early: %w", runErr)
 	}
 	if failed := rep.AllFailed(); len(failed) > 0 {
 		return fmt.Errorf("bench serve: every request failed on %s", strings.Join(failed, ", "))
