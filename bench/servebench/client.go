@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -82,6 +83,8 @@ func errorText(b []byte) string {
 	return s
 }
 
+var requestSeq atomic.Uint64
+
 // complete sends one streaming POST /v1/completions to base and reads the
 // server-sent events to the end. Any HTTP status but 200, an error event,
 // a read error or a stream that ends without "data: [DONE]" is an error
@@ -97,6 +100,13 @@ func complete(ctx context.Context, hc *http.Client, base string, r request) outc
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	// llama-server (cpp-httplib) closes kept-alive connections on its own
+	// schedule; a POST that raced such a close fails with "server closed
+	// idle connection" or EOF before any byte of an answer. The key lets
+	// net/http resend it on a fresh connection in exactly that case (a
+	// reused connection, nothing read), which the server never saw; the
+	// time of the lost try stays in the request's figures.
+	req.Header.Set("X-Idempotency-Key", fmt.Sprintf("forge-bench-%d", requestSeq.Add(1)))
 	start := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {

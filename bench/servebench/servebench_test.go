@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -616,5 +617,48 @@ func TestWaitLoading(t *testing.T) {
 	defer cancel()
 	if err := WaitLoading(ctx, hc, s.URL+"/forever"); err == nil {
 		t.Error("a server loading for ever was waited out")
+	}
+}
+
+type connKey struct{}
+
+// A server that drops a kept-alive connection when the next request
+// arrives on it (as llama-server's HTTP library may): the request is sent
+// again on a fresh connection, so it is measured, not an error.
+func TestClosedKeepAlive(t *testing.T) {
+	leakCheck(t)
+	f := &fake{perChunk: 1, usage: true}
+	var mu sync.Mutex
+	drops := 0
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := r.Context().Value(connKey{}).(*int)
+		mu.Lock()
+		*n++
+		drop := *n > 1
+		if drop {
+			drops++
+		}
+		mu.Unlock()
+		if drop {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		f.complete(w, r)
+	}))
+	s.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, connKey{}, new(int)) }
+	s.Start()
+	t.Cleanup(s.Close)
+	cfg := testConfig(Target{Name: "f", URL: s.URL})
+	cfg.Clients, cfg.RequestsPerClient, cfg.Warmup = []int{1}, 3, 0
+	defer closeIdle(cfg)
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := rep.Steps[0]; st.Errors != 0 || st.Requests != 3 || drops != 2 {
+		t.Errorf("%d dropped connections: %+v", drops, st)
 	}
 }
