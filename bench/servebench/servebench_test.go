@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -648,7 +648,9 @@ func TestClosedKeepAlive(t *testing.T) {
 		}
 		f.complete(w, r)
 	}))
-	s.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, connKey{}, new(int)) }
+	s.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, new(int))
+	}
 	s.Start()
 	t.Cleanup(s.Close)
 	cfg := testConfig(Target{Name: "f", URL: s.URL})
