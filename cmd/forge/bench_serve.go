@@ -200,6 +200,9 @@ func benchServeCmd(c *cli.Context) error {
 			return fmt.Errorf("--peer-url %s: %w", name, err)
 		}
 		t := servebench.Target{Name: name, URL: u, Models: peerModels(ctx, hc, u, primary.Models, c.Bool("swap"))}
+		if c.Bool("swap") && len(t.Models) < 2 {
+			return fmt.Errorf("--peer-url %s: --swap needs two models and its /v1/models lists fewer", name)
+		}
 		log.Info("peer", "name", name, "url", u, "models", t.Models)
 		targets = append(targets, t)
 	}
@@ -266,7 +269,8 @@ func writeFileWith(path string, fn func(*os.File) error) error {
 
 // peerModels are the model ids to send a peer: those its /v1/models lists
 // (the first, or the first two for --swap), else the primary target's
-// ids (llama-server answers whatever model is named).
+// ids (llama-server answers whatever model is named) — but not for --swap,
+// where a server that lists one model has nothing to swap.
 func peerModels(ctx context.Context, hc *http.Client, base string, fallback []string, swap bool) []string {
 	var list struct {
 		Data []struct {
@@ -280,6 +284,9 @@ func peerModels(ctx context.Context, hc *http.Client, base string, fallback []st
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := getJSONURL(lctx, hc, base+"/v1/models", &list); err != nil || len(list.Data) < want {
+		if swap {
+			return nil
+		}
 		return fallback
 	}
 	var ids []string

@@ -209,6 +209,10 @@ func TestBenchServeSwap(t *testing.T) {
 
 func TestBenchServeErrors(t *testing.T) {
 	model := testmodels.Path(t, "stories260K-Q4_0.gguf")
+	oneModel := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"object":"list","data":[{"id":"only"}]}`))
+	}))
+	defer oneModel.Close()
 	for _, c := range []struct {
 		args []string
 		want string
@@ -222,6 +226,8 @@ func TestBenchServeErrors(t *testing.T) {
 		{[]string{"--url", "localhost:8080"}, "--url: \"localhost:8080\" is not an http(s) URL"},
 		{[]string{"-m", model, "--peer-url", "x=ftp://h"}, "--peer-url: \"ftp://h\" is not an http(s) URL"},
 		{[]string{"-m", model, "--device", "tpu"}, "tpu"},
+		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--budget", "1000000", "--threads", "1", "--peer-url", "one=" + oneModel.URL},
+			"--peer-url one: --swap needs two models and its /v1/models lists fewer"},
 		{[]string{"-m", filepath.Join(t.TempDir(), "missing.gguf")}, "a model failed to load"},
 	} {
 		_, _, err := runBenchServe(t, c.args...)
