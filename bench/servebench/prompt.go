@@ -8,11 +8,12 @@ import (
 	"strings"
 )
 
-// words are short, common English words that Llama, Mistral, Qwen and GPT
-// style vocabularies hold as one token each when a space precedes them, so
-// a prompt of n of them is about n tokens on the models people serve. A
-// tiny vocabulary (stories260K's 512 tokens) splits them; Calibrate
-// measures the ratio where a tokenizer is at hand.
+// words are short, common English words that Llama's SentencePiece and
+// GPT-2's BPE vocabularies hold as one token each when a space precedes
+// them (TestWordsAreOneToken), so a prompt of n of them is n tokens on the
+// model families people serve. A tiny vocabulary (stories260K's 512
+// tokens) splits them; Calibrate measures the ratio where a tokenizer is
+// at hand.
 var words = uniq(strings.Fields(`
 the of and to in is was for on with as at by from that this it he she they we you
 his her their our your its one two three four five six seven ten first last next
