@@ -129,9 +129,27 @@ func benchServeCmd(c *cli.Context) error {
 	if c.Int("turns") < 0 {
 		return fmt.Errorf("--turns %d: must not be negative", c.Int("turns"))
 	}
+	if c.Bool("swap") && c.Int("turns") > 0 {
+		return errors.New("bench serve: --swap and --turns are separate runs")
+	}
 	if self {
 		if err := checkDevice(c.String("device")); err != nil {
 			return err
+		}
+	}
+	// Every URL is checked before forge serve starts.
+	type peer struct{ name, url string }
+	var peers []peer
+	for _, p := range c.StringSlice("peer-url") {
+		name, u, err := namedURL(p)
+		if err != nil {
+			return fmt.Errorf("--peer-url: %w", err)
+		}
+		peers = append(peers, peer{name, u})
+	}
+	if !self {
+		if _, _, err := namedURL(c.String("url")); err != nil {
+			return fmt.Errorf("--url: %w", err)
 		}
 	}
 
@@ -185,16 +203,13 @@ func benchServeCmd(c *cli.Context) error {
 		}
 	}
 	targets = append(targets, primary)
-	for _, p := range c.StringSlice("peer-url") {
-		name, u, err := namedURL(p)
-		if err != nil {
-			return fmt.Errorf("--peer-url: %w", err)
-		}
+	for _, p := range peers {
+		name, u := p.name, p.url
 		for slices.ContainsFunc(targets, func(t servebench.Target) bool { return t.Name == name }) {
 			name += "'"
 		}
 		hctx, cancel := context.WithTimeout(ctx, c.Duration("ready-timeout"))
-		err = servebench.WaitLoading(hctx, hc, u)
+		err := servebench.WaitLoading(hctx, hc, u)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("--peer-url %s: %w", name, err)

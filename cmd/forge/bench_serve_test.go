@@ -226,6 +226,7 @@ func TestBenchServeErrors(t *testing.T) {
 		{[]string{"--url", "localhost:8080"}, "--url: \"localhost:8080\" is not an http(s) URL"},
 		{[]string{"-m", model, "--peer-url", "x=ftp://h"}, "--peer-url: \"ftp://h\" is not an http(s) URL"},
 		{[]string{"-m", model, "--device", "tpu"}, "tpu"},
+		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--turns", "2"}, "--swap and --turns are separate runs"},
 		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--budget", "1000000", "--threads", "1", "--peer-url", "one=" + oneModel.URL},
 			"--peer-url one: --swap needs two models and its /v1/models lists fewer"},
 		{[]string{"-m", filepath.Join(t.TempDir(), "missing.gguf")}, "a model failed to load"},
