@@ -59,6 +59,7 @@ func init() {
 				},
 				Action: benchLoadOnceCmd,
 			},
+			benchServeCommand(),
 		},
 	})
 }

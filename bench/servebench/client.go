@@ -1,0 +1,249 @@
+package servebench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// request is one streaming completion to send.
+type request struct {
+	model     string
+	prompt    string
+	maxTokens int
+}
+
+// outcome is what one streamed completion gave: times from the moment
+// the request was sent.
+type outcome struct {
+	status int
+	// ttft is the arrival of the first chunk that carries text; 0 when
+	// none did.
+	ttft  time.Duration
+	total time.Duration
+	// gaps are the times between consecutive chunks that carry text.
+	gaps   []time.Duration
+	chunks int
+	text   string
+	// usage is the server's count, when it sent one.
+	usage *usage
+	err   error
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// chunk is the part of a streamed completion chunk (or an error object)
+// that the benchmark reads. Completions carry text; a chat server would
+// carry delta.content, read too so a chat-only proxy still counts.
+type chunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *usage          `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// body is the request as every target receives it: greedy, the end of
+// text ignored so every answer runs to maxTokens, streamed with usage.
+func (r request) body() ([]byte, error) {
+	m := map[string]any{
+		"prompt":         r.prompt,
+		"max_tokens":     r.maxTokens,
+		"temperature":    0,
+		"ignore_eos":     true,
+		"stream":         true,
+		"stream_options": map[string]bool{"include_usage": true},
+	}
+	if r.model != "" {
+		m["model"] = r.model
+	}
+	return json.Marshal(m)
+}
+
+// errorText is at most 300 bytes of an error body, on one line.
+func errorText(b []byte) string {
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+var requestSeq atomic.Uint64
+
+// complete sends one streaming POST /v1/completions to base and reads the
+// server-sent events to the end. Any HTTP status but 200, an error event,
+// a read error or a stream that ends without "data: [DONE]" is an error
+// in the outcome (with the times measured so far).
+func complete(ctx context.Context, hc *http.Client, base string, r request) outcome {
+	b, err := r.body()
+	if err != nil {
+		return outcome{err: err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(b))
+	if err != nil {
+		return outcome{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	// llama-server (cpp-httplib) closes kept-alive connections on its own
+	// schedule; a POST that raced such a close fails with "server closed
+	// idle connection" or EOF before any byte of an answer. The key lets
+	// net/http resend it on a fresh connection in exactly that case (a
+	// reused connection, nothing read), which the server never saw; the
+	// time of the lost try stays in the request's figures.
+	req.Header.Set("X-Idempotency-Key", fmt.Sprintf("forge-bench-%d", requestSeq.Add(1)))
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return outcome{err: err, total: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	o := outcome{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		eb, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		o.total = time.Since(start)
+		o.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorText(eb))
+		return o
+	}
+	var text strings.Builder
+	var last time.Time
+	rd := bufio.NewReaderSize(resp.Body, 64<<10)
+	done := false
+	for !done {
+		line, err := rd.ReadString('\n')
+		now := time.Now()
+		if err != nil {
+			o.total = now.Sub(start)
+			o.text = text.String()
+			if errors.Is(err, io.EOF) {
+				o.err = errors.New("stream ended without data: [DONE]")
+			} else {
+				o.err = fmt.Errorf("reading the stream: %w", err)
+			}
+			return o
+		}
+		line = strings.TrimRight(line, "\r\n")
+		field, value, ok := strings.Cut(line, ":")
+		if !ok || field == "" { // blank line between events, or a comment
+			continue
+		}
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "data":
+		case "error": // some servers name the event instead of the object
+			o.err = fmt.Errorf("error event: %s", errorText([]byte(value)))
+		default: // event:, id:, retry:
+			continue
+		}
+		if o.err != nil {
+			break
+		}
+		if value == "[DONE]" {
+			done = true
+			continue
+		}
+		var c chunk
+		if err := json.Unmarshal([]byte(value), &c); err != nil {
+			o.err = fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
+			break
+		}
+		if len(c.Error) > 0 && string(c.Error) != "null" {
+			o.err = fmt.Errorf("error in the stream: %s", errorText(c.Error))
+			break
+		}
+		if c.Usage != nil {
+			o.usage = c.Usage
+		}
+		piece := ""
+		for _, ch := range c.Choices {
+			piece += ch.Text + ch.Delta.Content
+		}
+		if piece == "" {
+			continue
+		}
+		text.WriteString(piece)
+		o.chunks++
+		if o.chunks == 1 {
+			o.ttft = now.Sub(start)
+		} else {
+			o.gaps = append(o.gaps, now.Sub(last))
+		}
+		last = now
+	}
+	o.total = time.Since(start)
+	o.text = text.String()
+	return o
+}
+
+// getJSON fetches base+path into v; the status is returned with any error.
+func getJSON(ctx context.Context, hc *http.Client, url string, v any) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, fmt.Errorf("GET %s: HTTP %d: %s", url, resp.StatusCode, errorText(b))
+	}
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			return resp.StatusCode, fmt.Errorf("GET %s: %w", url, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// TokenCounter counts tokens through a server's POST /tokenize
+// (llama-server's: {"content": TEXT} → {"tokens": [...]}), for Calibrate.
+func TokenCounter(ctx context.Context, hc *http.Client, base string) func(string) (int, error) {
+	return func(text string) (int, error) {
+		b, _ := json.Marshal(map[string]any{"content": text, "add_special": false})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", bytes.NewReader(b))
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		rb, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		if err != nil {
+			return 0, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("POST %s/tokenize: HTTP %d: %s", base, resp.StatusCode, errorText(rb))
+		}
+		var out struct {
+			Tokens []json.RawMessage `json:"tokens"`
+		}
+		if err := json.Unmarshal(rb, &out); err != nil {
+			return 0, fmt.Errorf("POST %s/tokenize: %w", base, err)
+		}
+		return len(out.Tokens), nil
+	}
+}
