@@ -229,7 +229,7 @@ func TestBenchServeErrors(t *testing.T) {
 		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--turns", "2"}, "--swap and --turns are separate runs"},
 		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--budget", "1000000", "--threads", "1", "--peer-url", "one=" + oneModel.URL},
 			"--peer-url one: --swap needs two models and its /v1/models lists fewer"},
-		{[]string{"-m", filepath.Join(t.TempDir(), "missing.gguf")}, "a model failed to load"},
+		{[]string{"-m", filepath.Join(t.TempDir(), "missing.gguf")}, "exited before listening"},
 	} {
 		_, _, err := runBenchServe(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

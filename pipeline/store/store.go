@@ -65,8 +65,17 @@ func (s Stores) Resolve(name string) (string, error) {
 	if name == "" {
 		return "", fmt.Errorf("store: empty model name")
 	}
-	if st, err := os.Stat(name); err == nil && st.Mode().IsRegular() {
+	st, err := os.Stat(name)
+	if err == nil && st.Mode().IsRegular() {
 		return name, nil
+	}
+	if looksLikePath(name) {
+		// A path that is not a regular file is not a store name either:
+		// say what is wrong with the file rather than with the name.
+		if err == nil {
+			err = fmt.Errorf("not a regular file")
+		}
+		return "", fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	return s.Lookup(name)
 }
@@ -204,4 +213,11 @@ func (s Stores) hf(name string) (string, error) {
 		names = append(names, filepath.Base(p))
 	}
 	return "", fmt.Errorf("hf: %q is ambiguous in %s: %s (name one as org/name:QUANT or org/name/FILE)", name, snap, strings.Join(names, ", "))
+}
+
+// looksLikePath reports whether a command-line model name can only be a
+// file: it is absolute or starts with ./ or ../ ("org/name/file.gguf"
+// is a Hugging Face name).
+func looksLikePath(name string) bool {
+	return filepath.IsAbs(name) || strings.HasPrefix(name, "./") || strings.HasPrefix(name, "../")
 }
