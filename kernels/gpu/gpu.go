@@ -85,6 +85,11 @@ type Backend struct {
 	// found, else gemm_f16.
 	gemmKernel string
 
+	// rowsMax, when > 0, replaces kernels.MaxBatchRows as the most rows
+	// MatMul sends to the multi-row matvec (benchmarks compare the GEMM).
+	rowsMax int
+	lay     layoutState // the step layout of the Batcher ops (batch.go)
+
 	step   stepState           // decode-step capture and replay (step.go)
 	q8     q8Cache             // the 8-bit copy of the last quantized vector
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
@@ -353,6 +358,7 @@ func (b *Backend) release() error {
 			keep(c.DestroyGraph(g.g))
 		}
 		b.graphs = nil
+		keep(b.freeLayout(c))
 		keep(b.prof.release(c))
 		b.prof = nil
 		for _, d := range b.scratch {

@@ -1,0 +1,409 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/conformance"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// sameBits reports the first index where got and want differ in their bits
+// (NaNs included), or -1.
+func sameBits(got, want []float32) int {
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestMultiRowMatMulMatchesOneRow: MatMul of n rows (2…64, in launches of
+// eight) gives every row the bits MatMul of that row alone gives, for the
+// types with 8-bit-activation kernels (Q4_K, Q6_K, Q4_0, Q8_0) and two
+// that take the generic kernel (Q5_K, F16): the batch invariance of
+// kernels.Batcher. Q6_K at 9000 rows checks the one-row kernel the
+// backend picks for many rows (c2); Q4_K also against MatMuls (its
+// grouped one-row kernel).
+func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 18))
+	cases := []struct {
+		typ        gguf.Type
+		rows, cols int
+	}{
+		{gguf.TypeQ4_K, 129, 4096}, {gguf.TypeQ4_K, 1000, 14336},
+		{gguf.TypeQ6_K, 300, 4096}, {gguf.TypeQ6_K, 9000, 2048}, {gguf.TypeQ6_K, 70, 768},
+		{gguf.TypeQ8_0, 257, 4096}, {gguf.TypeQ4_0, 300, 14336}, {gguf.TypeQ8_0, 33, 96},
+		{gguf.TypeQ5_K, 100, 2048}, {gguf.TypeF16, 100, 1024},
+	}
+	for _, tc := range cases {
+		w := conformance.RandomWeight(rng, "w", tc.typ, tc.rows, tc.cols)
+		if err := b.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		x := upload(t, b, randVec(rng, kernels.MaxBatchRows*tc.cols, 1))
+		// each row alone
+		alone := make([][]float32, kernels.MaxBatchRows)
+		y1, _ := b.Alloc(tc.rows)
+		for i := range alone {
+			if err := b.MatMul(y1, w, x.View(i*tc.cols, tc.cols), 1); err != nil {
+				t.Fatal(err)
+			}
+			alone[i] = download(t, b, y1)
+		}
+		if tc.typ == gguf.TypeQ4_K {
+			w2 := *w
+			w2.Dev = 0
+			if err := b.LoadWeight(&w2); err != nil {
+				t.Fatal(err)
+			}
+			y2, _ := b.Alloc(tc.rows)
+			if err := b.MatMuls([]kernels.Tensor{y1, y2}, []*kernels.Weight{w, &w2}, x.View(0, tc.cols), 1); err != nil {
+				t.Fatal(err)
+			}
+			for k, y := range []kernels.Tensor{y1, y2} {
+				if i := sameBits(download(t, b, y), alone[0]); i >= 0 {
+					t.Errorf("%s %d×%d: MatMuls output %d differs from MatMul at %d", tc.typ, tc.rows, tc.cols, k, i)
+				}
+			}
+			b.Free(y2)
+			b.FreeWeight(&w2)
+		}
+		b.Free(y1)
+		for _, n := range []int{2, 5, 8, 16, 64} {
+			y, _ := b.Alloc(n * tc.rows)
+			if err := b.Write(y, 0, nanVec(n*tc.rows)); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.MatMul(y, w, x, n); err != nil {
+				t.Fatal(err)
+			}
+			got := download(t, b, y)
+			bad := 0
+			for i := range n {
+				if j := sameBits(got[i*tc.rows:(i+1)*tc.rows], alone[i]); j >= 0 {
+					if bad == 0 {
+						t.Errorf("%s %d×%d n=%d: row %d differs from its one-row product at %d: %g vs %g",
+							tc.typ, tc.rows, tc.cols, n, i, j, got[i*tc.rows+j], alone[i][j])
+					}
+					bad++
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%s %d×%d n=%d: %d of %d rows differ", tc.typ, tc.rows, tc.cols, n, bad, n)
+			}
+			b.Free(y)
+		}
+		t.Logf("%s %d×%d (%s kernel for n > 1): rows bit-identical to n = 1", tc.typ, tc.rows, tc.cols,
+			map[string]string{"x8": "8-bit x", "": "generic"}[b.rowKernel(w, rocm.DevPtr(w.Dev))])
+		b.FreeWeight(w)
+	}
+}
+
+// TestMultiRowMatMulAccuracy: the multi-row kernels against the float64
+// reference (8-bit activations: the one-row kernels' bound).
+func TestMultiRowMatMulAccuracy(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 19))
+	for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeQ4_0} {
+		rows, cols, n := 200, 4096, 11
+		w := conformance.RandomWeight(rng, "w", typ, rows, cols)
+		if err := b.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		xs := randVec(rng, n*cols, 1)
+		y, _ := b.Alloc(n * rows)
+		if err := b.MatMul(y, w, upload(t, b, xs), n); err != nil {
+			t.Fatal(err)
+		}
+		got := download(t, b, y)
+		for i := range n {
+			xi := xs[i*cols : (i+1)*cols]
+			e := relScaled(got[i*rows:(i+1)*rows], matRef(t, w, xi, 1), matScale(t, w, xi))
+			if !(e < 1.5e-2) {
+				t.Errorf("%s n=%d row %d: relative error %.3g", typ, n, i, e)
+			}
+		}
+		b.Free(y)
+		b.FreeWeight(w)
+	}
+}
+
+// TestRoPEAtMatchesRoPE: RoPEAt with per-row positions gives each row the
+// bits RoPE gives it at that position, normal and NeoX, with and without
+// frequency factors.
+func TestRoPEAtMatchesRoPE(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 20))
+	heads, hd := 8, 128
+	freqs := &kernels.Weight{Name: "freqs", Type: gguf.TypeF32, Rows: 1, Cols: hd / 2}
+	fv := make([]float32, hd/2)
+	for i := range fv {
+		fv[i] = 1 + 7*rng.Float32()
+	}
+	freqs.Host = f32bytes(fv)
+	if err := b.LoadWeight(freqs); err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeWeight(freqs)
+	pos := []int32{0, 5, 1000, 7, 131071, 3, 3, 42}
+	n := len(pos)
+	if err := b.SetLayout(&kernels.Layout{Pos: pos, Seq: make([]int32, n), Tables: [][]int32{{0}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []kernels.Rope{
+		{Dim: hd, Base: 10000, Scale: 1},
+		{Dim: hd, Base: 500000, Scale: 0.25, NeoX: true},
+		{Dim: 64, Base: 500000, Scale: 1, Freqs: freqs},
+		{Dim: hd, Base: 1e6, Scale: 1, NeoX: true, Freqs: freqs},
+	} {
+		xs := randVec(rng, n*heads*hd, 1)
+		x := upload(t, b, xs)
+		if err := b.RoPEAt(x, n, heads, hd, r); err != nil {
+			t.Fatal(err)
+		}
+		got := download(t, b, x)
+		for i, p := range pos {
+			xi := upload(t, b, xs[i*heads*hd:(i+1)*heads*hd])
+			if err := b.RoPE(xi, 1, heads, hd, int(p), r); err != nil {
+				t.Fatal(err)
+			}
+			if j := sameBits(got[i*heads*hd:(i+1)*heads*hd], download(t, b, xi)); j >= 0 {
+				t.Errorf("rope %+v: row %d at %d differs from RoPE at element %d", r, i, p, j)
+			}
+		}
+	}
+}
+
+// pagedSeq is one sequence of the paged attention tests: its block table
+// and the contiguous cache that mirrors it.
+type pagedSeq struct {
+	table []int32
+	cache *kernels.KVCache
+	len   int
+}
+
+// TestPagedAttentionMatchesContiguous runs steps of several sequences
+// (prompt chunks, decode rows, a row past 256 positions, so several
+// splits) through PagedAttention on a pool with random block tables, and
+// each sequence's rows through Attention on a contiguous cache of its own:
+// the outputs agree to f16 rounding (both caches are f16; only the
+// summation order differs). The f32 pool agrees too.
+func TestPagedAttentionMatchesContiguous(t *testing.T) {
+	for _, kvF32 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kvF32=%v", kvF32), func(t *testing.T) {
+			b := gpuBackend(t, kvF32)
+			rng := rand.New(rand.NewPCG(rand.Uint64(), 21))
+			a := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Scale: float32(1 / math.Sqrt(64))}
+			kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+			const bs, blocks, layers, layer, ctx = 16, 96, 2, 1, 600
+			pool, err := b.NewKVPool(layers, blocks, bs, kvDim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.FreeKVPool(pool)
+			perm := rng.Perm(blocks)
+			seqs := make([]*pagedSeq, 3)
+			for s := range seqs {
+				c, err := b.NewKVCache(layers, ctx, kvDim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.FreeKVCache(c)
+				seqs[s] = &pagedSeq{cache: c}
+				for range 30 {
+					seqs[s].table = append(seqs[s].table, int32(perm[0]))
+					perm = perm[1:]
+				}
+			}
+			// each step: rows per sequence (0: not in the step)
+			steps := [][3]int{{40, 5, 300}, {1, 1, 1}, {1, 0, 3}, {17, 1, 1}, {1, 1, 1}}
+			for si, st := range steps {
+				var l kernels.Layout
+				for _, s := range seqs {
+					l.Tables = append(l.Tables, s.table)
+				}
+				var qs, ks, vs []float32
+				type span struct{ s, row0, n int }
+				var spans []span
+				for s, cnt := range st {
+					if cnt == 0 {
+						continue
+					}
+					spans = append(spans, span{s, len(l.Pos), cnt})
+					for i := range cnt {
+						l.Pos = append(l.Pos, int32(seqs[s].len+i))
+						l.Seq = append(l.Seq, int32(s))
+					}
+					qs = append(qs, randVec(rng, cnt*qDim, 1)...)
+					ks = append(ks, randVec(rng, cnt*kvDim, 1)...)
+					vs = append(vs, randVec(rng, cnt*kvDim, 1)...)
+				}
+				n := len(l.Pos)
+				if err := b.SetLayout(&l); err != nil {
+					t.Fatal(err)
+				}
+				out, _ := b.Alloc(n * qDim)
+				if err := b.Write(out, 0, nanVec(n*qDim)); err != nil {
+					t.Fatal(err)
+				}
+				q, k, v := upload(t, b, qs), upload(t, b, ks), upload(t, b, vs)
+				if err := b.PagedAttention(out, q, k, v, pool, layer, n, a); err != nil {
+					t.Fatal(err)
+				}
+				got := download(t, b, out)
+				b.Free(out)
+				for _, sp := range spans {
+					s := seqs[sp.s]
+					ref, _ := b.Alloc(sp.n * qDim)
+					if err := b.Attention(ref, q.View(sp.row0*qDim, sp.n*qDim), k.View(sp.row0*kvDim, sp.n*kvDim),
+						v.View(sp.row0*kvDim, sp.n*kvDim), s.cache, layer, s.len, sp.n, a); err != nil {
+						t.Fatal(err)
+					}
+					want := download(t, b, ref)
+					b.Free(ref)
+					wf := make([]float64, len(want))
+					for i, x := range want {
+						wf[i] = float64(x)
+					}
+					if e := relNorm(got[sp.row0*qDim:(sp.row0+sp.n)*qDim], wf); !(e < 1e-3) {
+						t.Errorf("step %d sequence %d (positions %d…%d): paged vs contiguous relative error %.3g",
+							si, sp.s, s.len, s.len+sp.n-1, e)
+					} else {
+						t.Logf("step %d sequence %d (positions %d…%d): relative error %.2e", si, sp.s, s.len, s.len+sp.n-1, e)
+					}
+					s.len += sp.n
+				}
+			}
+		})
+	}
+}
+
+// TestPagedAttentionBatchInvariant: a decode row's output is the same bits
+// alone in its step and next to longer sequences (more splits in the
+// grid) and prompt rows.
+func TestPagedAttentionBatchInvariant(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 22))
+	a := kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 128, Scale: float32(1 / math.Sqrt(128))}
+	kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+	const bs = 32
+	pool, err := b.NewKVPool(1, 64, bs, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeKVPool(pool)
+	tables := [][]int32{{3, 9, 1}, {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33}, {40, 41}}
+	fill := func(s, n int) { // positions 0…n-1 of sequence s
+		pos := make([]int32, n)
+		seq := make([]int32, n)
+		for i := range pos {
+			pos[i], seq[i] = int32(i), int32(s)
+		}
+		if err := b.SetLayout(&kernels.Layout{Pos: pos, Seq: seq, Tables: tables}); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := b.Alloc(n * qDim)
+		defer b.Free(out)
+		if err := b.PagedAttention(out, upload(t, b, randVec(rng, n*qDim, 1)), upload(t, b, randVec(rng, n*kvDim, 1)),
+			upload(t, b, randVec(rng, n*kvDim, 1)), pool, 0, n, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(0, 70)
+	fill(1, 700)
+	fill(2, 20)
+	// the decode row of sequence 0 at position 70, alone
+	q0, k0, v0 := randVec(rng, qDim, 1), randVec(rng, kvDim, 1), randVec(rng, kvDim, 1)
+	if err := b.SetLayout(&kernels.Layout{Pos: []int32{70}, Seq: []int32{0}, Tables: tables}); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := b.Alloc(4 * qDim)
+	defer b.Free(out)
+	if err := b.PagedAttention(out, upload(t, b, q0), upload(t, b, k0), upload(t, b, v0), pool, 0, 1, a); err != nil {
+		t.Fatal(err)
+	}
+	alone := download(t, b, out)[:qDim]
+	// the same row after sequence 1's decode row (position 700: 3 splits)
+	// and before two prompt rows of sequence 2
+	qs := append(append(randVec(rng, qDim, 1), q0...), randVec(rng, 2*qDim, 1)...)
+	ks := append(append(randVec(rng, kvDim, 1), k0...), randVec(rng, 2*kvDim, 1)...)
+	vs := append(append(randVec(rng, kvDim, 1), v0...), randVec(rng, 2*kvDim, 1)...)
+	if err := b.SetLayout(&kernels.Layout{Pos: []int32{700, 70, 20, 21}, Seq: []int32{1, 0, 2, 2}, Tables: tables}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PagedAttention(out, upload(t, b, qs), upload(t, b, ks), upload(t, b, vs), pool, 0, 4, a); err != nil {
+		t.Fatal(err)
+	}
+	if i := sameBits(download(t, b, out)[qDim:2*qDim], alone); i >= 0 {
+		t.Errorf("the row's output in a batch differs from its output alone at %d", i)
+	}
+	// a row past its table is refused
+	if err := b.SetLayout(&kernels.Layout{Pos: []int32{96}, Seq: []int32{0}, Tables: tables}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PagedAttention(out, upload(t, b, q0), upload(t, b, k0), upload(t, b, v0), pool, 0, 1, a); err == nil {
+		t.Error("a position past the block table was accepted")
+	}
+}
+
+// BenchmarkBatchMatMul: one decode step's matmul share at the Llama 3 8B
+// shapes (Q4_K 4096×4096 and 14336×4096), n = 1, 8, 16, 64 rows through
+// MatMul's path (x quantized each time), and the GEMM path at 16 and 64
+// rows for comparison. GB/s counts weight bytes once per product.
+func BenchmarkBatchMatMul(b *testing.B) {
+	bk := gpuBackend(b, false)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, sh := range [][2]int{{4096, 4096}, {14336, 4096}} {
+		rows, cols := sh[0], sh[1]
+		w := conformance.RandomWeight(rng, "w", gguf.TypeQ4_K, rows, cols)
+		copies, free := weightCopies(b, bk, w)
+		x := upload(b, bk, conformance.RandomVector(rng, kernels.MaxBatchRows*cols, 1))
+		for _, v := range []string{"1", "8", "16", "64", "16/gemm", "64/gemm"} {
+			var n int
+			gemm := false
+			if _, err := fmt.Sscanf(v, "%d/gemm", &n); err == nil {
+				gemm = true
+			} else {
+				fmt.Sscanf(v, "%d", &n)
+			}
+			b.Run(fmt.Sprintf("Q4_K/%dx%d/n=%s", rows, cols, v), func(b *testing.B) {
+				y, _ := bk.Alloc(n * rows)
+				defer bk.Free(y)
+				kt, _ := kernelType(gguf.TypeQ4_K)
+				var ms float32
+				err := bk.do(func(c *rocm.Ctx) error {
+					var err error
+					ms, err = timeOn(c, bk.stream, 2*len(copies), b.N, func(i int) error {
+						cw := copies[i%len(copies)]
+						wp := rocm.DevPtr(cw.Dev)
+						bk.q8Forget() // quantize x every time, as a step does
+						switch {
+						case gemm:
+							return bk.gemm(c, kt, cw, wp, y, x, n)
+						case n == 1:
+							return bk.matvec(c, kt, cw, wp, dptr(y), dptr(x), 1)
+						default:
+							return bk.matvecRows(c, kt, cw, wp, y, x, n)
+						}
+					})
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sec := float64(ms) / 1e3 / float64(b.N)
+				b.ReportMetric(sec*1e6, "us/op")
+				b.ReportMetric(float64(len(w.Host))/sec/1e9, "GB/s")
+				b.ReportMetric(float64(n)/sec, "rows/s")
+			})
+		}
+		free()
+	}
+}
