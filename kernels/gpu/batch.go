@@ -21,9 +21,9 @@ var _ kernels.Batcher = (*Backend)(nil)
 // attn_paged covers.
 const pagedSplit = 256
 
-// mxRows is how many activation rows one launch of a multi-row matvec
-// kernel (mv_{type}_x8, or the generic mv_{type}) multiplies.
-const mxRows = 8
+// mxRows is how many activation rows one launch of the generic matvec
+// kernel mv_{type} multiplies (its MV_MAXNX).
+const mxRows = mvMaxN
 
 // kvPool is a KVPool's storage: for each layer, keys then values, each
 // [blocks·blockSize][kvDim] elements of esize bytes (as kvBuf, with a
@@ -456,10 +456,32 @@ func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
 	return ""
 }
 
+// mxDefault is the multi-row kernel of each K-quant type: "x{NX}r{R}",
+// NX rows of x per launch, R weight rows per warp (each x load serves R
+// weight rows). Timings: bench/results/2026-11-25-batch-matmul-h100.md.
+var mxDefault = map[gguf.Type]string{gguf.TypeQ4_K: "x8r2", gguf.TypeQ6_K: "x8r2"}
+
+// mxKernel returns the multi-row kernel for w's type (rowKernel "x8"),
+// the rows of x per launch and the weight rows per warp. mxVariant
+// overrides the choice for Q4_K and Q6_K (tests, benchmarks).
+func (b *Backend) mxKernel(kt string, w *kernels.Weight) (name string, nx, r int) {
+	v, ok := mxDefault[w.Type]
+	if !ok {
+		return "mv_" + kt + "_x8", 8, 1
+	}
+	if b.mxVariant != "" {
+		v = b.mxVariant
+	}
+	if _, err := fmt.Sscanf(v, "x%dr%d", &nx, &r); err != nil || nx <= 0 || r <= 0 {
+		nx, r, v = 8, 1, "x8r1"
+	}
+	return "mv_" + kt + "_" + v, nx, r
+}
+
 // matvecRows queues dst [n][rows] = x [n][cols] · wᵀ for 2 ≤ n ≤
-// kernels.MaxBatchRows through the multi-row matvec kernels, mxRows rows
+// kernels.MaxBatchRows through the multi-row matvec kernels, 8 or 16 rows
 // per launch: each row bit for bit what MatMul gives it alone (see
-// rowKernel), the weight read once per mxRows rows.
+// rowKernel), the weight read once per launch.
 func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
 	const block = 128
 	wpb := block / b.warp
@@ -478,16 +500,17 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	if err != nil {
 		return err
 	}
-	grid := ceilDiv(w.Rows, wpb)
+	name, group, r := b.mxKernel(kt, w)
+	grid := ceilDiv(w.Rows, wpb*r)
 	if perSM := 8; b.w.Device.SMs > 0 { // a grid-strided wave, as the one-row Q4_K kernel
 		grid = min(grid, perSM*b.w.Device.SMs)
 	}
-	for i0 := 0; i0 < n; i0 += mxRows {
-		nx := min(mxRows, n-i0)
+	for i0 := 0; i0 < n; i0 += group {
+		nx := min(group, n-i0)
 		var a rocm.Args
 		a.Ptr(wp).Ptr(xq + rocm.DevPtr(i0*w.Cols)).Ptr(xd + rocm.DevPtr(4*i0*(w.Cols/32))).Ptr(off(dst, i0*w.Rows)).
 			I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
-		if err := b.launch(c, "mv_"+kt+"_x8", rocm.D1(grid), rocm.D1(block), &a); err != nil {
+		if err := b.launch(c, name, rocm.D1(grid), rocm.D1(block), &a); err != nil {
 			return err
 		}
 	}

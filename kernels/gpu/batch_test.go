@@ -76,33 +76,51 @@ func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 			b.FreeWeight(&w2)
 		}
 		b.Free(y1)
-		for _, n := range []int{2, 5, 8, 16, 64} {
-			y, _ := b.Alloc(n * tc.rows)
-			if err := b.Write(y, 0, nanVec(n*tc.rows)); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.MatMul(y, w, x, n); err != nil {
-				t.Fatal(err)
-			}
-			got := download(t, b, y)
-			bad := 0
-			for i := range n {
-				if j := sameBits(got[i*tc.rows:(i+1)*tc.rows], alone[i]); j >= 0 {
-					if bad == 0 {
-						t.Errorf("%s %d×%d n=%d: row %d differs from its one-row product at %d: %g vs %g",
-							tc.typ, tc.rows, tc.cols, n, i, j, got[i*tc.rows+j], alone[i][j])
-					}
-					bad++
-				}
-			}
-			if bad > 0 {
-				t.Errorf("%s %d×%d n=%d: %d of %d rows differ", tc.typ, tc.rows, tc.cols, n, bad, n)
-			}
-			b.Free(y)
+		variants := map[gguf.Type][]string{
+			gguf.TypeQ4_K: {"x8r1", "x8r2", "x8r4", "x16r2", "x16r4", ""},
+			gguf.TypeQ6_K: {"x8r1", "x8r2", "x8r4", ""},
+		}[tc.typ]
+		if variants == nil {
+			variants = []string{""}
 		}
-		t.Logf("%s %d×%d (%s kernel for n > 1): rows bit-identical to n = 1", tc.typ, tc.rows, tc.cols,
-			map[string]string{"x8": "8-bit x", "": "generic"}[b.rowKernel(w, rocm.DevPtr(w.Dev))])
+		for _, mv := range variants {
+			b.mxVariant = mv
+			checkRows(t, b, w, x, alone, mv)
+		}
+		b.mxVariant = ""
+		t.Logf("%s %d×%d (%s kernel for n > 1, variants %q): rows bit-identical to n = 1", tc.typ, tc.rows, tc.cols,
+			map[string]string{"x8": "8-bit x", "": "generic"}[b.rowKernel(w, rocm.DevPtr(w.Dev))], variants)
 		b.FreeWeight(w)
+	}
+}
+
+// checkRows checks that MatMul of n = 2, 5, 8, 16, 64 rows of x gives row i
+// the bits of alone[i].
+func checkRows(t *testing.T, b *Backend, w *kernels.Weight, x kernels.Tensor, alone [][]float32, variant string) {
+	t.Helper()
+	for _, n := range []int{2, 5, 8, 16, 64} {
+		y, _ := b.Alloc(n * w.Rows)
+		if err := b.Write(y, 0, nanVec(n*w.Rows)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.MatMul(y, w, x, n); err != nil {
+			t.Fatal(err)
+		}
+		got := download(t, b, y)
+		bad := 0
+		for i := range n {
+			if j := sameBits(got[i*w.Rows:(i+1)*w.Rows], alone[i]); j >= 0 {
+				if bad == 0 {
+					t.Errorf("%s %d×%d %s n=%d: row %d differs from its one-row product at %d: %g vs %g",
+						w.Type, w.Rows, w.Cols, variant, n, i, j, got[i*w.Rows+j], alone[i][j])
+				}
+				bad++
+			}
+		}
+		if bad > 0 {
+			t.Errorf("%s %d×%d %s n=%d: %d of %d rows differ", w.Type, w.Rows, w.Cols, variant, n, bad, n)
+		}
+		b.Free(y)
 	}
 }
 
@@ -354,29 +372,52 @@ func TestPagedAttentionBatchInvariant(t *testing.T) {
 }
 
 // BenchmarkBatchMatMul: one decode step's matmul share at the Llama 3 8B
-// shapes (Q4_K 4096×4096 and 14336×4096), n = 1, 8, 16, 64 rows through
-// MatMul's path (x quantized each time), and the GEMM path at 16 and 64
-// rows for comparison. GB/s counts weight bytes once per product.
+// shapes (Q4_K 4096×4096 and 14336×4096; Q6_K 4096×14336, a Q4_K_M
+// model's ffn_down in half the layers), n = 1, 8, 16, 64 rows through
+// MatMul's kernels (x quantized each time, as a step does), each multi-row
+// variant "x{NX}r{R}" (mxKernel), and the GEMM path at 16 and 64 rows for
+// comparison. GB/s counts the weight's bytes once per product; rows/s is
+// n over the time.
 func BenchmarkBatchMatMul(b *testing.B) {
 	bk := gpuBackend(b, false)
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, sh := range [][2]int{{4096, 4096}, {14336, 4096}} {
-		rows, cols := sh[0], sh[1]
-		w := conformance.RandomWeight(rng, "w", gguf.TypeQ4_K, rows, cols)
+	for _, sh := range []struct {
+		typ        gguf.Type
+		rows, cols int
+	}{{gguf.TypeQ4_K, 4096, 4096}, {gguf.TypeQ4_K, 14336, 4096}, {gguf.TypeQ6_K, 4096, 14336}} {
+		rows, cols := sh.rows, sh.cols
+		w := conformance.RandomWeight(rng, "w", sh.typ, rows, cols)
 		copies, free := weightCopies(b, bk, w)
 		x := upload(b, bk, conformance.RandomVector(rng, kernels.MaxBatchRows*cols, 1))
-		for _, v := range []string{"1", "8", "16", "64", "16/gemm", "64/gemm"} {
-			var n int
-			gemm := false
-			if _, err := fmt.Sscanf(v, "%d/gemm", &n); err == nil {
-				gemm = true
-			} else {
-				fmt.Sscanf(v, "%d", &n)
+		mx := []string{"x8r1", "x8r2", "x8r4", "x16r2", "x16r4"}
+		if sh.typ == gguf.TypeQ6_K {
+			mx = []string{"x8r1", "x8r2", "x8r4"}
+		}
+		type run struct {
+			n       int
+			variant string // mxVariant, or "gemm"
+		}
+		runs := []run{{1, ""}}
+		for _, n := range []int{8, 16, 64} {
+			for _, v := range mx {
+				runs = append(runs, run{n, v})
 			}
-			b.Run(fmt.Sprintf("Q4_K/%dx%d/n=%s", rows, cols, v), func(b *testing.B) {
+		}
+		runs = append(runs, run{16, "gemm"}, run{64, "gemm"})
+		for _, rn := range runs {
+			n := rn.n
+			name := fmt.Sprintf("%s/%dx%d/n=%d", sh.typ, rows, cols, n)
+			if rn.variant != "" {
+				name += "/" + rn.variant
+			}
+			b.Run(name, func(b *testing.B) {
 				y, _ := bk.Alloc(n * rows)
 				defer bk.Free(y)
-				kt, _ := kernelType(gguf.TypeQ4_K)
+				kt, _ := kernelType(sh.typ)
+				if rn.variant != "gemm" {
+					bk.mxVariant = rn.variant
+					defer func() { bk.mxVariant = "" }()
+				}
 				var ms float32
 				err := bk.do(func(c *rocm.Ctx) error {
 					var err error
@@ -385,7 +426,7 @@ func BenchmarkBatchMatMul(b *testing.B) {
 						wp := rocm.DevPtr(cw.Dev)
 						bk.q8Forget() // quantize x every time, as a step does
 						switch {
-						case gemm:
+						case rn.variant == "gemm":
 							return bk.gemm(c, kt, cw, wp, y, x, n)
 						case n == 1:
 							return bk.matvec(c, kt, cw, wp, dptr(y), dptr(x), 1)
@@ -405,5 +446,84 @@ func BenchmarkBatchMatMul(b *testing.B) {
 			})
 		}
 		free()
+	}
+}
+
+// BenchmarkPagedAttentionDecode: one decode step's attention for 16
+// sequences at 1000 positions each (Llama 3 8B heads: 32 query, 8 key/
+// value, 128 dimensions; blocks of 16 positions), PagedAttention over the
+// 16 rows at once against 16 one-token Attention calls on contiguous
+// caches.
+func BenchmarkPagedAttentionDecode(b *testing.B) {
+	bk := gpuBackend(b, false)
+	rng := rand.New(rand.NewPCG(5, 6))
+	a := kernels.Attn{Heads: 32, KVHeads: 8, HeadDim: 128, Scale: float32(1 / math.Sqrt(128))}
+	kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+	const seqs, pos, bs = 16, 1000, 16
+	perSeq := ceilDiv(pos+1, bs)
+	pool, err := bk.NewKVPool(1, seqs*perSeq, bs, kvDim)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bk.FreeKVPool(pool)
+	perm := rng.Perm(seqs * perSeq)
+	l := kernels.Layout{}
+	for s := range seqs {
+		tab := make([]int32, perSeq)
+		for i := range tab {
+			tab[i] = int32(perm[s*perSeq+i])
+		}
+		l.Tables = append(l.Tables, tab)
+		l.Pos = append(l.Pos, pos)
+		l.Seq = append(l.Seq, int32(s))
+	}
+	if err := bk.SetLayout(&l); err != nil {
+		b.Fatal(err)
+	}
+	q := upload(b, bk, randVec(rng, seqs*qDim, 1))
+	k := upload(b, bk, randVec(rng, seqs*kvDim, 1))
+	v := upload(b, bk, randVec(rng, seqs*kvDim, 1))
+	out, _ := bk.Alloc(seqs * qDim)
+	defer bk.Free(out)
+	caches := make([]*kernels.KVCache, seqs)
+	for s := range caches {
+		if caches[s], err = bk.NewKVCache(1, pos+1, kvDim); err != nil {
+			b.Fatal(err)
+		}
+		defer bk.FreeKVCache(caches[s])
+	}
+	for _, mode := range []string{"paged", "contiguous"} {
+		b.Run(mode, func(b *testing.B) {
+			step := func() error {
+				if mode == "paged" {
+					return bk.PagedAttention(out, q, k, v, pool, 0, seqs, a)
+				}
+				for s := range seqs {
+					if err := bk.Attention(out.View(s*qDim, qDim), q.View(s*qDim, qDim), k.View(s*kvDim, kvDim),
+						v.View(s*kvDim, kvDim), caches[s], 0, pos, 1, a); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			for range 3 {
+				if err := step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := bk.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := bk.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
+		})
 	}
 }

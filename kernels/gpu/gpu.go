@@ -88,7 +88,10 @@ type Backend struct {
 	// rowsMax, when > 0, replaces kernels.MaxBatchRows as the most rows
 	// MatMul sends to the multi-row matvec (benchmarks compare the GEMM).
 	rowsMax int
-	lay     layoutState // the step layout of the Batcher ops (batch.go)
+	// mxVariant forces the Q4_K/Q6_K multi-row kernel ("x{NX}r{R}", see
+	// mxKernel); "" is mxDefault. For tests and benchmarks.
+	mxVariant string
+	lay       layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	q8     q8Cache             // the 8-bit copy of the last quantized vector

@@ -1294,8 +1294,11 @@ MV_B32(q8_0, B8Q8_0)
 // share a warp, or how many there are, changes none of it.
 //   grid: any (grid-stride over rows), block 128
 
-// Q4_K: lanes as in q4k_q8_rows.
-template <int NX>
+// Q4_K: lanes as in q4k_q8_rows, R weight rows per warp (each x load
+// serves R rows: the x traffic through L1, eight times the weight traffic
+// at eight rows of x, is what limits these kernels), the next super-block's
+// weights loaded during this one's arithmetic.
+template <int R, int NX>
 static __device__ void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                                   float* __restrict__ y, int rows, int cols, int nx) {
   int lane = threadIdx.x % warpSize;
@@ -1305,37 +1308,63 @@ static __device__ void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict
   int xo = 64 * c + 16 * (j & 1);
   int sh = 8 * (p0 & 3);
   size_t rb = (size_t)nsb * 144;
-  for (int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize; row < rows;
-       row += gridDim.x * (blockDim.x / warpSize)) {
-    const u8* wr = w + (size_t)row * rb;
-    float acc[NX];
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    const u8* wr[R];
+    float acc[R][NX];
+    uint4 hdn[R], qn[R];
 #pragma unroll
-    for (int v = 0; v < NX; v++) acc[v] = 0.0f;
+    for (int r = 0; r < R; r++) {
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int v = 0; v < NX; v++) acc[r][v] = 0.0f;
+      const u8* bp = wr[r] + (size_t)min(lane >> 3, nsb - 1) * 144;
+      hdn[r] = ld16w<true>(bp);
+      qn[r] = ld16w<true>(bp + 16 + 16 * j);
+    }
     for (int sb = lane >> 3; sb < nsb; sb += step) {
-      const u8* bp = wr + (size_t)sb * 144;
-      uint4 hd = ld16w<true>(bp), q = ld16w<true>(bp + 16 + 16 * j);
+      uint4 hd[R], q[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        hd[r] = hdn[r];
+        q[r] = qn[r];
+      }
+      if (sb + step < nsb) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const u8* bp = wr[r] + (size_t)(sb + step) * 144;
+          hdn[r] = ld16w<true>(bp);
+          qn[r] = ld16w<true>(bp + 16 + 16 * j);
+        }
+      }
 #pragma unroll
       for (int v = 0; v < NX; v++) {
         if (v < nx) {
           const i8* xr = xq + (size_t)v * cols + (size_t)sb * 256 + xo;
           const float* dr = xd + (size_t)v * (cols / 32) + sb * 8 + p0;
           uint4 xl = *(const uint4*)xr, xh = *(const uint4*)(xr + 32);
-          acc[v] += q4k_q8_term(hd, q, xl, xh, dr[0], dr[1], p0, sh);
+          float dx1 = dr[0], dx2 = dr[1];
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[r][v] += q4k_q8_term(hd[r], q[r], xl, xh, dx1, dx2, p0, sh);
         }
       }
     }
 #pragma unroll
-    for (int v = 0; v < NX; v++) {
-      if (v < nx) {
-        float s = warp_sum(acc[v]);
-        if (lane == 0) y[(size_t)v * rows + row] = s;
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          float s = warp_sum(acc[r][v]);
+          if (lane == 0 && row0 + r < rows) y[(size_t)v * rows + row0 + r] = s;
+        }
       }
     }
   }
 }
 
-// Q6_K: lanes as in mv_q6_k_q8 (the fields loaded straight from global).
-template <int NX>
+// Q6_K: lanes as in mv_q6_k_q8 (the fields loaded straight from global),
+// R weight rows per warp.
+template <int R, int NX>
 static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                                   float* __restrict__ y, int rows, int cols, int nx) {
   int lane = threadIdx.x % warpSize;
@@ -1343,16 +1372,24 @@ static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict
   int step = warpSize / 4;
   size_t rb = (size_t)nsb * 210;
   int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
-  for (int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize; row < rows;
-       row += gridDim.x * (blockDim.x / warpSize)) {
-    const u8* wr = w + (size_t)row * rb;
-    float acc[NX];
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    const u8* wr[R];
+    float acc[R][NX];
 #pragma unroll
-    for (int v = 0; v < NX; v++) acc[v] = 0.0f;
+    for (int r = 0; r < R; r++) {
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int v = 0; v < NX; v++) acc[r][v] = 0.0f;
+    }
     for (int sb = lane >> 2; sb < nsb; sb += step) {
-      Q6Words q;
-      q6_load(q, wr + (size_t)sb * 210, n, t);
-      float d = h2f((u16)q.d);
+      Q6Words q[R];
+      float d[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        q6_load(q[r], wr[r] + (size_t)sb * 210, n, t);
+        d[r] = h2f((u16)q[r].d);
+      }
 #pragma unroll
       for (int v = 0; v < NX; v++) {
         if (v < nx) {
@@ -1360,15 +1397,20 @@ static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict
           float dxk[4];
           int sx[4];
           q6_q8_x(xq + (size_t)v * cols, xd + (size_t)v * (cols / 32), sb, n, t, xv, dxk, sx);
-          acc[v] += q6_q8_term(q.a, q.b, q.h, q.s01, q.s23, d, t, xv, dxk, sx);
+#pragma unroll
+          for (int r = 0; r < R; r++)
+            acc[r][v] += q6_q8_term(q[r].a, q[r].b, q[r].h, q[r].s01, q[r].s23, d[r], t, xv, dxk, sx);
         }
       }
     }
 #pragma unroll
-    for (int v = 0; v < NX; v++) {
-      if (v < nx) {
-        float s = warp_sum(acc[v]);
-        if (lane == 0) y[(size_t)v * rows + row] = s;
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          float s = warp_sum(acc[r][v]);
+          if (lane == 0 && row0 + r < rows) y[(size_t)v * rows + row0 + r] = s;
+        }
       }
     }
   }
@@ -1436,14 +1478,28 @@ static __device__ void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict_
   }
 }
 
-// mv_{type}_x8: up to 8 rows of 8-bit x per launch.
+// mv_{type}_x8: up to 8 rows of 8-bit x per launch; Q4_K and Q6_K with
+// R weight rows per warp (mv_{type}_x8r{R}).
+#define MV_KX(R)                                                                                               \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_q4_k_x8r##R(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
+    mv_q4_k_xn<R, 8>(w, xq, xd, y, rows, cols, nx);                                                            \
+  }                                                                                                            \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_q6_k_x8r##R(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
+    mv_q6_k_xn<R, 8>(w, xq, xd, y, rows, cols, nx);                                                            \
+  }
+MV_KX(1)
+MV_KX(2)
+MV_KX(4)
+// Q4_K, 16 rows of x per launch (mv_q4_k_x16r{R})
 KERNEL void __launch_bounds__(128)
-    mv_q4_k_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  mv_q4_k_xn<8>(w, xq, xd, y, rows, cols, nx);
+    mv_q4_k_x16r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q4_k_xn<2, 16>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
-    mv_q6_k_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  mv_q6_k_xn<8>(w, xq, xd, y, rows, cols, nx);
+    mv_q4_k_x16r4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q4_k_xn<4, 16>(w, xq, xd, y, rows, cols, nx);
 }
 #define MV_B32X(name, B)                                                                                       \
   KERNEL void __launch_bounds__(128)                                                                           \
