@@ -437,8 +437,8 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 // so that more rows can take the family that computes each row the same
 // way: "x8" where the one-row product is an 8-bit-activation kernel (Q4_K
 // and Q6_K on 16-byte aligned weights, the default kernel choice; Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits), whose multi-row kernel
-// mv_{type}_x8 adds the same terms in the same order; "" for the generic
+// Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits), whose multi-row kernels
+// (mxKernel) add the same terms in the same order; "" for the generic
 // float kernel mv_{type}, which computes each of its activation rows
 // independently whatever their number. Forcing a float-activation Q4_K/Q6_K
 // kernel through mvVariant (tests, benchmarks) breaks the pairing.
@@ -456,24 +456,33 @@ func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
 	return ""
 }
 
-// mxDefault is the multi-row kernel of each K-quant type: "x{NX}r{R}",
-// NX rows of x per launch, R weight rows per warp (each x load serves R
-// weight rows). Timings: bench/results/2026-11-25-batch-matmul-h100.md.
-var mxDefault = map[gguf.Type]string{gguf.TypeQ4_K: "x8r2", gguf.TypeQ6_K: "x8r2"}
-
-// mxKernel returns the multi-row kernel for w's type (rowKernel "x8"),
-// the rows of x per launch and the weight rows per warp. mxVariant
-// overrides the choice for Q4_K and Q6_K (tests, benchmarks).
-func (b *Backend) mxKernel(kt string, w *kernels.Weight) (name string, nx, r int) {
-	v, ok := mxDefault[w.Type]
-	if !ok {
+// mxKernel returns the multi-row kernel for w's type (rowKernel "x8") and
+// n rows, the rows of x per launch and the weight rows per warp. Q4_K and
+// Q6_K kernels are named x{NX}r{R}: NX rows of x per launch, R weight rows
+// per warp (each x load serves R weight rows). On the H100 at the Llama 3
+// 8B shapes, R = 2 was the fastest (R = 1 and 4 were measured too), and
+// for Q4_K 16 rows of x per launch from 16 rows on
+// (bench/results/2026-11-25-batch-matmul-h100.md). Every variant gives
+// every row the bits of n = 1, so the choice may depend on n. mxVariant
+// overrides it (tests, benchmarks).
+func (b *Backend) mxKernel(kt string, w *kernels.Weight, n int) (name string, nx, r int) {
+	var v string
+	switch w.Type {
+	case gguf.TypeQ4_K:
+		v = "x8r2"
+		if n > 8 {
+			v = "x16r2"
+		}
+	case gguf.TypeQ6_K:
+		v = "x8r2"
+	default:
 		return "mv_" + kt + "_x8", 8, 1
 	}
 	if b.mxVariant != "" {
 		v = b.mxVariant
 	}
 	if _, err := fmt.Sscanf(v, "x%dr%d", &nx, &r); err != nil || nx <= 0 || r <= 0 {
-		nx, r, v = 8, 1, "x8r1"
+		nx, r, v = 8, 2, "x8r2"
 	}
 	return "mv_" + kt + "_" + v, nx, r
 }
@@ -500,7 +509,7 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	if err != nil {
 		return err
 	}
-	name, group, r := b.mxKernel(kt, w)
+	name, group, r := b.mxKernel(kt, w, n)
 	grid := ceilDiv(w.Rows, wpb*r)
 	if perSM := 8; b.w.Device.SMs > 0 { // a grid-strided wave, as the one-row Q4_K kernel
 		grid = min(grid, perSM*b.w.Device.SMs)

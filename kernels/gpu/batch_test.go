@@ -77,8 +77,8 @@ func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 		}
 		b.Free(y1)
 		variants := map[gguf.Type][]string{
-			gguf.TypeQ4_K: {"x8r1", "x8r2", "x8r4", "x16r2", "x16r4", ""},
-			gguf.TypeQ6_K: {"x8r1", "x8r2", "x8r4", ""},
+			gguf.TypeQ4_K: {"x8r2", "x16r2", ""},
+			gguf.TypeQ6_K: {"x8r2", ""},
 		}[tc.typ]
 		if variants == nil {
 			variants = []string{""}
@@ -389,9 +389,9 @@ func BenchmarkBatchMatMul(b *testing.B) {
 		w := conformance.RandomWeight(rng, "w", sh.typ, rows, cols)
 		copies, free := weightCopies(b, bk, w)
 		x := upload(b, bk, conformance.RandomVector(rng, kernels.MaxBatchRows*cols, 1))
-		mx := []string{"x8r1", "x8r2", "x8r4", "x16r2", "x16r4"}
+		mx := []string{"", "x8r2", "x16r2"} // "": mxKernel's choice
 		if sh.typ == gguf.TypeQ6_K {
-			mx = []string{"x8r1", "x8r2", "x8r4"}
+			mx = []string{""}
 		}
 		type run struct {
 			n       int
@@ -409,6 +409,8 @@ func BenchmarkBatchMatMul(b *testing.B) {
 			name := fmt.Sprintf("%s/%dx%d/n=%d", sh.typ, rows, cols, n)
 			if rn.variant != "" {
 				name += "/" + rn.variant
+			} else if n > 1 {
+				name += "/auto"
 			}
 			b.Run(name, func(b *testing.B) {
 				y, _ := bk.Alloc(n * rows)

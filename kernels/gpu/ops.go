@@ -92,7 +92,7 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 //	x [n][w.Cols], dst [n][w.Rows]
 //
 // n = 1: the decode matrix–vector kernels. 2 ≤ n ≤ kernels.MaxBatchRows:
-// the multi-row matvec kernels, eight rows per launch reading the blocks
+// the multi-row matvec kernels, 8 or 16 rows per launch reading the blocks
 // once per launch, each row bit for bit what n = 1 gives it (batch
 // invariance, kernels.Batcher; see rowKernel): 8-bit-activation kernels
 // for Q4_K, Q6_K (16-byte aligned) and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (where

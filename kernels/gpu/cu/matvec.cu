@@ -1478,28 +1478,22 @@ static __device__ void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict_
   }
 }
 
-// mv_{type}_x8: up to 8 rows of 8-bit x per launch; Q4_K and Q6_K with
-// R weight rows per warp (mv_{type}_x8r{R}).
-#define MV_KX(R)                                                                                               \
-  KERNEL void __launch_bounds__(128)                                                                           \
-      mv_q4_k_x8r##R(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
-    mv_q4_k_xn<R, 8>(w, xq, xd, y, rows, cols, nx);                                                            \
-  }                                                                                                            \
-  KERNEL void __launch_bounds__(128)                                                                           \
-      mv_q6_k_x8r##R(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
-    mv_q6_k_xn<R, 8>(w, xq, xd, y, rows, cols, nx);                                                            \
-  }
-MV_KX(1)
-MV_KX(2)
-MV_KX(4)
-// Q4_K, 16 rows of x per launch (mv_q4_k_x16r{R})
+// mv_{type}_x8: up to 8 rows of 8-bit x per launch; Q4_K and Q6_K with two
+// weight rows per warp (x{NX}r{R}: NX rows of x, R weight rows per warp).
+// On the H100 at the 8B shapes, R = 2 beat R = 1 and R = 4 for both types
+// (Q6_K by 1.4x), and 16 rows of x per launch beat 8 for Q4_K from 16 rows
+// on (bench/results/2026-11-25-batch-matmul-h100.md).
+KERNEL void __launch_bounds__(128)
+    mv_q4_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q4_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
+}
 KERNEL void __launch_bounds__(128)
     mv_q4_k_x16r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
   mv_q4_k_xn<2, 16>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
-    mv_q4_k_x16r4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  mv_q4_k_xn<4, 16>(w, xq, xd, y, rows, cols, nx);
+    mv_q6_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q6_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
 }
 #define MV_B32X(name, B)                                                                                       \
   KERNEL void __launch_bounds__(128)                                                                           \
