@@ -229,26 +229,34 @@ func (b *Backend) growLayout(c *rocm.Ctx, rows, seqs, tabs int) error {
 	if err := c.SyncStream(b.stream); err != nil {
 		return err
 	}
+	rowCap := pow2AtLeast(max(rows, ls.rowCap), kernels.MaxBatchRows)
+	seqCap := pow2AtLeast(max(seqs, ls.seqCap), 64)
+	tabCap := pow2AtLeast(max(tabs, ls.tabCap), 1024)
+	ls.rowCap, ls.seqCap, ls.tabCap = 0, 0, 0 // until everything below is there
 	if err := b.freeLayout(c); err != nil {
 		return err
 	}
-	ls.rowCap = pow2AtLeast(max(rows, ls.rowCap), kernels.MaxBatchRows)
-	ls.seqCap = pow2AtLeast(max(seqs, ls.seqCap), 64)
-	ls.tabCap = pow2AtLeast(max(tabs, ls.tabCap), 1024)
-	size := 4 * (2*ls.rowCap + ls.seqCap + ls.tabCap)
+	size := 4 * (2*rowCap + seqCap + tabCap)
+	fail := func(err error) error {
+		if ferr := b.freeLayout(c); ferr != nil {
+			slog.Error("gpu: free layout buffers", "err", ferr)
+		}
+		return fmt.Errorf("gpu: layout buffers of %d bytes: %w", size, err)
+	}
 	p, err := c.Malloc(int64(size))
 	if err != nil {
-		return fmt.Errorf("gpu: layout buffer of %d bytes: %w", size, err)
+		return fail(err)
 	}
 	ls.dev, ls.devSize = p, int64(size)
 	for k := range ls.host {
 		if ls.host[k], err = c.HostAlloc(size); err != nil {
-			return err
+			return fail(err)
 		}
 		if ls.ev[k], err = c.NewEvent(false); err != nil {
-			return err
+			return fail(err)
 		}
 	}
+	ls.rowCap, ls.seqCap, ls.tabCap = rowCap, seqCap, tabCap
 	return nil
 }
 
