@@ -529,3 +529,64 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 		})
 	}
 }
+
+// TestRMSNormRowsMatchOneRow: RMSNorm and AddRMSNorm of 2…64 rows give
+// every row the bits they give it alone (the one-row kernel per row), and
+// agree with a float64 reference.
+func TestRMSNormRowsMatchOneRow(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 23))
+	const cols = 4096
+	wv := randVec(rng, cols, 1)
+	w := &kernels.Weight{Name: "norm", Type: gguf.TypeF32, Rows: 1, Cols: cols, Host: f32bytes(wv)}
+	if err := b.LoadWeight(w); err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeWeight(w)
+	const eps = 1e-5
+	for _, n := range []int{2, 5, 64} {
+		xs, rs := randVec(rng, n*cols, 1), randVec(rng, n*cols, 1)
+		for _, add := range []bool{false, true} {
+			norm := func(dst, x, r kernels.Tensor, rows int) error {
+				if add {
+					return b.AddRMSNorm(dst, x, r, w, rows, eps)
+				}
+				return b.RMSNorm(dst, x, w, rows, eps)
+			}
+			dst, _ := b.Alloc(n * cols)
+			if err := norm(dst, upload(t, b, xs), upload(t, b, rs), n); err != nil {
+				t.Fatal(err)
+			}
+			got := download(t, b, dst)
+			b.Free(dst)
+			for i := range n {
+				one, _ := b.Alloc(cols)
+				xi, ri := xs[i*cols:(i+1)*cols], rs[i*cols:(i+1)*cols]
+				if err := norm(one, upload(t, b, xi), upload(t, b, ri), 1); err != nil {
+					t.Fatal(err)
+				}
+				if j := sameBits(got[i*cols:(i+1)*cols], download(t, b, one)); j >= 0 {
+					t.Errorf("n=%d add=%v: row %d differs from the row alone at %d", n, add, i, j)
+				}
+				b.Free(one)
+				want := make([]float64, cols)
+				var ss float64
+				for c := range cols {
+					v := float64(xi[c])
+					if add {
+						v += float64(ri[c])
+					}
+					want[c] = v
+					ss += v * v
+				}
+				inv := 1 / math.Sqrt(ss/cols+eps)
+				for c := range want {
+					want[c] *= inv * float64(wv[c])
+				}
+				if e := relNorm(got[i*cols:(i+1)*cols], want); !(e < 1e-6) {
+					t.Errorf("n=%d add=%v row %d: relative error %.3g", n, add, i, e)
+				}
+			}
+		}
+	}
+}

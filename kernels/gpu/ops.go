@@ -426,7 +426,10 @@ var _ kernels.ResidualNormer = (*Backend)(nil)
 
 // rmsNorm queues RMSNorm (r.Dev == 0) or AddRMSNorm. One row, the decode
 // shape, goes to rmsnorm_row, which also quantizes the row to 8 bits for
-// the products that follow (unless noFuse); more rows to one block each.
+// the products that follow (unless noFuse); 2 to kernels.MaxBatchRows rows
+// (a batched step) to one block of rmsnorm_row each, so that every row
+// gets the bits it gets alone (batch invariance, kernels.Batcher); more
+// rows to one 256-thread block each.
 func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
 	if w == nil {
 		return fmt.Errorf("gpu: %s: nil weight", op)
@@ -466,6 +469,10 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 				b.q8Made(dptr(dst), cols, q, d)
 			}
 			return nil
+		}
+		if n <= kernels.MaxBatchRows { // a block of rmsnorm_row per row: each row as alone (batch invariance)
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(0).Ptr(0)
+			return b.launch(c, "rmsnorm_row", rocm.D1(n), rocm.D1(1024), &a)
 		}
 		if r.Dev != 0 {
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)

@@ -20,9 +20,19 @@ KERNEL void rmsnorm(float* dst, const float* x, const float* w, int cols, float 
 // that always comes before a norm in a block). With q, the normalised row
 // is also quantized to 8-bit blocks of 32 (codes q, scales d; cols a
 // multiple of 32), the input of the matrix–vector products that follow.
+// Block b takes row b of [gridDim.x][cols]: a batched step's rows each get
+// exactly the arithmetic of a row alone (batch invariance).
 KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
                                                 float eps, i8* q, float* d) {
   __shared__ float scratch[32];
+  size_t ro = (size_t)blockIdx.x * cols;
+  dst += ro;
+  x += ro;
+  if (r) r += ro;
+  if (q) {
+    q += ro;
+    d += ro / 32;
+  }
   float s = 0.0f;
   if (r) {
 #pragma unroll 4
