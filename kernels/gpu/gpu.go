@@ -11,10 +11,13 @@
 // Weights stay in their GGUF block form on the device: the matrix–vector
 // kernels (matvec.cu) read the blocks directly (Q4_K and Q6_K, the bulk of
 // a Q4_K_M model, on activations quantized to 8-bit blocks with dp4a; the
-// other types on float activations); the prompt path (9 or more rows)
+// other types on float activations), up to kernels.MaxBatchRows rows with
+// each row's result independent of the others (batch.go: continuous
+// batching, with a paged KV pool); the prompt path (more rows)
 // dequantizes the weight to f16 on the device and multiplies through
 // cuBLAS where it is installed, else through gemm.cu's mma.sync kernel.
-// Measurements: bench/results/2026-11-22-kernels-h100.md.
+// Measurements: bench/results/2026-11-22-kernels-h100.md,
+// bench/results/2026-11-25-batch-matmul-h100.md.
 package gpu
 
 import (
@@ -84,6 +87,14 @@ type Backend struct {
 	// fragments, "gemm_f16_lds": 32-bit shared loads); "" is cuBLAS where
 	// found, else gemm_f16.
 	gemmKernel string
+
+	// rowsMax, when > 0, replaces kernels.MaxBatchRows as the most rows
+	// MatMul sends to the multi-row matvec (benchmarks compare the GEMM).
+	rowsMax int
+	// mxVariant forces the Q4_K/Q6_K multi-row kernel ("x{NX}r{R}", see
+	// mxKernel); "" is mxKernel's choice. For tests and benchmarks.
+	mxVariant string
+	lay       layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	q8     q8Cache             // the 8-bit copy of the last quantized vector
@@ -353,6 +364,7 @@ func (b *Backend) release() error {
 			keep(c.DestroyGraph(g.g))
 		}
 		b.graphs = nil
+		keep(b.freeLayout(c))
 		keep(b.prof.release(c))
 		b.prof = nil
 		for _, d := range b.scratch {

@@ -12,8 +12,9 @@ import (
 )
 
 // mvMaxN is how many activation rows one matvec launch multiplies (the
-// kernels' MV_MAXNX); gemmMinN is the smallest n that goes through
-// dequantize-to-f16 + GEMM instead.
+// kernels' MV_MAXNX). More rows than kernels.MaxBatchRows go through
+// dequantize-to-f16 + GEMM (F32 weights excepted); 2 to MaxBatchRows rows
+// through the multi-row matvec kernels (matvecRows).
 //
 // vendorMinN is the smallest n whose GEMM goes to cuBLAS (where found);
 // smaller ones run gemm.cu. At tens of rows the dequantization to f16
@@ -22,7 +23,6 @@ import (
 // on n alone, so a prompt gives the same logits however fast cuBLAS came.
 const (
 	mvMaxN     = 8
-	gemmMinN   = 9
 	vendorMinN = 128
 )
 
@@ -91,10 +91,16 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 //
 //	x [n][w.Cols], dst [n][w.Rows]
 //
-// n < 9 (and F32 weights at any n, which must stay exact to float32): the
-// matrix–vector kernels, eight rows per launch, reading the blocks once per
-// launch. Otherwise the weight is dequantized to f16 on the device and
-// multiplied by the f16-rounded activations in a tensor-core GEMM.
+// n = 1: the decode matrix–vector kernels. 2 ≤ n ≤ kernels.MaxBatchRows:
+// the multi-row matvec kernels, 8 or 16 rows per launch reading the blocks
+// once per launch, each row bit for bit what n = 1 gives it (batch
+// invariance, kernels.Batcher; see rowKernel): 8-bit-activation kernels
+// for Q4_K, Q6_K (16-byte aligned) and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (where
+// b32Fits), the generic float kernel for every other type. F32 weights
+// stay on the float kernels at any n (exact to float32). Otherwise the
+// weight is dequantized to f16 on the device and multiplied by the
+// f16-rounded activations in a tensor-core GEMM: rows of a prompt chunk
+// longer than MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	kt, ok := kernelType(w.Type)
 	if !ok {
@@ -123,8 +129,11 @@ func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// stale afterwards (the copy of x itself stays good for the next
 		// product on the same input, as Q, K and V or gate and up are).
 		defer b.q8Written(dst)
-		if n >= gemmMinN && w.Type != gguf.TypeF32 {
+		if n > b.batchRows() && w.Type != gguf.TypeF32 {
 			return b.gemm(c, kt, w, wp, dst, x, n)
+		}
+		if n > 1 && n <= b.batchRows() {
+			return b.matvecRows(c, kt, w, wp, dst, x, n)
 		}
 		for i0 := 0; i0 < n; i0 += mvMaxN {
 			nx := min(mvMaxN, n-i0)
@@ -417,7 +426,10 @@ var _ kernels.ResidualNormer = (*Backend)(nil)
 
 // rmsNorm queues RMSNorm (r.Dev == 0) or AddRMSNorm. One row, the decode
 // shape, goes to rmsnorm_row, which also quantizes the row to 8 bits for
-// the products that follow (unless noFuse); more rows to one block each.
+// the products that follow (unless noFuse); 2 to kernels.MaxBatchRows rows
+// (a batched step) to one block of rmsnorm_row each, so that every row
+// gets the bits it gets alone (batch invariance, kernels.Batcher); more
+// rows to one 256-thread block each.
 func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
 	if w == nil {
 		return fmt.Errorf("gpu: %s: nil weight", op)
@@ -457,6 +469,10 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 				b.q8Made(dptr(dst), cols, q, d)
 			}
 			return nil
+		}
+		if n <= kernels.MaxBatchRows { // a block of rmsnorm_row per row: each row as alone (batch invariance)
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(0).Ptr(0)
+			return b.launch(c, "rmsnorm_row", rocm.D1(n), rocm.D1(1024), &a)
 		}
 		if r.Dev != 0 {
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)

@@ -332,3 +332,137 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   }
 ATTN_KERNELS(f16, u16)
 ATTN_KERNELS(f32, float)
+
+// ---- paged KV (continuous batching) -----------------------------------------
+//
+// The pool holds, per layer, keys then values, each [blocks·bs][kvDim]: row
+// blk·bs + slot is position slot of a block. A step's layout (SetLayout)
+// gives each of its n rows a position pos[i] and a sequence seq[i], and each
+// sequence s its block table tabs[toff[s] …]: position p of s is slot p%bs
+// of block tabs[toff[s] + p/bs].
+
+// kv_row is the pool row of position p of the sequence whose table is tab.
+DEV size_t kv_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
+
+// Store row i's key and value at its position.
+template <class KT>
+static __device__ void kv_store_paged(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int bs,
+                                      const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {
+  int total = n * kvDim;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int r = i / kvDim, e = i % kvDim;
+    size_t o = kv_row(tabs + toff[seq[r]], pos[r], bs) * kvDim + e;
+    stkv(kc, o, k[i]);
+    stkv(vc, o, v[i]);
+  }
+}
+
+// PAGED_SPLIT is how many positions one block of attn_paged covers. It is a
+// constant, not a share of the grid, so the way a row's positions are cut
+// (and so its result) depends on its own length only, never on the other
+// rows of the step (batch invariance, kernels.Batcher).
+#define PAGED_SPLIT ATT_CH
+
+// paged_finish merges the splits of one (row, head): out = Σ_z e^(m_z−M)·
+// acc_z / Σ_z e^(m_z−M)·l_z, z in order, over part [splits][D+2]. Splits
+// past the row's end hold m = −3e38, l = 0, acc = 0 and add exact zeros:
+// the result is that of the row's own splits, however many the grid has.
+DEV void paged_finish(float* out, const float* pp, int D, int splits) {
+  float M = -3.0e38f;
+  for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  float L = 0.0f;
+  for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0.0f;
+    for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
+    out[d] = a / L;
+  }
+}
+
+// Attention of row t, head h over positions [z·PAGED_SPLIT, (z+1)·
+// PAGED_SPLIT) ∩ [0, pos[t]] of its sequence, as attn_decode's split
+// (scores one thread per position, values one thread per dimension, one
+// online-softmax chunk); its running max, sum and unnormalised output go to
+// part [n][heads][splits][D+2], which attn_paged_merge reduces. One block
+// per (head, row, split): decode rows are the hot case; a prompt chunk's
+// rows each read their prefix again (correct, not fast).
+//   grid (heads, n, splits), block 128, D ≤ 256
+template <class KT>
+static __device__ void attn_paged(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads,
+                                  int D, float scale, int bs, const i32* pos, const i32* seq, const i32* toff,
+                                  const i32* tabs) {
+  __shared__ float qs[256];
+  __shared__ float ps[PAGED_SPLIT];
+  __shared__ u32 rowi[PAGED_SPLIT];
+  __shared__ float scratch[32];
+  int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+  int kvDim = kvHeads * D;
+  int kvh = h / (heads / kvHeads);
+  int L = pos[t] + 1;
+  const i32* tab = tabs + toff[seq[t]];
+  int p0 = z * PAGED_SPLIT, cl = min(L, p0 + PAGED_SPLIT) - p0;
+  float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
+  int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
+  if (cl <= 0) {  // past the row's end: an empty split
+    if (threadIdx.x == 0) {
+      pp[0] = -3.0e38f;
+      pp[1] = 0.0f;
+    }
+    if (d0 < D) pp[2 + d0] = 0.0f;
+    if (d1 < D) pp[2 + d1] = 0.0f;
+    return;
+  }
+  const float* qh = q + ((size_t)t * heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qh[d];
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) rowi[j] = (u32)kv_row(tab, p0 + j, bs);
+  __syncthreads();
+  const KT* kb = kc + (size_t)kvh * D;
+  const KT* vb = vc + (size_t)kvh * D;
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) ps[j] = kdot(kb + (size_t)rowi[j] * kvDim, qs, D) * scale;
+  __syncthreads();
+  float cm = -3.0e38f;
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
+  float m = block_max(cm, scratch);
+  float ls = 0.0f;
+  __syncthreads();
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) {
+    float p = expf(ps[j] - m);
+    ps[j] = p;
+    ls += p;
+  }
+  float l = block_sum(ls, scratch);  // its barriers make every ps[j] visible
+  float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 8
+  for (int j = 0; j < cl; j++) {
+    const KT* vr = vb + (size_t)rowi[j] * kvDim;
+    float p = ps[j];
+    if (d0 < D) acc0 = fmaf(p, ldkv(vr, d0), acc0);
+    if (d1 < D) acc1 = fmaf(p, ldkv(vr, d1), acc1);
+  }
+  if (threadIdx.x == 0) {
+    pp[0] = m;
+    pp[1] = l;
+  }
+  if (d0 < D) pp[2 + d0] = acc0;
+  if (d1 < D) pp[2 + d1] = acc1;
+}
+
+// attn_paged_merge: out [n][heads][D] from the splits of attn_paged.
+//   grid (heads, n), block 128
+KERNEL void attn_paged_merge(float* out, const float* part, int heads, int D, int splits) {
+  size_t th = (size_t)blockIdx.y * heads + blockIdx.x;
+  paged_finish(out + th * D, part + th * splits * (D + 2), D, splits);
+}
+
+#define PAGED_KERNELS(sfx, KT)                                                                               \
+  KERNEL void kv_store_paged_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int bs, \
+                                   const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {       \
+    kv_store_paged<KT>(kc, vc, k, v, n, kvDim, bs, pos, seq, toff, tabs);                                    \
+  }                                                                                                          \
+  KERNEL void __launch_bounds__(128)                                                                         \
+      attn_paged_##sfx(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D, \
+                       float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs) { \
+    attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs);                     \
+  }
+PAGED_KERNELS(f16, u16)
+PAGED_KERNELS(f32, float)

@@ -601,6 +601,43 @@ KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
   q8_group(i < n ? x[i] : 0.0f, i, n, q, d);
 }
 
+// q4k_q8_term is one lane's share of one Q4_K super-block (header hd,
+// codes q: this lane's 16 bytes) against its 8-bit x (xl, xh with scales
+// dx1, dx2). Every Q4_K kernel on 8-bit activations adds exactly this to
+// its running sum, one super-block after another in the same order, so a
+// row's result does not depend on the kernel (q4k_q8_rows for one vector,
+// mv_q4_k_x for several): the batch invariance of MatMul rests on it.
+//   = d·sc·(dx·Σ q·qx) − dmin·m·(dx·Σ qx) over the lane's two sub-blocks
+DEV float q4k_q8_term(uint4 hd, uint4 q, uint4 xl, uint4 xh, float dx1, float dx2, int p0, int sh) {
+  const int ones = 0x01010101;
+  int sxl = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
+  int sxh = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, 0))));
+  float fl = dx1 * (float)sxl, fh = dx2 * (float)sxh;  // Σx of this lane's halves
+  float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
+  u32 sc1, m1, sc2, m2;
+  {
+    u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
+    u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
+    if (p0 < 4) {
+      sc1 = Y & 63; m1 = Z & 63;
+      sc2 = Y2 & 63; m2 = Z2 & 63;
+    } else {
+      sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
+      sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
+    }
+  }
+  int il = dp4a((int)(q.x & 0x0F0F0F0Fu), (int)xl.x, 0);
+  il = dp4a((int)(q.y & 0x0F0F0F0Fu), (int)xl.y, il);
+  il = dp4a((int)(q.z & 0x0F0F0F0Fu), (int)xl.z, il);
+  il = dp4a((int)(q.w & 0x0F0F0F0Fu), (int)xl.w, il);
+  int ih = dp4a((int)((q.x >> 4) & 0x0F0F0F0Fu), (int)xh.x, 0);
+  ih = dp4a((int)((q.y >> 4) & 0x0F0F0F0Fu), (int)xh.y, ih);
+  ih = dp4a((int)((q.z >> 4) & 0x0F0F0F0Fu), (int)xh.z, ih);
+  ih = dp4a((int)((q.w >> 4) & 0x0F0F0F0Fu), (int)xh.w, ih);
+  return d * (u2f_small(sc1) * dx1 * (float)il + u2f_small(sc2) * dx2 * (float)ih) -
+         dmin * (u2f_small(m1) * fl + u2f_small(m2) * fh);
+}
+
 // Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
 // of eight takes qs[16j…16j+15]: 16 values of sub-block 2c and 16 of 2c+1).
 //   y = Σ_sub d·sc·(dx·Σ q·qx) − dmin·m·(dx·Σ qx)
@@ -639,37 +676,8 @@ DEV void q4k_q8_rows(const u8* const (&wr)[R], const i8* __restrict__ xq, const 
         if (sb >= nsb) break;
         uint4 xl = xlv[u], xh = xhv[u];
         float dx1 = xd[sb * 8 + p0], dx2 = xd[sb * 8 + p0 + 1];
-        const int ones = 0x01010101;
-        int sxl = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
-        int sxh = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, 0))));
-        float fl = dx1 * (float)sxl, fh = dx2 * (float)sxh;  // Σx of this lane's halves
   #pragma unroll
-        for (int r = 0; r < R; r++) {
-          uint4 hd = hdv[u][r], q = qv[u][r];
-          float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
-          u32 sc1, m1, sc2, m2;
-          {
-            u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
-            u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
-            if (p0 < 4) {
-              sc1 = Y & 63; m1 = Z & 63;
-              sc2 = Y2 & 63; m2 = Z2 & 63;
-            } else {
-              sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
-              sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
-            }
-          }
-          int il = dp4a((int)(q.x & 0x0F0F0F0Fu), (int)xl.x, 0);
-          il = dp4a((int)(q.y & 0x0F0F0F0Fu), (int)xl.y, il);
-          il = dp4a((int)(q.z & 0x0F0F0F0Fu), (int)xl.z, il);
-          il = dp4a((int)(q.w & 0x0F0F0F0Fu), (int)xl.w, il);
-          int ih = dp4a((int)((q.x >> 4) & 0x0F0F0F0Fu), (int)xh.x, 0);
-          ih = dp4a((int)((q.y >> 4) & 0x0F0F0F0Fu), (int)xh.y, ih);
-          ih = dp4a((int)((q.z >> 4) & 0x0F0F0F0Fu), (int)xh.z, ih);
-          ih = dp4a((int)((q.w >> 4) & 0x0F0F0F0Fu), (int)xh.w, ih);
-          acc[r] += d * (u2f_small(sc1) * dx1 * (float)il + u2f_small(sc2) * dx2 * (float)ih) -
-                    dmin * (u2f_small(m1) * fl + u2f_small(m2) * fh);
-        }
+        for (int r = 0; r < R; r++) acc[r] += q4k_q8_term(hdv[u][r], qv[u][r], xl, xh, dx1, dx2, p0, sh);
       }
     }
   }
@@ -735,6 +743,52 @@ KERNEL void mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y
   mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
 
+// q6_q8_term is one lane's share of one Q6_K super-block (its words of the
+// low bits a, b, high bits h, scales s01, s23 and the block scale d)
+// against its 8-bit x (xv with scales dxk and code sums sx). Every Q6_K
+// kernel on 8-bit activations adds exactly this, super-block after
+// super-block in the same order, so a row's result does not depend on the
+// kernel (see q4k_q8_term).
+DEV float q6_q8_term(const u32* a, const u32* b, const u32* h, u32 s01, u32 s23, float d, int t, const uint4* xv,
+                     const float* dxk, const int* sx) {
+  const float SB = 8388608.0f + 128.0f;
+  float sck[4];
+  sck[0] = BYTE_F(s01 ^ 0x80808080u, 0 + t) - SB;
+  sck[1] = BYTE_F(s01 ^ 0x80808080u, 2 + t) - SB;
+  sck[2] = BYTE_F(s23 ^ 0x80808080u, 0 + t) - SB;
+  sck[3] = BYTE_F(s23 ^ 0x80808080u, 2 + t) - SB;
+  int ik[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int g = 0; g < 4; g++) {
+    u32 wa = a[g], wb = b[g], wh = h[g];
+    u32 xg0 = g == 0 ? xv[0].x : g == 1 ? xv[0].y : g == 2 ? xv[0].z : xv[0].w;
+    u32 xg1 = g == 0 ? xv[1].x : g == 1 ? xv[1].y : g == 2 ? xv[1].z : xv[1].w;
+    u32 xg2 = g == 0 ? xv[2].x : g == 1 ? xv[2].y : g == 2 ? xv[2].z : xv[2].w;
+    u32 xg3 = g == 0 ? xv[3].x : g == 1 ? xv[3].y : g == 2 ? xv[3].z : xv[3].w;
+    ik[0] = dp4a((int)((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u)), (int)xg0, ik[0]);
+    ik[1] = dp4a((int)((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u)), (int)xg1, ik[1]);
+    ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
+    ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) s += sck[k] * dxk[k] * (float)(ik[k] - 32 * sx[k]);
+  return d * s;
+}
+
+// q6_q8_x loads one lane's 8-bit x of super-block sb (see mv_q6_k_q8).
+DEV void q6_q8_x(const i8* __restrict__ xq, const float* __restrict__ xd, int sb, int n, int t, uint4* xv,
+                 float* dxk, int* sx) {
+  const i8* xb = xq + (size_t)sb * 256 + 128 * n + 16 * t;
+  const int ones = 0x01010101;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    xv[k] = *(const uint4*)(xb + 32 * k);
+    dxk[k] = xd[sb * 8 + 4 * n + k];
+    sx[k] = dp4a(ones, xv[k].x, dp4a(ones, xv[k].y, dp4a(ones, xv[k].z, dp4a(ones, xv[k].w, 0))));
+  }
+}
+
 // Q6_K · q8 x, R rows per warp, lanes as in mv_q6_k_fast (lane 2n+t of
 // four takes elements 128n + 32k + 16t + i). Codes are q − 32:
 //   Σ (q−32)·qx = Σ q·qx − 32·Σ qx
@@ -783,30 +837,7 @@ static __device__ void mv_q6_k_q8(const u8* __restrict__ w, const i8* __restrict
   #pragma unroll
         for (int r = 0; r < R; r++) {
           const Q6Words& q = cur[u][r];
-          float d = h2f((u16)q.d);
-          const float S = 8388608.0f + 128.0f;
-          float sck[4];
-          sck[0] = BYTE_F(q.s01 ^ 0x80808080u, 0 + t) - S;
-          sck[1] = BYTE_F(q.s01 ^ 0x80808080u, 2 + t) - S;
-          sck[2] = BYTE_F(q.s23 ^ 0x80808080u, 0 + t) - S;
-          sck[3] = BYTE_F(q.s23 ^ 0x80808080u, 2 + t) - S;
-          int ik[4] = {0, 0, 0, 0};
-  #pragma unroll
-          for (int g = 0; g < 4; g++) {
-            u32 wa = q.a[g], wb = q.b[g], wh = q.h[g];
-            u32 xg0 = g == 0 ? xv[0].x : g == 1 ? xv[0].y : g == 2 ? xv[0].z : xv[0].w;
-            u32 xg1 = g == 0 ? xv[1].x : g == 1 ? xv[1].y : g == 2 ? xv[1].z : xv[1].w;
-            u32 xg2 = g == 0 ? xv[2].x : g == 1 ? xv[2].y : g == 2 ? xv[2].z : xv[2].w;
-            u32 xg3 = g == 0 ? xv[3].x : g == 1 ? xv[3].y : g == 2 ? xv[3].z : xv[3].w;
-            ik[0] = dp4a((int)((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u)), (int)xg0, ik[0]);
-            ik[1] = dp4a((int)((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u)), (int)xg1, ik[1]);
-            ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
-            ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
-          }
-          float s = 0.0f;
-  #pragma unroll
-          for (int k = 0; k < 4; k++) s += sck[k] * dxk[k] * (float)(ik[k] - 32 * sx[k]);
-          acc[r] += d * s;
+          acc[r] += q6_q8_term(q.a, q.b, q.h, q.s01, q.s23, h2f((u16)q.d), t, xv, dxk, sx);
         }
       }
     }
@@ -897,30 +928,7 @@ DEV void q6_run(const u8* st, int S, const i8* __restrict__ xq, const float* __r
     sh_words<4>(pal + 64 * n + 16 * t + 32, sh, b);
     sh_words<4>(pal + 128 + 32 * n + 16 * t, sh, h);
     sh_words<2>(pal + 192 + 8 * n, sh, sc);
-    float d = h2f(*(const u16*)(bp + 208));
-    const float SB = 8388608.0f + 128.0f;
-    float sck[4];
-    sck[0] = BYTE_F(sc[0] ^ 0x80808080u, 0 + t) - SB;
-    sck[1] = BYTE_F(sc[0] ^ 0x80808080u, 2 + t) - SB;
-    sck[2] = BYTE_F(sc[1] ^ 0x80808080u, 0 + t) - SB;
-    sck[3] = BYTE_F(sc[1] ^ 0x80808080u, 2 + t) - SB;
-    int ik[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int g = 0; g < 4; g++) {
-      u32 wa = a[g], wb = b[g], wh = h[g];
-      u32 xg0 = g == 0 ? xv[0].x : g == 1 ? xv[0].y : g == 2 ? xv[0].z : xv[0].w;
-      u32 xg1 = g == 0 ? xv[1].x : g == 1 ? xv[1].y : g == 2 ? xv[1].z : xv[1].w;
-      u32 xg2 = g == 0 ? xv[2].x : g == 1 ? xv[2].y : g == 2 ? xv[2].z : xv[2].w;
-      u32 xg3 = g == 0 ? xv[3].x : g == 1 ? xv[3].y : g == 2 ? xv[3].z : xv[3].w;
-      ik[0] = dp4a((int)((wa & 0x0F0F0F0Fu) | ((wh << 4) & 0x30303030u)), (int)xg0, ik[0]);
-      ik[1] = dp4a((int)((wb & 0x0F0F0F0Fu) | ((wh << 2) & 0x30303030u)), (int)xg1, ik[1]);
-      ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
-      ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) s += sck[kk] * dxk[kk] * (float)(ik[kk] - 32 * sx[kk]);
-    acc[r] += d * s;
+    acc[r] += q6_q8_term(a, b, h, sc[0], sc[1], h2f(*(const u16*)(bp + 208)), t, xv, dxk, sx);
   }
 }
 
@@ -1271,3 +1279,229 @@ MV_B32(q4_1, B8Q4_1)
 MV_B32(q5_0, B8Q5_0)
 MV_B32(q5_1, B8Q5_1)
 MV_B32(q8_0, B8Q8_0)
+
+// ---- several activation rows on 8-bit activations (batched decode) ----------
+//
+// y [nx][rows] = x [nx][cols] · wᵀ for nx ≤ 8 rows of x quantized to 8 bits
+// (row v's codes at xq + v·cols, its scales at xd + v·cols/32): one weight
+// row per warp, each weight block read once for all nx rows, which is the
+// throughput of continuous batching (16 decoding sequences cost two reads
+// of the weights, not sixteen). Batch invariance (kernels.Batcher): every
+// row of x gets the sum the one-vector kernel of its type gives it, bit for
+// bit, because each lane visits the same super-blocks (or blocks) in the
+// same order, adds the same term (q4k_q8_term, q6_q8_term, B::dot) to its
+// running sum and the warp reduces the same way (warp_sum); which rows
+// share a warp, or how many there are, changes none of it.
+//   grid: any (grid-stride over rows), block 128
+
+// Q4_K: lanes as in q4k_q8_rows, R weight rows per warp (each x load
+// serves R rows: the x traffic through L1, eight times the weight traffic
+// at eight rows of x, is what limits these kernels), the next super-block's
+// weights loaded during this one's arithmetic.
+template <int R, int NX>
+static __device__ void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols, int nx) {
+  int lane = threadIdx.x % warpSize;
+  int nsb = cols / 256;
+  int step = warpSize / 8;
+  int j = lane & 7, c = j >> 1, p0 = 2 * c;
+  int xo = 64 * c + 16 * (j & 1);
+  int sh = 8 * (p0 & 3);
+  size_t rb = (size_t)nsb * 144;
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    const u8* wr[R];
+    float acc[R][NX];
+    uint4 hdn[R], qn[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int v = 0; v < NX; v++) acc[r][v] = 0.0f;
+      const u8* bp = wr[r] + (size_t)min(lane >> 3, nsb - 1) * 144;
+      hdn[r] = ld16w<true>(bp);
+      qn[r] = ld16w<true>(bp + 16 + 16 * j);
+    }
+    for (int sb = lane >> 3; sb < nsb; sb += step) {
+      uint4 hd[R], q[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        hd[r] = hdn[r];
+        q[r] = qn[r];
+      }
+      if (sb + step < nsb) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const u8* bp = wr[r] + (size_t)(sb + step) * 144;
+          hdn[r] = ld16w<true>(bp);
+          qn[r] = ld16w<true>(bp + 16 + 16 * j);
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          const i8* xr = xq + (size_t)v * cols + (size_t)sb * 256 + xo;
+          const float* dr = xd + (size_t)v * (cols / 32) + sb * 8 + p0;
+          uint4 xl = *(const uint4*)xr, xh = *(const uint4*)(xr + 32);
+          float dx1 = dr[0], dx2 = dr[1];
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[r][v] += q4k_q8_term(hd[r], q[r], xl, xh, dx1, dx2, p0, sh);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          float s = warp_sum(acc[r][v]);
+          if (lane == 0 && row0 + r < rows) y[(size_t)v * rows + row0 + r] = s;
+        }
+      }
+    }
+  }
+}
+
+// Q6_K: lanes as in mv_q6_k_q8 (the fields loaded straight from global),
+// R weight rows per warp.
+template <int R, int NX>
+static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                  float* __restrict__ y, int rows, int cols, int nx) {
+  int lane = threadIdx.x % warpSize;
+  int nsb = cols / 256;
+  int step = warpSize / 4;
+  size_t rb = (size_t)nsb * 210;
+  int t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R; row0 < rows;
+       row0 += gridDim.x * (blockDim.x / warpSize) * R) {
+    const u8* wr[R];
+    float acc[R][NX];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+#pragma unroll
+      for (int v = 0; v < NX; v++) acc[r][v] = 0.0f;
+    }
+    for (int sb = lane >> 2; sb < nsb; sb += step) {
+      Q6Words q[R];
+      float d[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        q6_load(q[r], wr[r] + (size_t)sb * 210, n, t);
+        d[r] = h2f((u16)q[r].d);
+      }
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          uint4 xv[4];
+          float dxk[4];
+          int sx[4];
+          q6_q8_x(xq + (size_t)v * cols, xd + (size_t)v * (cols / 32), sb, n, t, xv, dxk, sx);
+#pragma unroll
+          for (int r = 0; r < R; r++)
+            acc[r][v] += q6_q8_term(q[r].a, q[r].b, q[r].h, q[r].s01, q[r].s23, d[r], t, xv, dxk, sx);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          float s = warp_sum(acc[r][v]);
+          if (lane == 0 && row0 + r < rows) y[(size_t)v * rows + row0 + r] = s;
+        }
+      }
+    }
+  }
+}
+
+// 32-element blocks: as mv_b32_q8 with one weight row per warp (its runs
+// staged through shared memory), every staged block used for all nx rows.
+template <class B, int NX>
+static __device__ void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                 float* __restrict__ y, int rows, int cols, int nx) {
+  __shared__ __attribute__((aligned(16))) u8 stage[128 * B::BB + 16];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  int run = warpSize * B::BB;
+  int n16 = run / 16;
+  u8* st = stage + warp * run;
+  int nb = cols / 32;
+  size_t rb = (size_t)nb * B::BB;
+  for (int row = blockIdx.x * (blockDim.x / warpSize) + warp; row < rows; row += gridDim.x * (blockDim.x / warpSize)) {
+    const u8* wr = w + (size_t)row * rb;
+    float acc[NX];
+    uint4 buf[3];
+#pragma unroll
+    for (int v = 0; v < NX; v++) acc[v] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 3; m++) {
+      int i = lane + m * warpSize;
+      if (i < n16) buf[m] = ld16w<true>(wr + 16 * (size_t)i);
+    }
+    for (int b0 = 0; b0 < nb; b0 += warpSize) {
+      WARP_SYNC();
+#pragma unroll
+      for (int m = 0; m < 3; m++) {
+        int i = lane + m * warpSize;
+        if (i < n16) ((uint4*)st)[i] = buf[m];
+      }
+      if (b0 + warpSize < nb) {
+#pragma unroll
+        for (int m = 0; m < 3; m++) {
+          int i = lane + m * warpSize;
+          if (i < n16) buf[m] = ld16w<true>(wr + (size_t)(b0 + warpSize) * B::BB + 16 * (size_t)i);
+        }
+      }
+      WARP_SYNC();
+      int bi = b0 + lane;
+      const int ones = 0x01010101;
+#pragma unroll
+      for (int v = 0; v < NX; v++) {
+        if (v < nx) {
+          const i8* xr = xq + (size_t)v * cols + (size_t)bi * 32;
+          uint4 xl = *(const uint4*)xr, xh = *(const uint4*)(xr + 16);
+          float dx = xd[(size_t)v * nb + bi];
+          int sx = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
+          sx = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, sx))));
+          acc[v] += B::dot(st, lane * B::BB, xl, xh, sx, dx);
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NX; v++) {
+      if (v < nx) {
+        float s = warp_sum(acc[v]);
+        if (lane == 0) y[(size_t)v * rows + row] = s;
+      }
+    }
+  }
+}
+
+// mv_{type}_x8: up to 8 rows of 8-bit x per launch; Q4_K and Q6_K with two
+// weight rows per warp (x{NX}r{R}: NX rows of x, R weight rows per warp).
+// On the H100 at the 8B shapes, R = 2 beat R = 1 and R = 4 for both types
+// (Q6_K by 1.4x), and 16 rows of x per launch beat 8 for Q4_K from 16 rows
+// on (bench/results/2026-11-25-batch-matmul-h100.md).
+KERNEL void __launch_bounds__(128)
+    mv_q4_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q4_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
+}
+KERNEL void __launch_bounds__(128)
+    mv_q4_k_x16r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q4_k_xn<2, 16>(w, xq, xd, y, rows, cols, nx);
+}
+KERNEL void __launch_bounds__(128)
+    mv_q6_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  mv_q6_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
+}
+#define MV_B32X(name, B)                                                                                       \
+  KERNEL void __launch_bounds__(128)                                                                           \
+      mv_##name##_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
+    mv_b32_xn<B, 8>(w, xq, xd, y, rows, cols, nx);                                                             \
+  }
+MV_B32X(q4_0, B8Q4_0)
+MV_B32X(q4_1, B8Q4_1)
+MV_B32X(q5_0, B8Q5_0)
+MV_B32X(q5_1, B8Q5_1)
+MV_B32X(q8_0, B8Q8_0)

@@ -20,9 +20,19 @@ KERNEL void rmsnorm(float* dst, const float* x, const float* w, int cols, float 
 // that always comes before a norm in a block). With q, the normalised row
 // is also quantized to 8-bit blocks of 32 (codes q, scales d; cols a
 // multiple of 32), the input of the matrix–vector products that follow.
+// Block b takes row b of [gridDim.x][cols]: a batched step's rows each get
+// exactly the arithmetic of a row alone (batch invariance).
 KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
                                                 float eps, i8* q, float* d) {
   __shared__ float scratch[32];
+  size_t ro = (size_t)blockIdx.x * cols;
+  dst += ro;
+  x += ro;
+  if (r) r += ro;
+  if (q) {
+    q += ro;
+    d += ro / 32;
+  }
   float s = 0.0f;
   if (r) {
 #pragma unroll 4
@@ -101,6 +111,23 @@ KERNEL void add_bias(float* x, const float* b, int n, int cols) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) x[i] += b[i % cols];
 }
 
+// rope_pair rotates pair p of head h of token t at position pos (the
+// arithmetic of both rope and rope_at, so the two agree bit for bit).
+DEV void rope_pair(float* x, int t, int h, int p, int pos, int heads, int headDim, int dim, float base, float scale,
+                   const float* freqs, int neox) {
+  int half = dim / 2;
+  double ang = (double)pos * (double)scale * pow((double)base, -2.0 * p / (double)dim);
+  if (freqs) ang /= (double)freqs[p];
+  double s, c;
+  sincos(ang, &s, &c);
+  float* hx = x + ((size_t)t * heads + h) * headDim;
+  int i0 = neox ? p : 2 * p;
+  int i1 = neox ? p + half : 2 * p + 1;
+  float x0 = hx[i0], x1 = hx[i1];
+  hx[i0] = (float)(x0 * c - x1 * s);
+  hx[i1] = (float)(x0 * s + x1 * c);
+}
+
 // RoPE in place, one thread per rotated pair.
 //   x [n][heads][headDim]; pairs i < dim/2 of each head; token t at pos0+t.
 // posp, when set, holds pos0 in device memory (a replayed decode graph).
@@ -116,16 +143,21 @@ KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, flo
     int p = i % half;
     int h = (i / half) % heads;
     int t = i / (half * heads);
-    double ang = (double)(pos0 + t) * (double)scale * pow((double)base, -2.0 * p / (double)dim);
-    if (freqs) ang /= (double)freqs[p];
-    double s, c;
-    sincos(ang, &s, &c);
-    float* hx = x + ((size_t)t * heads + h) * headDim;
-    int i0 = neox ? p : 2 * p;
-    int i1 = neox ? p + half : 2 * p + 1;
-    float x0 = hx[i0], x1 = hx[i1];
-    hx[i0] = (float)(x0 * c - x1 * s);
-    hx[i1] = (float)(x0 * s + x1 * c);
+    rope_pair(x, t, h, p, pos0 + t, heads, headDim, dim, base, scale, freqs, neox);
+  }
+}
+
+// rope_at is rope with token t at position pos[t] (a batched step's rows,
+// each from its own sequence).
+KERNEL void rope_at(float* x, int n, int heads, int headDim, const i32* pos, int dim, float base, float scale,
+                    const float* freqs, int neox) {
+  int half = dim / 2;
+  int total = n * heads * half;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int p = i % half;
+    int h = (i / half) % heads;
+    int t = i / (half * heads);
+    rope_pair(x, t, h, p, pos[t], heads, headDim, dim, base, scale, freqs, neox);
   }
 }
 

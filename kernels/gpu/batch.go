@@ -1,0 +1,543 @@
+package gpu
+
+// Continuous batching on the GPU (kernels.Batcher): a paged KV pool, the
+// per-row layout of a step in device buffers, RoPE at per-row positions,
+// attention through block tables, and a MatMul whose rows up to
+// kernels.MaxBatchRows come out bit for bit as they would alone.
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
+)
+
+var _ kernels.Batcher = (*Backend)(nil)
+
+// pagedSplit is attn.cu's PAGED_SPLIT: the positions one block of
+// attn_paged covers.
+const pagedSplit = 256
+
+// mxRows is how many activation rows one launch of the generic matvec
+// kernel mv_{type} multiplies (its MV_MAXNX).
+const mxRows = mvMaxN
+
+// kvPool is a KVPool's storage: for each layer, keys then values, each
+// [blocks·blockSize][kvDim] elements of esize bytes (as kvBuf, with a
+// block's positions as consecutive rows).
+type kvPool struct {
+	base  rocm.DevPtr
+	size  int64
+	esize int
+}
+
+// NewKVPool allocates a zeroed pool (f16, or f32 with Options.KVF32).
+func (b *Backend) NewKVPool(layers, blocks, blockSize, kvDim int) (*kernels.KVPool, error) {
+	if layers <= 0 || blocks <= 0 || blockSize <= 0 || kvDim <= 0 {
+		return nil, fmt.Errorf("gpu: kv pool %d layers × %d blocks × %d positions × %d", layers, blocks, blockSize, kvDim)
+	}
+	if int64(blocks)*int64(blockSize) > math.MaxInt32 {
+		return nil, fmt.Errorf("gpu: kv pool of %d blocks × %d positions: the kernels index rows with 32 bits", blocks, blockSize)
+	}
+	es := 2
+	if b.opts.KVF32 {
+		es = 4
+	}
+	size := int64(layers) * 2 * int64(blocks) * int64(blockSize) * int64(kvDim) * int64(es)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var p rocm.DevPtr
+	err := b.do(func(c *rocm.Ctx) error {
+		var err error
+		if p, err = c.Malloc(size); err != nil {
+			return err
+		}
+		return c.MemsetD8Async(p, 0, int(size), b.stream)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: kv pool of %d bytes: %w", size, err)
+	}
+	return &kernels.KVPool{Layers: layers, Blocks: blocks, BlockSize: blockSize, KVDim: kvDim,
+		Impl: &kvPool{base: p, size: size, esize: es}}, nil
+}
+
+// FreeKVPool releases a pool made by NewKVPool (after the work queued on
+// it).
+func (b *Backend) FreeKVPool(p *kernels.KVPool) {
+	if p == nil {
+		return
+	}
+	kp, ok := p.Impl.(*kvPool)
+	if !ok || kp.base == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := b.do(func(c *rocm.Ctx) error {
+		if err := c.SyncStream(b.stream); err != nil {
+			return err
+		}
+		return c.Free(kp.base, kp.size)
+	})
+	if err != nil {
+		slog.Error("gpu: free kv pool", "err", err)
+	}
+	kp.base = 0
+	p.Impl = nil
+}
+
+// layoutState is the step layout on the device: one buffer of int32 with
+// fixed regions, pos [rowCap], seq [rowCap], the offset of each sequence's
+// table in tabs [seqCap], then tabs [tabCap] (the tables one after the
+// other). Its address and regions change only when a layout outgrows them,
+// so a later recorded step can replay with only the contents changing.
+// Each SetLayout fills one of two pinned staging buffers and queues one
+// copy from it; before a staging buffer is filled again, the copy queued
+// from it last time is waited for (an event), which is long done unless
+// the host runs two steps ahead.
+type layoutState struct {
+	dev                    rocm.DevPtr
+	devSize                int64
+	rowCap, seqCap, tabCap int
+	host                   [2]*rocm.HostBuf
+	ev                     [2]rocm.Event
+	evUsed                 [2]bool
+	next                   int
+
+	// The host's copy of the current layout, for the ops' checks.
+	set      bool
+	pos      []int32
+	seq      []int32
+	tabLen   []int32
+	maxBlock int32
+}
+
+func (l *layoutState) posPtr() rocm.DevPtr { return l.dev }
+func (l *layoutState) seqPtr() rocm.DevPtr { return l.dev + rocm.DevPtr(4*l.rowCap) }
+func (l *layoutState) toffPtr() rocm.DevPtr {
+	return l.dev + rocm.DevPtr(4*2*l.rowCap)
+}
+func (l *layoutState) tabsPtr() rocm.DevPtr {
+	return l.dev + rocm.DevPtr(4*(2*l.rowCap+l.seqCap))
+}
+
+func pow2AtLeast(n, lo int) int {
+	c := lo
+	for c < n {
+		c *= 2
+	}
+	return c
+}
+
+// SetLayout copies l to the device, in queue order: the RoPEAt and
+// PagedAttention ops queued after it read it.
+func (b *Backend) SetLayout(l *kernels.Layout) error {
+	if l == nil || len(l.Pos) == 0 {
+		return fmt.Errorf("gpu: set layout: no rows")
+	}
+	n := len(l.Pos)
+	if len(l.Seq) != n {
+		return fmt.Errorf("gpu: set layout: %d positions for %d sequence ids", n, len(l.Seq))
+	}
+	for i := range n {
+		if l.Pos[i] < 0 {
+			return fmt.Errorf("gpu: set layout: row %d at position %d", i, l.Pos[i])
+		}
+		if l.Seq[i] < 0 || int(l.Seq[i]) >= len(l.Tables) {
+			return fmt.Errorf("gpu: set layout: row %d of sequence %d, but %d tables", i, l.Seq[i], len(l.Tables))
+		}
+	}
+	total := 0
+	maxBlock := int32(-1)
+	for s, tab := range l.Tables {
+		total += len(tab)
+		for _, blk := range tab {
+			if blk < 0 {
+				return fmt.Errorf("gpu: set layout: sequence %d lists block %d", s, blk)
+			}
+			maxBlock = max(maxBlock, blk)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.step.capturing {
+		return fmt.Errorf("gpu: set layout while capturing a decode step")
+	}
+	ls := &b.lay
+	err := b.do(func(c *rocm.Ctx) error {
+		if n > ls.rowCap || len(l.Tables) > ls.seqCap || total > ls.tabCap {
+			if err := b.growLayout(c, n, len(l.Tables), total); err != nil {
+				return err
+			}
+		}
+		k := ls.next
+		ls.next ^= 1
+		if ls.evUsed[k] {
+			if err := c.SyncEvent(ls.ev[k]); err != nil {
+				return err
+			}
+		}
+		buf := ls.host[k].Bytes()
+		put := func(i int, v int32) {
+			buf[4*i], buf[4*i+1], buf[4*i+2], buf[4*i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		}
+		for i := range n {
+			put(i, l.Pos[i])
+			put(ls.rowCap+i, l.Seq[i])
+		}
+		o := 0
+		for s, tab := range l.Tables {
+			put(2*ls.rowCap+s, int32(o))
+			for j, blk := range tab {
+				put(2*ls.rowCap+ls.seqCap+o+j, blk)
+			}
+			o += len(tab)
+		}
+		used := 4 * (2*ls.rowCap + ls.seqCap + total)
+		if err := c.CopyHtoDAsync(ls.dev, ls.host[k].Ptr, used, b.stream); err != nil {
+			return fmt.Errorf("gpu: set layout: %w", err)
+		}
+		if err := c.Record(ls.ev[k], b.stream); err != nil {
+			return fmt.Errorf("gpu: set layout: %w", err)
+		}
+		ls.evUsed[k] = true
+		return nil
+	})
+	if err != nil {
+		ls.set = false
+		return err
+	}
+	ls.set = true
+	ls.pos = append(ls.pos[:0], l.Pos...)
+	ls.seq = append(ls.seq[:0], l.Seq...)
+	ls.tabLen = ls.tabLen[:0]
+	for _, tab := range l.Tables {
+		ls.tabLen = append(ls.tabLen, int32(len(tab)))
+	}
+	ls.maxBlock = maxBlock
+	return nil
+}
+
+// growLayout reallocates the layout buffers for at least rows rows, seqs
+// sequences and tabs table entries (capacities in powers of two), after
+// the work that may still read the old ones.
+func (b *Backend) growLayout(c *rocm.Ctx, rows, seqs, tabs int) error {
+	ls := &b.lay
+	if err := c.SyncStream(b.stream); err != nil {
+		return err
+	}
+	rowCap := pow2AtLeast(max(rows, ls.rowCap), kernels.MaxBatchRows)
+	seqCap := pow2AtLeast(max(seqs, ls.seqCap), 64)
+	tabCap := pow2AtLeast(max(tabs, ls.tabCap), 1024)
+	ls.rowCap, ls.seqCap, ls.tabCap = 0, 0, 0 // until everything below is there
+	if err := b.freeLayout(c); err != nil {
+		return err
+	}
+	size := 4 * (2*rowCap + seqCap + tabCap)
+	fail := func(err error) error {
+		if ferr := b.freeLayout(c); ferr != nil {
+			slog.Error("gpu: free layout buffers", "err", ferr)
+		}
+		return fmt.Errorf("gpu: layout buffers of %d bytes: %w", size, err)
+	}
+	p, err := c.Malloc(int64(size))
+	if err != nil {
+		return fail(err)
+	}
+	ls.dev, ls.devSize = p, int64(size)
+	for k := range ls.host {
+		if ls.host[k], err = c.HostAlloc(size); err != nil {
+			return fail(err)
+		}
+		if ls.ev[k], err = c.NewEvent(false); err != nil {
+			return fail(err)
+		}
+	}
+	ls.rowCap, ls.seqCap, ls.tabCap = rowCap, seqCap, tabCap
+	return nil
+}
+
+// freeLayout releases the layout buffers (the stream must be idle).
+func (b *Backend) freeLayout(c *rocm.Ctx) error {
+	ls := &b.lay
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if ls.dev != 0 {
+		keep(c.Free(ls.dev, ls.devSize))
+		ls.dev, ls.devSize = 0, 0
+	}
+	for k := range ls.host {
+		if ls.host[k] != nil {
+			keep(c.FreeHost(ls.host[k]))
+			ls.host[k] = nil
+		}
+		if ls.ev[k] != 0 {
+			keep(c.DestroyEvent(ls.ev[k]))
+			ls.ev[k] = 0
+		}
+		ls.evUsed[k] = false
+	}
+	ls.set = false
+	return first
+}
+
+// checkLayout checks that the current layout covers n rows.
+func (b *Backend) checkLayout(op string, n int) error {
+	if !b.lay.set {
+		return fmt.Errorf("gpu: %s: no layout (SetLayout)", op)
+	}
+	if n > len(b.lay.pos) {
+		return fmt.Errorf("gpu: %s: %d rows, but the layout has %d", op, n, len(b.lay.pos))
+	}
+	return nil
+}
+
+// RoPEAt rotates n rows of heads×headDim values in place, row i at
+// position Layout.Pos[i] (the same arithmetic as RoPE).
+func (b *Backend) RoPEAt(x kernels.Tensor, n, heads, headDim int, r kernels.Rope) error {
+	dim := r.Dim
+	if dim == 0 {
+		dim = headDim
+	}
+	if dim <= 0 || dim%2 != 0 || dim > headDim {
+		return fmt.Errorf("gpu: rope at: rotated dimension %d must be even and within the head dimension %d", dim, headDim)
+	}
+	if heads <= 0 {
+		return fmt.Errorf("gpu: rope at: %d heads", heads)
+	}
+	if err := checkTensor("rope at: x", x, n*heads*headDim); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return nil
+	}
+	scale := r.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkLayout("rope at", n); err != nil {
+		return err
+	}
+	var fp rocm.DevPtr
+	if r.Freqs != nil {
+		var err error
+		if fp, err = b.normWeight("rope freqs", r.Freqs, dim/2); err != nil {
+			return err
+		}
+	}
+	neox := int32(0)
+	if r.NeoX {
+		neox = 1
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		var a rocm.Args
+		a.Ptr(dptr(x)).I32(int32(n)).I32(int32(heads)).I32(int32(headDim)).Ptr(b.lay.posPtr()).I32(int32(dim)).
+			F32(r.Base).F32(scale).Ptr(fp).I32(neox)
+		return b.launch(c, "rope_at", grid1(n*heads*dim/2), rocm.D1(256), &a)
+	})
+}
+
+// PagedAttention stores row i's key and value in the pool at position
+// Pos[i] of sequence Seq[i], then computes causal grouped-query attention
+// of each row over positions 0…Pos[i] of its own sequence: one block per
+// (head, row, split of pagedSplit positions), then one per (head, row) to
+// merge the splits. A row's result depends only on its sequence's keys,
+// values and length (the split size is fixed), never on the other rows.
+func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool, layer, n int, at kernels.Attn) error {
+	if p == nil {
+		return fmt.Errorf("gpu: paged attention: nil kv pool")
+	}
+	kp, ok := p.Impl.(*kvPool)
+	if !ok || kp.base == 0 {
+		return fmt.Errorf("gpu: paged attention: kv pool was not made by this backend (or was freed)")
+	}
+	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
+		return fmt.Errorf("gpu: paged attention: bad heads=%d kvHeads=%d headDim=%d", at.Heads, at.KVHeads, at.HeadDim)
+	}
+	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
+		return fmt.Errorf("gpu: paged attention: head dimension %d: only even sizes up to 256 are supported", at.HeadDim)
+	}
+	kvDim := at.KVHeads * at.HeadDim
+	if kvDim != p.KVDim {
+		return fmt.Errorf("gpu: paged attention: kvHeads·headDim = %d but the pool holds rows of %d", kvDim, p.KVDim)
+	}
+	if layer < 0 || layer >= p.Layers {
+		return fmt.Errorf("gpu: paged attention: layer %d out of range [0,%d)", layer, p.Layers)
+	}
+	qDim := at.Heads * at.HeadDim
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"q", q, n * qDim}, {"out", out, n * qDim}, {"k", k, n * kvDim}, {"v", v, n * kvDim}} {
+		if err := checkTensor("paged attention: "+c.what, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	if n <= 0 {
+		return nil
+	}
+	if n > 65535 {
+		return fmt.Errorf("gpu: paged attention: %d rows in one step (at most 65535)", n)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkLayout("paged attention", n); err != nil {
+		return err
+	}
+	ls := &b.lay
+	if int(ls.maxBlock) >= p.Blocks {
+		return fmt.Errorf("gpu: paged attention: the layout lists block %d of a pool of %d", ls.maxBlock, p.Blocks)
+	}
+	maxPos := int32(0)
+	for i := range n {
+		s, pos := ls.seq[i], ls.pos[i]
+		if int(pos)/p.BlockSize >= int(ls.tabLen[s]) {
+			return fmt.Errorf("gpu: paged attention: row %d at position %d of sequence %d, whose table holds %d blocks of %d",
+				i, pos, s, ls.tabLen[s], p.BlockSize)
+		}
+		maxPos = max(maxPos, pos)
+	}
+	splits := ceilDiv(int(maxPos)+1, pagedSplit)
+	sfx := "f16"
+	if kp.esize == 4 {
+		sfx = "f32"
+	}
+	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
+	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
+	vc := kc + rocm.DevPtr(layerBytes)
+	return b.do(func(c *rocm.Ctx) error {
+		b.q8Forget()
+		part, err := b.scratchBuf(c, "paged-part", int64(n)*int64(at.Heads)*int64(splits)*int64(at.HeadDim+2)*4)
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		a.Ptr(kc).Ptr(vc).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(p.BlockSize)).
+			Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+		if err := b.launch(c, "kv_store_paged_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
+			return err
+		}
+		a.Reset()
+		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
+			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+		grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
+		if err := b.launch(c, "attn_paged_"+sfx, grid, rocm.D1(128), &a); err != nil {
+			return err
+		}
+		a.Reset()
+		a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
+		return b.launch(c, "attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+	})
+}
+
+// rowKernel names the matvec family MatMul runs w with for one row (n = 1),
+// so that more rows can take the family that computes each row the same
+// way: "x8" where the one-row product is an 8-bit-activation kernel (Q4_K
+// and Q6_K on 16-byte aligned weights, the default kernel choice; Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits), whose multi-row kernels
+// (mxKernel) add the same terms in the same order; "" for the generic
+// float kernel mv_{type}, which computes each of its activation rows
+// independently whatever their number. Forcing a float-activation Q4_K/Q6_K
+// kernel through mvVariant (tests, benchmarks) breaks the pairing.
+func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
+	switch w.Type {
+	case gguf.TypeQ4_K, gguf.TypeQ6_K:
+		if uintptr(wp)%16 == 0 && w.Cols%256 == 0 {
+			return "x8"
+		}
+		return ""
+	}
+	if b.mvVariant != "g" && b.b32Fits(w, wp) {
+		return "x8"
+	}
+	return ""
+}
+
+// mxKernel returns the multi-row kernel for w's type (rowKernel "x8") and
+// n rows, the rows of x per launch and the weight rows per warp. Q4_K and
+// Q6_K kernels are named x{NX}r{R}: NX rows of x per launch, R weight rows
+// per warp (each x load serves R weight rows). On the H100 at the Llama 3
+// 8B shapes, R = 2 was the fastest (R = 1 and 4 were measured too), and
+// for Q4_K 16 rows of x per launch from 16 rows on
+// (bench/results/2026-11-25-batch-matmul-h100.md). Every variant gives
+// every row the bits of n = 1, so the choice may depend on n. mxVariant
+// overrides it (tests, benchmarks).
+func (b *Backend) mxKernel(kt string, w *kernels.Weight, n int) (name string, nx, r int) {
+	var v string
+	switch w.Type {
+	case gguf.TypeQ4_K:
+		v = "x8r2"
+		if n > 8 {
+			v = "x16r2"
+		}
+	case gguf.TypeQ6_K:
+		v = "x8r2"
+	default:
+		return "mv_" + kt + "_x8", 8, 1
+	}
+	if b.mxVariant != "" {
+		v = b.mxVariant
+	}
+	if _, err := fmt.Sscanf(v, "x%dr%d", &nx, &r); err != nil || nx <= 0 || r <= 0 {
+		nx, r, v = 8, 2, "x8r2"
+	}
+	return "mv_" + kt + "_" + v, nx, r
+}
+
+// matvecRows queues dst [n][rows] = x [n][cols] · wᵀ for 2 ≤ n ≤
+// kernels.MaxBatchRows through the multi-row matvec kernels, 8 or 16 rows
+// per launch: each row bit for bit what MatMul gives it alone (see
+// rowKernel), the weight read once per launch.
+func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
+	const block = 128
+	wpb := block / b.warp
+	if b.rowKernel(w, wp) == "" {
+		for i0 := 0; i0 < n; i0 += mxRows {
+			nx := min(mxRows, n-i0)
+			var a rocm.Args
+			a.Ptr(wp).Ptr(off(x, i0*w.Cols)).Ptr(off(dst, i0*w.Rows)).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
+			if err := b.launch(c, "mv_"+kt, rocm.D1(ceilDiv(w.Rows, wpb)), rocm.D1(block), &a); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	xq, xd, err := b.quantizeX(c, dptr(x), n*w.Cols) // row by row as for one row: groups of 32 within a row
+	if err != nil {
+		return err
+	}
+	name, group, r := b.mxKernel(kt, w, n)
+	grid := ceilDiv(w.Rows, wpb*r)
+	if perSM := 8; b.w.Device.SMs > 0 { // a grid-strided wave, as the one-row Q4_K kernel
+		grid = min(grid, perSM*b.w.Device.SMs)
+	}
+	for i0 := 0; i0 < n; i0 += group {
+		nx := min(group, n-i0)
+		var a rocm.Args
+		a.Ptr(wp).Ptr(xq + rocm.DevPtr(i0*w.Cols)).Ptr(xd + rocm.DevPtr(4*i0*(w.Cols/32))).Ptr(off(dst, i0*w.Rows)).
+			I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
+		if err := b.launch(c, name, rocm.D1(grid), rocm.D1(block), &a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchRows is the most rows MatMul multiplies row-invariantly.
+func (b *Backend) batchRows() int {
+	if b.rowsMax > 0 {
+		return b.rowsMax
+	}
+	return kernels.MaxBatchRows
+}
