@@ -69,22 +69,35 @@ type DeviceUploader struct {
 	// registration covers (default 64 MiB), under Register.
 	RegThreads int
 	RegBytes   int64
+	// Rings, if not nil, lends the staging ring (given back by Release,
+	// its copies done) instead of one pinned for this uploader alone.
+	Rings *RingPool
+	// Compute is set where other models share the context (a server's
+	// one GPU context): it returns the stream the model's kernels run on
+	// (0: none yet). Release then waits for that stream and its own
+	// copies, not for the whole device (other models' copies and kernels
+	// must not hold an eviction back), and the arena is allocated and
+	// freed in stream order (cuMemAllocAsync, cuMemFreeAsync, where the
+	// library has them): the free is queued and Release returns without
+	// waiting for the driver. nil: Release synchronises the context.
+	Compute func() rocm.Stream
 
-	mu       sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
-	released bool
-	stream   rocm.Stream
-	arena    rocm.DevPtr
-	arenaN   int64
-	reserved int64 // accounted in Mem for the arena
-	units    map[*Unit]*unitState
-	perT     map[*Tensor]rocm.DevPtr
-	perSum   int64 // accounted in Mem for perT
-	weights  map[string]*kernels.Weight
-	useReg   bool
-	planned  bool     // pieces planned (at the first pass-through upload)
-	pieces   []*piece // registration ranges in load order
-	byAddr   []*piece // the same, by address
-	regW     []*rocm.Worker
+	mu         sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
+	released   bool
+	stream     rocm.Stream
+	arena      rocm.DevPtr
+	arenaN     int64
+	arenaAsync bool  // allocated in the copy stream's order: freed the same way
+	reserved   int64 // accounted in Mem for the arena
+	units      map[*Unit]*unitState
+	perT       map[*Tensor]rocm.DevPtr
+	perSum     int64 // accounted in Mem for perT
+	weights    map[string]*kernels.Weight
+	useReg     bool
+	planned    bool     // pieces planned (at the first pass-through upload)
+	pieces     []*piece // registration ranges in load order
+	byAddr     []*piece // the same, by address
+	regW       []*rocm.Worker
 
 	stageMu sync.Mutex // guards the two below; never held while waiting
 	staging bool       // the ring and stagers are started
@@ -99,11 +112,9 @@ type DeviceUploader struct {
 	free    chan int  // staging buffers ready for a stager
 	ring    [][]byte  // staging buffers, by slot
 	ringEv  []rocm.Event
-	ringMem []byte           // the anonymous mapping the ring is carved from
-	ringReg *rocm.Registered // its registration
-	ringHB  []*rocm.HostBuf  // slots pinned by cuMemHostAlloc instead
-	regNext atomic.Int64     // registrars: the next range to claim, counting down
-	regWG   sync.WaitGroup   // the registrars
+	rng     *StagingRing   // set by pinRing: the ring, own or borrowed from Rings
+	regNext atomic.Int64   // registrars: the next range to claim, counting down
+	regWG   sync.WaitGroup // the registrars
 
 	stats     deviceStats
 	reserveAt time.Time
@@ -123,6 +134,8 @@ type DeviceStats struct {
 	Batches         int           // copy-thread round trips
 	ReclaimWait     time.Duration // copy thread waiting for a ring buffer's copy
 	RingPinTime     time.Duration // pinning the ring
+	RingReused      bool          // the ring was lent by Rings, pinned before
+	ArenaAsync      bool          // the arena was allocated in stream order
 	UnregisterTime  time.Duration // in Release
 	// From the start of Reserve: Reserve's end (arena, events, stream),
 	// the first chunk handed to Upload, the ring registered, the first and
@@ -267,7 +280,6 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 	d.free = make(chan int, d.RingBuffers)
 	d.ring = make([][]byte, d.RingBuffers)
 	d.ringEv = make([]rocm.Event, d.RingBuffers)
-	d.ringHB = make([]*rocm.HostBuf, d.RingBuffers)
 	var n int64
 	for _, u := range p.Units {
 		d.units[u] = &unitState{u: u, recorded: make(chan struct{})}
@@ -296,7 +308,15 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 			return fmt.Errorf("device uploader: copy stream: %w", err)
 		}
 		d.stream = s
-		if n > 0 {
+		if n > 0 && d.Compute != nil && c.HasAsyncAlloc() {
+			if d.arena, err = c.MallocAsync(n, s); err == nil {
+				d.arenaN, d.arenaAsync = n, true
+				d.stats.add(func(s *DeviceStats) { s.ArenaAsync = true })
+			} else {
+				slog.Debug("actors: stream-ordered arena refused; allocating it plainly", "err", err)
+			}
+		}
+		if n > 0 && d.arena == 0 {
 			if d.arena, err = c.Malloc(n); err != nil {
 				return fmt.Errorf("weight arena of %d bytes: %w", n, err)
 			}
@@ -448,80 +468,33 @@ func (d *DeviceUploader) stage(j *job) bool {
 	}
 }
 
-// pinRing makes the staging ring and hands its buffers to the stagers:
-// anonymous memory (huge pages where the kernel gives them), paged in by
-// several threads and registered with the driver in one call, a few
-// milliseconds for the whole ring; where that fails, cuMemHostAlloc one
-// buffer at a time (~1.3 GB/s).
+// pinRing makes the staging ring (see pinStagingRing), or borrows one
+// from Rings, and hands its buffers to the stagers as they become usable.
+// Without a ring nothing can be staged: the stagers fail what comes.
 func (d *DeviceUploader) pinRing() {
 	defer d.wg.Done()
 	t0 := time.Now()
-	defer func() {
-		d.stats.add(func(s *DeviceStats) { s.RingPinTime, s.RingReady = time.Since(t0), time.Since(d.reserveAt) })
-	}()
-	events := func(c *rocm.Ctx) error {
-		for i := range d.ringEv {
-			e, err := c.NewEvent(false)
-			if err != nil {
-				return err
-			}
-			d.ringEv[i] = e
-		}
-		return nil
-	}
-	if err := d.do(events); err != nil {
-		slog.Error("actors: staging ring events", "err", err)
-		d.free <- -1 // nothing can be staged: the stagers fail what comes
-		return
-	}
-	if mem := anonMemory(d.RingBuffers * d.RingBytes); mem != nil {
-		d.ringMem = mem
-		var wg sync.WaitGroup
-		for g := range min(8, d.RingBuffers) {
-			wg.Go(func() {
-				for i := g; i < d.RingBuffers; i += min(8, d.RingBuffers) {
-					populateWrite(mem[i*d.RingBytes : (i+1)*d.RingBytes])
-				}
-			})
-		}
-		wg.Wait()
-		err := d.do(func(c *rocm.Ctx) error {
-			var err error
-			d.ringReg, err = c.Register(mem, false)
-			return err
-		})
-		if err == nil {
-			for i := range d.RingBuffers {
-				d.ring[i] = mem[i*d.RingBytes : (i+1)*d.RingBytes : (i+1)*d.RingBytes]
-				d.free <- i
-			}
-			return
-		}
-		slog.Debug("actors: registering the staging ring failed; pinning with the driver's allocator", "err", err)
-	}
-	for i := range d.RingBuffers {
-		select {
-		case <-d.quit:
-			return
-		default:
-		}
-		err := d.do(func(c *rocm.Ctx) error {
-			h, err := c.HostAlloc(d.RingBytes)
-			if err != nil {
-				return err
-			}
-			d.ring[i], d.ringHB[i] = h.Bytes(), h
-			return nil
-		})
-		if err != nil {
-			if i == 0 {
-				slog.Error("actors: pinning the staging ring", "err", err)
-				d.free <- -1
-			}
-			return
-		}
+	ready := func(i int, buf []byte, ev rocm.Event) {
+		d.ring[i], d.ringEv[i] = buf, ev
 		d.free <- i
 	}
+	var r *StagingRing
+	var reused bool
+	var err error
+	if d.Rings != nil {
+		r, reused, err = d.Rings.get(d.RingBuffers, d.RingBytes, ready, d.quit)
+	} else {
+		r, err = pinStagingRing(d.W, d.RingBuffers, d.RingBytes, ready, d.quit)
+	}
+	d.stats.add(func(s *DeviceStats) {
+		s.RingPinTime, s.RingReady, s.RingReused = time.Since(t0), time.Since(d.reserveAt), reused
+	})
+	if err != nil {
+		slog.Error("actors: staging ring", "err", err)
+		d.free <- -1
+		return
+	}
+	d.rng = r
 }
 
 // stager copies queued chunks into free ring buffers and hands them to the
@@ -957,8 +930,11 @@ func (d *DeviceUploader) Weight(name string) (*kernels.Weight, bool) {
 
 // Release implements Uploader: it stops the helpers, waits for the copies
 // in flight, then frees the arena (or per-tensor buffers), the staging
-// ring, the registrations, the events and the copy stream. It is safe
-// after a failed or partial Reserve, and more than once.
+// ring (or gives it back to Rings), the registrations, the events and the
+// copy stream. With Compute it waits for its own copies only, and the
+// arena's free waits, on the device, for the model's kernels (see
+// Compute). It is safe after a failed or partial Reserve, and more than
+// once.
 func (d *DeviceUploader) Release() {
 	d.mu.Lock()
 	if d.released || d.W == nil {
@@ -988,21 +964,28 @@ func (d *DeviceUploader) Release() {
 				errs = append(errs, err)
 			}
 		}
-		// Everything: the compute stream may still read the arena.
-		keep(c.Sync())
+		if d.Compute == nil {
+			// Everything: the compute stream may still read the arena.
+			keep(c.Sync())
+		} else if d.stream != 0 {
+			// The copies out of the ring and the registrations: the
+			// ring goes back to the pool, the ranges are unregistered.
+			keep(c.SyncStream(d.stream))
+			// The arena's free comes after the model's last kernel.
+			if s := d.Compute(); s != 0 {
+				ev, err := c.NewEvent(false)
+				keep(err)
+				if err == nil {
+					keep(c.Record(ev, s))
+					keep(c.WaitEvent(d.stream, ev))
+					keep(c.DestroyEvent(ev)) // released once it completes
+				}
+			}
+		}
 		for _, p := range d.pieces {
 			if p.reg != nil {
 				keep(c.Unregister(p.reg))
 			}
-		}
-		if d.ringReg != nil {
-			keep(c.Unregister(d.ringReg))
-		}
-		for i := range d.ring {
-			if d.ringHB[i] != nil {
-				keep(c.FreeHost(d.ringHB[i]))
-			}
-			keep(c.DestroyEvent(d.ringEv[i]))
 		}
 		for _, us := range d.units {
 			keep(c.DestroyEvent(us.ev))
@@ -1010,7 +993,9 @@ func (d *DeviceUploader) Release() {
 		for t, p := range d.perT {
 			keep(c.Free(p, max(t.OutBytes, 256)))
 		}
-		if d.arena != 0 {
+		if d.arena != 0 && d.arenaAsync {
+			keep(c.FreeAsync(d.arena, d.arenaN, d.stream))
+		} else if d.arena != 0 {
 			keep(c.Free(d.arena, d.arenaN))
 		}
 		if d.stream != 0 {
@@ -1022,17 +1007,25 @@ func (d *DeviceUploader) Release() {
 	if err != nil {
 		slog.Error("actors: releasing device weights", "err", err)
 	}
+	if r := d.rng; r != nil {
+		switch {
+		case d.Rings != nil && err == nil:
+			d.Rings.put(r)
+		case d.Rings != nil:
+			d.Rings.drop(r) // not lent again after a failed release
+		default:
+			if err := r.release(d.W); err != nil {
+				slog.Error("actors: freeing the staging ring", "err", err)
+			}
+		}
+		d.rng = nil
+	}
 	st := d.Stats()
 	slog.Debug("actors: device uploads", "reserved", st.Reserved, "first upload", st.FirstUpload, "ring ready", st.RingReady,
 		"first copy", st.FirstCopy, "last copy", st.LastCopy,
 		"staged MB", st.StagedBytes>>20, "registered MB", st.RegisteredBytes>>20, "copies", st.CopyCalls, "batches", st.Batches,
-		"ring pinned", st.RingPinTime, "ring wait", st.RingWait, "memcpy", st.StageCopyTime, "reclaim wait", st.ReclaimWait)
-	if d.ringMem != nil {
-		if err := freeAnonMemory(d.ringMem); err != nil {
-			slog.Error("actors: unmapping the staging ring", "err", err)
-		}
-		d.ringMem = nil
-	}
+		"ring pinned", st.RingPinTime, "ring reused", st.RingReused, "ring wait", st.RingWait, "memcpy", st.StageCopyTime,
+		"reclaim wait", st.ReclaimWait, "arena in stream order", st.ArenaAsync, "release", st.UnregisterTime)
 	for _, w := range d.regW {
 		if w != d.W {
 			w.Close()
@@ -1042,7 +1035,7 @@ func (d *DeviceUploader) Release() {
 		d.Mem.Free(d.reserved + d.perSum)
 	}
 	d.reserved, d.perSum, d.arena, d.stream = 0, 0, 0, 0
-	d.pieces, d.byAddr, d.regW, d.ring, d.ringEv, d.ringReg, d.ringHB, d.perT, d.weights = nil, nil, nil, nil, nil, nil, nil, nil, nil
+	d.pieces, d.byAddr, d.regW, d.ring, d.ringEv, d.perT, d.weights = nil, nil, nil, nil, nil, nil, nil
 }
 
 // deviceFence is a unit's copy event.

@@ -148,6 +148,7 @@ type pendingDevice struct {
 	w        *rocm.Worker // the backend's worker
 	upW      *rocm.Worker // its sibling for the uploader's copies (or w)
 	ctxAt    time.Time
+	rings    *actors.RingPool // the shared device's staging rings (nil: the uploader pins its own)
 
 	// Set before done closes.
 	done    chan struct{}
@@ -163,7 +164,11 @@ type pendingDevice struct {
 
 func startDevice(o Options, sel rocm.Selection) *pendingDevice {
 	p := &pendingDevice{o: o, sel: sel, abort: make(chan struct{}), ctxReady: make(chan struct{}), done: make(chan struct{})}
-	go p.run()
+	if o.shared != nil {
+		go p.runShared()
+	} else {
+		go p.run()
+	}
 	return p
 }
 
@@ -318,6 +323,83 @@ func (p *pendingDevice) run() {
 	}
 	p.be, p.beAt = b, time.Now()
 	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels)
+}
+
+// runShared is run on an Engine's shared GPU (Options.shared): the
+// context, kernels and cuBLAS are there already (or being opened by the
+// first model); the model gets a fork of the backend and the staging ring
+// pool, and gives them back on close.
+func (p *pendingDevice) runShared() {
+	defer close(p.done)
+	ctxSet := false
+	setCtx := func(err error) {
+		p.ctxErr, ctxSet = err, true
+		close(p.ctxReady)
+	}
+	defer func() {
+		if !ctxSet {
+			setCtx(p.err)
+		}
+	}()
+	sh := p.o.shared
+	d, err := sh.acquire(p.sel, p.abort)
+	if errors.Is(err, errAborted) {
+		p.err = errAborted
+		return
+	}
+	if err != nil {
+		p.err = &DeviceError{Device: p.o.Device, Err: err}
+		return
+	}
+	if d.cpu {
+		sh.release()
+		c := cpuDevice(p.o, p.sel, d.reason)
+		p.cpu, p.be, p.closeFn, p.beAt = true, c.be, c.close, time.Now()
+		setCtx(nil)
+		return
+	}
+	p.w, p.upW, p.rings, p.ctxAt = d.w, d.upW, d.rings, time.Now()
+	p.closeFn = sh.release
+	if p.aborted() {
+		p.err = errAborted
+		return
+	}
+	setCtx(nil)
+	b, err := d.base.Fork()
+	if err != nil {
+		p.err = &DeviceError{Device: p.o.Device, Err: err}
+		return
+	}
+	p.closeFn = func() {
+		if err := b.Close(); err != nil {
+			slog.Warn("pipeline: closing a model's GPU backend", "err", err)
+		}
+		sh.release()
+	}
+	p.be, p.beAt = b, time.Now()
+}
+
+// uploader is the DeviceUploader of a model on this device (after
+// ctxReady, on a GPU).
+func (p *pendingDevice) uploader(t UploadTuning, s Strategy, mem *actors.Memory) actors.Uploader {
+	d := deviceUploader(p.upW, t, s, mem)
+	if p.rings != nil {
+		d.Rings, d.Compute = p.rings, p.computeStream
+	}
+	return d
+}
+
+// computeStream is the stream the model's kernels run on, 0 while the
+// backend is not made (no kernel has run then).
+func (p *pendingDevice) computeStream() rocm.Stream {
+	select {
+	case <-p.done:
+		if b, ok := p.be.(*gpu.Backend); ok {
+			return b.Stream()
+		}
+	default:
+	}
+	return 0
 }
 
 // backend waits for the backend.

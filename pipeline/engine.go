@@ -123,6 +123,10 @@ type Engine struct {
 	// unloads: loads waiting for room in the budget try again.
 	freed chan struct{}
 	wg    sync.WaitGroup // unloads and progress watchers in flight
+	// gpu is the GPU every model shares (opened by the first GPU model,
+	// closed by Close): a swap costs the model's own memory and copies,
+	// not a context, kernel modules, cuBLAS and a pinned ring.
+	gpu *sharedGPU
 }
 
 // alias is another name of an entry's file.
@@ -173,6 +177,7 @@ func NewEngine(o EngineOptions) *Engine {
 		e.resolve = store.Default().Resolve
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.gpu = newSharedGPU(o.Open)
 	return e
 }
 
@@ -440,7 +445,10 @@ func (e *Engine) acquireLocked(ctx context.Context, ent *entry, p *loadPlan) (*L
 			ent.file = p.file
 		}
 		e.wg.Add(1)
-		go e.open(ent, inst)
+		// The load closes its victims first: their device memory and
+		// staging ring are free when it starts.
+		go e.open(ent, inst, victims)
+		victims = nil
 	}
 	inst.active++
 	ent.lastUsed = time.Now()
@@ -589,11 +597,14 @@ func (e *Engine) closeAll(insts []*instance) {
 	}
 }
 
-// open opens an instance and follows its load for the status.
-func (e *Engine) open(ent *entry, inst *instance) {
+// open closes the instances evicted for it, opens an instance and follows
+// its load for the status.
+func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	defer e.wg.Done()
+	e.closeAll(victims)
 	o := e.o.Open
 	o.Memory = NewMemory(0)
+	o.shared = e.gpu
 	m, err := Open(e.ctx, inst.path, o)
 	if err != nil {
 		err = fmt.Errorf("pipeline: loading %q: %w", ent.id, err)
@@ -856,11 +867,12 @@ func done(f interface {
 	}
 }
 
-// InUse is the bytes every loaded model's accountant holds now.
+// InUse is the bytes every loaded model's accountant holds now, plus
+// what the models share on a GPU (its staging ring), counted once.
 func (e *Engine) InUse() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var n int64
+	n := e.gpu.inUse()
 	for _, ent := range e.models {
 		if inst := ent.inst; inst != nil {
 			select {
@@ -894,5 +906,6 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	e.closeAll(victims)
 	e.wg.Wait()
+	e.gpu.close() // after every model, including victims closed by Acquire
 	return nil
 }

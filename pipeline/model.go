@@ -120,7 +120,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 				if cpu {
 					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
 				}
-				return deviceUploader(m.dev.upW, o.Upload, o.Strategy, mem)
+				return m.dev.uploader(o.Upload, o.Strategy, mem)
 			}}
 		}
 		// The GPU's types; for "auto" every type of the file is one of

@@ -68,6 +68,10 @@ type Options struct {
 	// Upload tunes the GPU uploader (benchmarks; the zero value is the
 	// measured default).
 	Upload UploadTuning
+
+	// shared is the Engine's GPU, opened once for all its models (nil:
+	// the model opens its own; see sharedGPU).
+	shared *sharedGPU
 }
 
 // UploadTuning sizes the GPU uploader's helpers (see

@@ -54,6 +54,9 @@ type api struct {
 	launchKernel                                    uintptr
 	// CUDA 12.4 and later (absent: 0): a module's functions, loaded now.
 	moduleFuncCount, moduleEnumFuncs, funcLoad uintptr
+	// CUDA 11.2 and later, HIP 5.2 and later (absent: 0): stream-ordered
+	// allocation from the device's default memory pool.
+	memAllocAsync, memFreeAsync uintptr
 }
 
 func (a *api) symbols() []symbol {
@@ -111,6 +114,8 @@ func (a *api) symbols() []symbol {
 		{&a.moduleFuncCount, "cuModuleGetFunctionCount", "", true},
 		{&a.moduleEnumFuncs, "cuModuleEnumerateFunctions", "", true},
 		{&a.funcLoad, "cuFuncLoad", "", true},
+		{&a.memAllocAsync, "cuMemAllocAsync", "hipMallocAsync", true},
+		{&a.memFreeAsync, "cuMemFreeAsync", "hipFreeAsync", true},
 	}
 }
 

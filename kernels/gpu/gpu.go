@@ -49,6 +49,7 @@ type Options struct {
 type Backend struct {
 	w      *rocm.Worker
 	owned  bool // w was opened by Open and is closed by Close
+	forked bool // made by Fork: the modules are the parent's, not unloaded by Close
 	opts   Options
 	name   string
 	warp   int
@@ -375,8 +376,10 @@ func (b *Backend) release() error {
 			keep(c.DestroyStream(b.stream))
 			b.stream = 0
 		}
-		for _, m := range b.mods {
-			keep(c.UnloadModule(m))
+		if !b.forked {
+			for _, m := range b.mods {
+				keep(c.UnloadModule(m))
+			}
 		}
 		b.mods = nil
 		return first

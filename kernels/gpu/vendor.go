@@ -109,19 +109,26 @@ func (b *Backend) openVendorOn(on *rocm.Worker) (*VendorGEMM, error) {
 			return nil, fmt.Errorf("gpu: %s: %s: %w", path, s.name, err)
 		}
 	}
-	err = on.Do(context.Background(), func(c *rocm.Ctx) error {
-		if r, _, _ := purego.SyscallN(v.create, uintptr(unsafe.Pointer(&v.handle))); r != 0 {
-			return fmt.Errorf("gpu: cublasCreate: status %d", r)
-		}
-		if r, _, _ := purego.SyscallN(v.setStream, v.handle, uintptr(b.stream)); r != 0 {
-			return fmt.Errorf("gpu: cublasSetStream: status %d", r)
-		}
-		return nil
-	})
+	err = on.Do(context.Background(), func(c *rocm.Ctx) error { return v.bind(b.stream) })
 	if err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// bind makes v's handle and binds it to stream; call on a worker thread
+// of the device. A handle that cannot be bound is destroyed.
+func (v *VendorGEMM) bind(stream rocm.Stream) error {
+	if r, _, _ := purego.SyscallN(v.create, uintptr(unsafe.Pointer(&v.handle))); r != 0 {
+		v.handle = 0
+		return fmt.Errorf("gpu: cublasCreate: status %d", r)
+	}
+	if r, _, _ := purego.SyscallN(v.setStream, v.handle, uintptr(stream)); r != 0 {
+		purego.SyscallN(v.destroy, v.handle)
+		v.handle = 0
+		return fmt.Errorf("gpu: cublasSetStream: status %d", r)
+	}
+	return nil
 }
 
 // warmUp runs one small GEMM on stream from worker on: cuBLAS loads its
