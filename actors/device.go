@@ -995,6 +995,10 @@ func (d *DeviceUploader) Release() {
 		}
 		if d.arena != 0 && d.arenaAsync {
 			keep(c.FreeAsync(d.arena, d.arenaN, d.stream))
+			// The pool gives freed memory back to the driver at the next
+			// synchronisation: here, on this model's own stream (idle
+			// but for the free), not at the next model's first copy.
+			keep(c.SyncStream(d.stream))
 		} else if d.arena != 0 {
 			keep(c.Free(d.arena, d.arenaN))
 		}

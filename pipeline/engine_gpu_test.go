@@ -30,11 +30,11 @@ func gpuEngineModels(t *testing.T) []string {
 
 // near reports whether two free-memory readings agree within slack bytes,
 // and logs them. With no model or one model loaded the readings agree
-// exactly on the H100; with two models the device holds 12 MiB more than
-// the two footprints measured apart (the driver's bookkeeping for a second
-// context), so those readings get 24 MiB: still well under half the
-// 66 MiB that separates the test's models, so the check tells which ones
-// are loaded.
+// exactly on the H100; with two models the device held 12 MiB more than
+// the two footprints measured apart when each model had a context of its
+// own (the driver's bookkeeping for a second context), so those readings
+// get 24 MiB: still well under half the 66 MiB that separates the test's
+// models, so the check tells which ones are loaded.
 func near(t *testing.T, what string, got, want uint64, slack int64) {
 	t.Helper()
 	d := int64(got) - int64(want)
@@ -51,18 +51,34 @@ const (
 
 // TestEngineGPUUnloadsAndEvicts (issue 10): on the GPU, an Engine with
 // keep-alive 0 unloads an idle model and the device's free memory returns
-// to where it started; with a memory budget, loading a model that does
-// not fit evicts the least recently used idle model, and the device then
-// holds exactly the models still loaded.
+// to where it was with no model loaded (the engine's shared context,
+// kernels and cuBLAS stay until Close); with a memory budget, loading a
+// model that does not fit evicts the least recently used idle model, and
+// the device then holds exactly the models still loaded. After Close the
+// device is back where it started.
 func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	needGPU(t)
 	paths := gpuEngineModels(t)
-	free0 := deviceFree(t)
+	start := deviceFree(t)
+	// warm opens an engine's shared device with a request (keep-alive 0
+	// or an Unload leaves no model) and returns the device's free memory
+	// then: the engine's baseline.
+	warm := func(e *Engine) uint64 {
+		t.Helper()
+		if _, err := e.Generate(t.Context(), EngineRequest{Model: paths[0], Prompt: "Hi", MaxTokens: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Unload(paths[0]); err != nil {
+			t.Fatal(err)
+		}
+		return deviceFree(t)
+	}
 
 	// Keep-alive 0: each model alone, measuring what it holds while
 	// leased (its footprint) and that all of it is returned on release.
 	foot := map[string]uint64{}
 	e0 := newTestEngine(t, EngineOptions{KeepAlive: new(time.Duration(0)), Open: Options{Device: "gpu"}})
+	free0 := warm(e0)
 	for _, p := range paths {
 		if _, err := e0.Generate(t.Context(), EngineRequest{Model: p, Prompt: "Hi", MaxTokens: 2}); err != nil {
 			t.Fatal(err)
@@ -95,6 +111,10 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	if foot[c] < foot[b]+2*slackTwo || foot[d] < foot[c]+2*slackTwo {
 		t.Fatalf("footprints %d, %d, %d MiB too close to tell the models apart", foot[b]>>20, foot[c]>>20, foot[d]>>20)
 	}
+	if err := e0.Close(); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "first engine closed", deviceFree(t), start, slackOne)
 
 	// A budget with room for any two of the three, not all three.
 	var est [3]int64
@@ -109,6 +129,7 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 		t.Fatalf("estimates %v do not make the test", est)
 	}
 	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}})
+	free0 = warm(e)
 	state := func(p string) ModelState { st, _ := e.StatusOf(p); return st.State }
 	gen := func(p string) { t.Helper(); useModel(t, e, p) }
 	gen(b)
@@ -130,5 +151,9 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	near(t, "everything unloaded", deviceFree(t), free0, slackOne)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "engine closed", deviceFree(t), start, slackOne)
 	// Goroutines: the package's TestMain checks that none is left.
 }
