@@ -77,9 +77,10 @@ type DeviceUploader struct {
 	// (0: none yet). Release then waits for that stream and its own
 	// copies, not for the whole device (other models' copies and kernels
 	// must not hold an eviction back), and the arena is allocated and
-	// freed in stream order (cuMemAllocAsync, cuMemFreeAsync, where the
-	// library has them): the free is queued and Release returns without
-	// waiting for the driver. nil: Release synchronises the context.
+	// freed in stream order (cuMemAllocAsync, cuMemFreeAsync, on CUDA
+	// where the library has them): the free is queued behind the model's
+	// own work and no other stream waits for it. nil: Release
+	// synchronises the context.
 	Compute func() rocm.Stream
 
 	mu         sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
@@ -308,7 +309,8 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 			return fmt.Errorf("device uploader: copy stream: %w", err)
 		}
 		d.stream = s
-		if n > 0 && d.Compute != nil && c.HasAsyncAlloc() {
+		// CUDA only for now: hipMallocAsync has not been tried on a device.
+		if n > 0 && d.Compute != nil && d.W.Device.Backend == rocm.CUDA && c.HasAsyncAlloc() {
 			if d.arena, err = c.MallocAsync(n, s); err == nil {
 				d.arenaN, d.arenaAsync = n, true
 				d.stats.add(func(s *DeviceStats) { s.ArenaAsync = true })
