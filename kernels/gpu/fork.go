@@ -40,6 +40,7 @@ func (b *Backend) Fork() (*Backend, error) {
 		scratch: map[string]devBuf{},
 
 		mvVariant: b.mvVariant, mvBlocksPerSM: b.mvBlocksPerSM, gemmKernel: b.gemmKernel, noFuse: b.noFuse,
+		rowsMax: b.rowsMax, mxVariant: b.mxVariant,
 	}
 	b.mu.Unlock()
 	if sw, err := b.w.Sibling(); err == nil {
