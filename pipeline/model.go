@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -274,12 +275,16 @@ func (m *Model) Close() error {
 		// Both read the file, which sys.Close closes.
 		<-m.tokDone
 		<-m.prefetched
+		t0 := time.Now()
 		m.closeErr = m.sys.Close()
+		tSys := time.Since(t0)
 		if m.dev != nil {
 			m.dev.close()
 		} else if m.closeBe != nil {
 			m.closeBe()
 		}
+		// An eviction's time is on the path of the next model's load.
+		slog.Debug("pipeline: model closed", "path", m.path, "system", tSys, "device", time.Since(t0)-tSys)
 	})
 	return m.closeErr
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +37,13 @@ const swapPrompt = "Once upon a time"
 // load's (figures, not assertions).
 func TestEngineGPUSwap(t *testing.T) {
 	needGPU(t)
+	if os.Getenv("FORGE_SWAP_DEBUG") == "1" {
+		// The load's and the eviction's own figures (pipeline, actors
+		// and gpu debug lines), on stderr.
+		old := slog.Default()
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
+		t.Cleanup(func() { slog.SetDefault(old) })
+	}
 	paths := []string{testmodels.Path(t, "stories260K-Q4_0.gguf"), testmodels.Path(t, "stories260K-Q4_K_M.gguf")}
 	tokens, rounds := 8, 3
 	if v := os.Getenv(envSwapModels); v != "" {
@@ -123,11 +131,13 @@ func TestEngineGPUSwap(t *testing.T) {
 	foot := map[string]rocm.LiveCounts{}
 	footFree := map[string]int64{}
 	var swaps []time.Duration
+	var loaded string // the model loaded now
 	for round := range rounds {
 		for i := range 2 {
 			p, other := paths[(i+1)%2], paths[i]
 			wasLoaded := round > 0 || i > 0 // the other model is loaded: this request evicts it
 			got1, d := gen(p, 1)
+			loaded = p
 			st, _ := e.StatusOf(other)
 			if wasLoaded && st.State != StateEvicted {
 				t.Errorf("round %d: %s is %s after %s's request, want evicted", round, name(other), st.State, name(p))
@@ -158,10 +168,12 @@ func TestEngineGPUSwap(t *testing.T) {
 			}
 		}
 	}
-	last := paths[1]
-	if err := e.Unload(last); err != nil {
+	// The unload is what a swap's eviction does before the next load.
+	t1 := time.Now()
+	if err := e.Unload(loaded); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("SWAP unloading %s took %.1f ms", name(loaded), msf(time.Since(t1)))
 	if now := rocm.Live(); now != base {
 		t.Errorf("everything unloaded: %+v, the shared baseline %+v", now, base)
 	}
