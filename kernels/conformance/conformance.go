@@ -84,6 +84,11 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 	t.Run("Embed", s.embed)
 	t.Run("MatMul", s.matMul)
 	t.Run("Errors", s.errors)
+	t.Run("RoPEAt", s.ropeAt)
+	t.Run("PagedAttention", s.pagedAttention)
+	t.Run("PagedAttentionExact", s.pagedAttentionExact)
+	t.Run("PagedErrors", s.pagedErrors)
+	t.Run("MatMulRows", s.matMulRows)
 }
 
 type suite struct {

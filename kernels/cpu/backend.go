@@ -40,6 +40,10 @@ type Backend struct {
 	att  attnTask
 	norm normTask
 	silu siluTask
+	patt pagedTask
+
+	layout    kernels.Layout // the layout of RoPEAt and PagedAttention (SetLayout's copy)
+	hasLayout bool
 }
 
 // workerScratch holds the buffers one worker reuses across ops.
