@@ -197,12 +197,12 @@ func ropeArgs(op string, x kernels.Tensor, n, heads, headDim int, r kernels.Rope
 	if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > headDim {
 		return nil, 0, fmt.Errorf("cpu: %s: rotated dims %d must be even and in (0, headDim=%d]", op, r.Dim, headDim)
 	}
-	if err := checkTensor(op+": x", x, n*heads*headDim); err != nil {
-		return nil, 0, err
+	if err := checkTensor("rope: x", x, n*heads*headDim); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", op, err)
 	}
 	var freqs []float32
 	if r.Freqs != nil {
-		f, err := f32Weight(op+": freqs", r.Freqs)
+		f, err := f32Weight("rope: freqs", r.Freqs)
 		if err != nil {
 			return nil, 0, err
 		}

@@ -139,14 +139,17 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		return err
 	}
 	qDim := a.Heads * a.HeadDim
-	for _, c := range []struct {
-		what string
-		t    kernels.Tensor
-		n    int
-	}{{"q", q, n * qDim}, {"out", out, n * qDim}, {"k", k, n * kvDim}, {"v", v, n * kvDim}} {
-		if err := checkTensor("paged attention: "+c.what, c.t, c.n); err != nil {
-			return err
-		}
+	if err := checkTensor("paged attention: q", q, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor("paged attention: out", out, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor("paged attention: k", k, n*kvDim); err != nil {
+		return err
+	}
+	if err := checkTensor("paged attention: v", v, n*kvDim); err != nil {
+		return err
 	}
 	lay := &b.layout
 	bs := p.BlockSize
