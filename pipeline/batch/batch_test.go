@@ -179,13 +179,14 @@ func TestCancelFreesBlocks(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 6)
 	for i := range errs {
+		prompt := randPrompt(rng, 5+3*i, fx.cfg.Vocab)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			n := 0
-			_, errs[i] = s.Generate(ctx, Request{Prompt: randPrompt(rng, 5+3*i, fx.cfg.Vocab)}, func(int32) error {
+			_, errs[i] = s.Generate(ctx, Request{Prompt: prompt}, func(int32) error {
 				n++
 				if n == 3+i {
 					cancel()
@@ -362,5 +363,3 @@ func TestCloseEndsRequests(t *testing.T) {
 		t.Errorf("submit after close: %v", err)
 	}
 }
-
-
