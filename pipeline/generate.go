@@ -81,6 +81,9 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 	if len(ids) == 0 {
 		return Result{}, fmt.Errorf("pipeline: empty prompt")
 	}
+	if m.opts.Batching.On {
+		return m.generateBatched(ctx, ids, o, tok)
+	}
 	var stream *tokenizer.Stream
 	if tok != nil {
 		stream = tok.NewStream()
