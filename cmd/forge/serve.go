@@ -39,6 +39,9 @@ unless --addr says otherwise.`,
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto or cpu"},
 			&cli.IntFlag{Name: "threads", Usage: "CPU worker threads (0: every core)"},
 			&cli.IntFlag{Name: "ctx", Usage: "KV cache positions per model (0: the model's, at most 4096)"},
+			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 8)"},
+			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/2 full contexts)"},
+			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
 		},
 		Action: serveAction,
 	})
@@ -95,7 +98,9 @@ func serveAction(c *cli.Context) error {
 	cfg := serveConfig{addr: c.String("addr"), grace: c.Duration("grace")}
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
-		Open:      pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx")},
+		Open: pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx"),
+			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks")}},
+		SingleSequence: c.Bool("single-sequence"),
 	}
 	if b := c.String("budget"); b != "" {
 		n, err := humanize.ParseBytes(b)
