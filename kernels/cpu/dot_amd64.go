@@ -83,10 +83,8 @@ var asmKernels = map[gguf.Type]kernel{
 	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false},
 	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false},
 	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false},
-	// The K-quant four-token kernels sum the blocks in another order than
-	// the one-token kernels (last bits differ): inexact4.
-	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, true},
-	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, true},
+	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, false},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false},
 	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false},
 	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false},
 	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false},
