@@ -212,3 +212,10 @@ func (batchedOnly) Generate(context.Context, []int32, any, func(int32) error) (s
 }
 
 func (batchedOnly) Close() {}
+
+// canBatch reports whether be runs batched steps; a model on a backend
+// that cannot keeps the single-sequence path even with Batching.On.
+func canBatch(be kernels.Backend) bool {
+	_, ok := kernels.As[kernels.Batcher](be)
+	return ok
+}

@@ -33,7 +33,15 @@ func BenchmarkEngineClients(b *testing.B) {
 			_, err := os.Stat(n)
 			return n, err
 		}})
-		// Load and warm up once outside the timing.
+		// Load (every weight resident) and warm up once outside the timing.
+		l, err := e.Acquire(context.Background(), path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Model().Resident().Wait(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		l.Release()
 		if _, err := e.Generate(context.Background(), EngineRequest{Model: path, Prompt: "warm up", MaxTokens: 2, IgnoreEOG: true}); err != nil {
 			b.Fatal(err)
 		}

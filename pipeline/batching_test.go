@@ -10,6 +10,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/forge-llm/forge/gguf/testmodels"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/sample"
 )
 
@@ -93,5 +95,45 @@ func TestBatchingMatchesSingle(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// hiddenBatcher hides the CPU backend's kernels.Batcher (a GPU backend
+// without one looks like this).
+type hiddenBatcher struct{ kernels.Backend }
+
+// TestBatchingFallsBack: with Batching on but a backend that cannot batch,
+// requests run through the single-sequence path and give its output.
+func TestBatchingFallsBack(t *testing.T) {
+	path := testmodels.Path(t, "stories260K-Q4_0.gguf")
+	be := cpu.New(2)
+	defer be.Close()
+	ctx := context.Background()
+	want, err := func() ([]int32, error) {
+		m, err := Open(ctx, path, Options{Backend: be})
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		r, err := m.Generate(ctx, "", GenerateOptions{PromptIDs: []int32{1, 200, 300}, MaxTokens: 6, IgnoreEOG: true})
+		return r.Tokens, err
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(ctx, path, Options{Backend: hiddenBatcher{be}, Batching: Batching{On: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	r, err := m.Generate(ctx, "", GenerateOptions{PromptIDs: []int32{1, 200, 300}, MaxTokens: 6, IgnoreEOG: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.Tokens, want) {
+		t.Errorf("fallback: %v, want %v", r.Tokens, want)
+	}
+	if st := m.BatchStats(); st.Steps != 0 {
+		t.Errorf("a backend without a Batcher ran %d batched steps", st.Steps)
 	}
 }
