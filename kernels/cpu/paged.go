@@ -36,9 +36,10 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 	}
 }
 
-// PoolBytes reports the bytes a pool of this shape holds on the CPU (keys
-// and values in F32): what NewKVPool allocates, for memory accounting.
-func PoolBytes(layers, blocks, blockSize, kvDim int) int64 {
+// KVPoolBytes reports the bytes a pool of this shape holds on the CPU
+// (keys and values in F32): what NewKVPool allocates, for the engine's
+// memory accounting.
+func (b *Backend) KVPoolBytes(layers, blocks, blockSize, kvDim int) int64 {
 	return 2 * 4 * int64(layers) * int64(blocks) * int64(blockSize) * int64(kvDim)
 }
 
