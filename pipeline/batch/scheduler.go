@@ -240,6 +240,8 @@ type seq struct {
 	last   uint64 // hash of block hashed-1
 	cached int
 	gen    []int32
+	// admitted: in the running set (counted in Stats.Running).
+	admitted bool
 }
 
 // Submit queues a request; its tokens and result come through the
@@ -438,6 +440,7 @@ func (s *Scheduler) admit(q *seq) (bool, error) {
 		prev = h
 	}
 	q.hashed, q.last = len(hits), prev
+	q.admitted = true
 	q.done = len(hits) * bs
 	q.cached = q.done
 	s.mu.Lock()
@@ -465,6 +468,14 @@ func (s *Scheduler) retire(q *seq, stop string, err error) {
 		s.bm.release(id)
 	}
 	q.table = nil
+	// The counters are current before the request's end is seen.
+	s.mu.Lock()
+	s.stats.Held, s.stats.Cached = s.bm.held, s.bm.nLRU
+	if q.admitted {
+		s.stats.Running--
+	}
+	s.mu.Unlock()
+	q.admitted = false
 	q.out.finish(Result{Tokens: q.gen, Stop: stop, PromptTokens: q.prompt, CachedTokens: q.cached}, err)
 }
 
