@@ -61,7 +61,6 @@ type group struct {
 	out0     int // logits row of the group's first output row
 	pending  bool
 	lay      kernels.Layout
-	seqs     []int // the step's sequences in this group, in row order
 }
 
 // NewBatched makes a model that evaluates batched steps (StepBatch) on be,
@@ -97,7 +96,7 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	}
 	m.bat = st
 	m.batch = st.maxRows
-	m.ctx = cfg.Ctx
+	m.ctx = 0 // no context of its own: the scheduler bounds each sequence
 	m.lws = make([]*LayerWeights, cfg.Layers)
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
@@ -230,8 +229,8 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 		if n == 0 {
 			return fmt.Errorf("model: sequence %d of the step has no tokens", i)
 		}
-		if s.Pos0 < 0 || (m.ctx > 0 && s.Pos0+n > m.ctx) {
-			return fmt.Errorf("model: sequence %d: positions [%d, %d) outside the %d-position context", i, s.Pos0, s.Pos0+n, m.ctx)
+		if s.Pos0 < 0 {
+			return fmt.Errorf("model: sequence %d: negative position %d", i, s.Pos0)
 		}
 		if need := (s.Pos0 + n + pool.BlockSize - 1) / pool.BlockSize; len(s.Table) < need {
 			return fmt.Errorf("model: sequence %d: %d positions need %d blocks, its table has %d", i, s.Pos0+n, need, len(s.Table))
@@ -257,10 +256,7 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 	out := 0
 	newGroup := func() *group {
 		st.groups = append(st.groups, group{first: len(st.toks)})
-		g := &st.groups[len(st.groups)-1]
-		g.seqs = g.seqs[:0]
-		g.lay.Pos, g.lay.Seq, g.lay.Tables = g.lay.Pos[:0], g.lay.Seq[:0], g.lay.Tables[:0]
-		return g
+		return &st.groups[len(st.groups)-1]
 	}
 	var dg *group
 	for i, s := range seqs {
@@ -271,7 +267,7 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 			dg = newGroup()
 			dg.out0 = out
 		}
-		m.addRows(dg, s, i)
+		m.addRows(dg, s)
 		dg.nOut = dg.n // every row of a decode group goes on to the head
 		st.outRow[i] = out
 		out++
@@ -281,7 +277,7 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 			continue
 		}
 		g := newGroup()
-		m.addRows(g, s, i)
+		m.addRows(g, s)
 		if s.Logits {
 			g.nOut, g.out0 = 1, out
 			st.outRow[i] = out
@@ -291,8 +287,8 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 	return nil
 }
 
-// addRows appends sequence i's rows to g.
-func (m *Model) addRows(g *group, s SeqRows, i int) {
+// addRows appends a sequence's rows to g.
+func (m *Model) addRows(g *group, s SeqRows) {
 	st := m.bat
 	q := int32(len(g.lay.Tables))
 	g.lay.Tables = append(g.lay.Tables, s.Table)
@@ -301,6 +297,5 @@ func (m *Model) addRows(g *group, s SeqRows, i int) {
 		g.lay.Pos = append(g.lay.Pos, int32(s.Pos0+j))
 		g.lay.Seq = append(g.lay.Seq, q)
 	}
-	g.seqs = append(g.seqs, i)
 	g.n += len(s.Tokens)
 }
