@@ -23,7 +23,8 @@ type Batching struct {
 	// wait for room.
 	Seqs int
 	// Blocks is the pool's size in blocks of BlockSize positions (0:
-	// enough for Seqs/2 full contexts, at least two); BlockSize 0 is 16.
+	// enough for Seqs/4 full contexts, at least two: requests rarely fill
+	// theirs, and admission waits for room); BlockSize 0 is 16.
 	Blocks, BlockSize int
 }
 
@@ -43,7 +44,7 @@ func (b Batching) poolShape(ctx int) (seqs, blocks, blockSize int) {
 		blockSize = defaultBatchBlockSize
 	}
 	if blocks <= 0 {
-		blocks = max(2, seqs/2) * ((ctx + blockSize - 1) / blockSize)
+		blocks = max(2, seqs/4) * ((ctx + blockSize - 1) / blockSize)
 	}
 	return seqs, blocks, blockSize
 }

@@ -363,3 +363,58 @@ func TestCloseEndsRequests(t *testing.T) {
 		t.Errorf("submit after close: %v", err)
 	}
 }
+
+// TestPreemption: four requests that fit the pool one or two at a time but
+// not together: the latest admitted give their blocks back when the
+// others grow, wait, and are evaluated again; every request finishes
+// with exactly the tokens it produces alone, and nothing leaks.
+func TestPreemption(t *testing.T) {
+	for _, file := range []string{"stories260K-Q4_0.gguf", "synth-kq-Q4_K_M.gguf"} {
+		t.Run(file, func(t *testing.T) {
+			fx := open(t, file)
+			s := fx.scheduler(t, Config{Blocks: 14, BlockSize: 4, Ctx: 256})
+			rng := rand.New(rand.NewPCG(9, 10))
+			type job struct {
+				prompt []int32
+				p      sample.Params
+				want   []int32
+			}
+			var jobs []*job
+			for i := range 4 {
+				j := &job{prompt: randPrompt(rng, 3+2*i, fx.cfg.Vocab)}
+				if i%2 == 1 {
+					j.p = sample.Params{Temp: 1, TopK: 30, Seed: uint64(i)}
+				}
+				j.want = fx.alone(t, j.prompt, j.p, 22, 64, 256)
+				jobs = append(jobs, j)
+			}
+			var wg sync.WaitGroup
+			got := make([][]int32, len(jobs))
+			errs := make([]error, len(jobs))
+			for i, j := range jobs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := s.Generate(context.Background(), Request{Prompt: j.prompt, MaxTokens: 22, Sampler: sample.New(j.p, fx.cfg.Vocab)}, nil)
+					got[i], errs[i] = res.Tokens, err
+				}()
+			}
+			wg.Wait()
+			for i, j := range jobs {
+				if errs[i] != nil {
+					t.Errorf("request %d: %v", i, errs[i])
+				}
+				if !slices.Equal(got[i], j.want) {
+					t.Errorf("request %d: %v, alone %v", i, got[i], j.want)
+				}
+			}
+			st := s.Stats()
+			if st.Preempted == 0 {
+				t.Errorf("no sequence was preempted: %+v", st)
+			}
+			if st.Held != 0 || st.Running != 0 {
+				t.Errorf("after the requests: %+v", st)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -72,6 +73,7 @@ type Stats struct {
 	Steps          int64 // batched forward steps run
 	PromptComputed int64 // prompt tokens evaluated
 	PromptCached   int64 // prompt tokens found in the prefix cache
+	Preempted      int64 // sequences that gave their blocks back to make room (evaluated again later)
 }
 
 // Scheduler runs the continuous-batching step loop of one model.
@@ -241,7 +243,8 @@ type seq struct {
 	cached int
 	gen    []int32
 	// admitted: in the running set (counted in Stats.Running).
-	admitted bool
+	admitted  bool
+	preempted int // times it gave its blocks back to make room
 }
 
 // Submit queues a request; its tokens and result come through the
@@ -373,7 +376,10 @@ func (s *Scheduler) loop() {
 		if len(running) == 0 {
 			continue
 		}
-		running = s.step(running)
+		var preempted []*seq
+		running, preempted = s.step(running)
+		// Preempted sequences wait first in line: they are older.
+		waiting = append(preempted, waiting...)
 		s.publish(running, waiting)
 	}
 }
@@ -398,20 +404,25 @@ func (s *Scheduler) publish(running, waiting []*seq) {
 	s.mu.Unlock()
 }
 
-// admit takes the longest chain of cached blocks of q's prompt (never the
-// block holding its last token, which is always evaluated for its logits)
-// and reports whether the pool can hold the rest of the prompt plus the
-// reservation. A prompt that could never fit fails.
+// admit takes the longest chain of cached blocks of q's tokens (never
+// the block holding its last token, which is always evaluated for its
+// logits) and, when the pool can hold the rest plus the reservation,
+// allocates the blocks of every token, so that an admitted sequence always
+// evaluates its prompt. A prompt that could never fit fails. A preempted
+// sequence comes back here with its generated tokens, which it evaluates
+// again like a prompt (mostly from the cache, where its full blocks went).
 func (s *Scheduler) admit(q *seq) (bool, error) {
 	bs := s.cfg.BlockSize
-	need := (q.prompt+bs-1)/bs + s.cfg.Reserve
+	n := len(q.tokens)
+	blocksFor := (n + bs - 1) / bs
+	need := blocksFor + s.cfg.Reserve
 	if need > s.cfg.Blocks {
-		return false, fmt.Errorf("%w: a prompt of %d tokens needs %d blocks of %d positions, the pool has %d", ErrPoolExhausted, q.prompt, need, bs, s.cfg.Blocks)
+		return false, fmt.Errorf("%w: %d tokens need %d blocks of %d positions, the pool has %d", ErrPoolExhausted, n, need, bs, s.cfg.Blocks)
 	}
 	// Look the chain up first without taking references.
 	var hits []int32
 	var prev uint64
-	for i := 0; i < (q.prompt-1)/bs; i++ {
+	for i := 0; i < (n-1)/bs; i++ {
 		toks := q.tokens[i*bs : (i+1)*bs]
 		h := chainHash(s.cfg.ModelID, prev, toks)
 		id, ok := s.bm.byHash[h]
@@ -439,14 +450,37 @@ func (s *Scheduler) admit(q *seq) (bool, error) {
 		q.table = append(q.table, id)
 		prev = h
 	}
+	for len(q.table) < blocksFor {
+		id, _ := s.bm.alloc() // available() was checked above
+		q.table = append(q.table, id)
+	}
 	q.hashed, q.last = len(hits), prev
 	q.admitted = true
 	q.done = len(hits) * bs
-	q.cached = q.done
-	s.mu.Lock()
-	s.stats.PromptCached += int64(q.cached)
-	s.mu.Unlock()
+	if q.preempted == 0 {
+		q.cached = q.done
+		s.mu.Lock()
+		s.stats.PromptCached += int64(q.cached)
+		s.mu.Unlock()
+	}
 	return true, nil
+}
+
+// preempt takes q out of the running set to make room: its blocks go back
+// (its full blocks stay in the prefix cache) and it waits to be admitted
+// again with every token so far.
+func (s *Scheduler) preempt(q *seq) {
+	for _, id := range q.table {
+		s.bm.release(id)
+	}
+	q.table, q.done, q.hashed, q.last = nil, 0, 0, 0
+	q.admitted = false
+	q.preempted++
+	s.mu.Lock()
+	s.stats.Preempted++
+	s.stats.Running--
+	s.stats.Held, s.stats.Cached = s.bm.held, s.bm.nLRU
+	s.mu.Unlock()
 }
 
 func equal(a, b []int32) bool {
@@ -480,14 +514,19 @@ func (s *Scheduler) retire(q *seq, stop string, err error) {
 }
 
 // step runs one batched forward over the running sequences and returns
-// the ones still running.
-func (s *Scheduler) step(running []*seq) []*seq {
+// the ones still running and the ones it preempted for room.
+func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	bs := s.cfg.BlockSize
 	var rows []model.SeqRows
 	var who []*seq
 	budget := s.cfg.Chunk
-	alive := running[:0]
-	for _, q := range running {
+	// plan is the running set in admission order; when a sequence needs a
+	// block and none is left, the latest admitted give theirs back
+	// (preempted, from the end of plan) until it gets one.
+	plan := slices.Clone(running)
+	var alive []*seq
+	for i := 0; i < len(plan); i++ {
+		q := plan[i]
 		n := len(q.tokens) - q.done // 1 for a decode step
 		if n > 1 {
 			// The prompt piece ends at the next multiple of Chunk: a
@@ -500,26 +539,37 @@ func (s *Scheduler) step(running []*seq) []*seq {
 			}
 			budget -= n
 		}
-		// Blocks for the new positions.
-		grown := true
+		// Blocks for the new positions (a prompt's were taken at admission).
 		for len(q.table)*bs < q.done+n {
-			id, ok := s.bm.alloc()
-			if !ok {
-				grown = false
+			if id, ok := s.bm.alloc(); ok {
+				q.table = append(q.table, id)
+				continue
+			}
+			victim := plan[len(plan)-1]
+			if victim == q && i == 0 {
+				break // q holds every block there is
+			}
+			plan = plan[:len(plan)-1]
+			s.preempt(victim)
+			preempted = append(preempted, victim)
+			if victim == q {
 				break
 			}
-			q.table = append(q.table, id)
 		}
-		if !grown {
-			s.retire(q, "", fmt.Errorf("%w: sequence at %d positions could not get another block (%d held)", ErrPoolExhausted, q.done, s.bm.held))
+		if !q.admitted {
+			continue // preempted itself
+		}
+		if len(q.table)*bs < q.done+n {
+			s.retire(q, "", fmt.Errorf("%w: a sequence of %d positions needs more than the pool's %d blocks of %d", ErrPoolExhausted, q.done+n, s.cfg.Blocks, bs))
 			continue
 		}
 		rows = append(rows, model.SeqRows{Tokens: q.tokens[q.done : q.done+n], Pos0: q.done, Table: q.table, Logits: q.done+n == len(q.tokens)})
 		who = append(who, q)
 		alive = append(alive, q)
 	}
+	slices.Reverse(preempted) // earliest admitted first
 	if len(rows) == 0 {
-		return alive
+		return alive, preempted
 	}
 	logits, err := s.m.StepBatch(context.Background(), s.pool, rows)
 	s.steps.Add(1)
@@ -527,7 +577,7 @@ func (s *Scheduler) step(running []*seq) []*seq {
 		for _, q := range alive {
 			s.retire(q, "", fmt.Errorf("batch: step: %w", err))
 		}
-		return nil
+		return nil, preempted
 	}
 	prompt := 0
 	k := 0
@@ -572,7 +622,7 @@ func (s *Scheduler) step(running []*seq) []*seq {
 			out = append(out, q)
 		}
 	}
-	return out
+	return out, preempted
 }
 
 // register puts q's newly completed full blocks in the prefix cache.
