@@ -2,10 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -135,5 +137,69 @@ func TestBatchingFallsBack(t *testing.T) {
 	}
 	if st := m.BatchStats(); st.Steps != 0 {
 		t.Errorf("a backend without a Batcher ran %d batched steps", st.Steps)
+	}
+}
+
+// TestEngineBatchingCancel: eight concurrent engine requests on one model,
+// half of them cancelled mid-stream: the others finish with the tokens
+// they give alone, and the pool holds nothing once all have ended.
+func TestEngineBatchingCancel(t *testing.T) {
+	path := testmodels.Path(t, "stories260K-Q4_0.gguf")
+	e := newTestEngine(t, EngineOptions{KeepAlive: new(time.Duration(-1))})
+	alone := func(seed uint64) []int32 {
+		m, err := Open(context.Background(), path, Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		r, err := m.Generate(context.Background(), "Once upon a time", GenerateOptions{MaxTokens: 24, IgnoreEOG: true, Sampling: sample.Params{Temp: 0.8, TopK: 40, Seed: seed}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Tokens
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	got := make([][]int32, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			n := 0
+			res, err := e.Generate(ctx, EngineRequest{Model: path, Prompt: "Once upon a time", MaxTokens: 24, IgnoreEOG: true,
+				Sampling: sample.Params{Temp: 0.8, TopK: 40, Seed: uint64(i)},
+				OnText: func(string) error {
+					if n++; i%2 == 1 && n == 3 {
+						cancel()
+					}
+					return nil
+				}})
+			got[i], errs[i] = res.Tokens, err
+		}()
+	}
+	wg.Wait()
+	for i := range 8 {
+		if i%2 == 1 {
+			if !errors.Is(errs[i], context.Canceled) {
+				t.Errorf("cancelled request %d: %v", i, errs[i])
+			}
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("request %d: %v", i, errs[i])
+		}
+		if want := alone(uint64(i)); !slices.Equal(got[i], want) {
+			t.Errorf("request %d: %v, alone %v", i, got[i], want)
+		}
+	}
+	l, err := e.Acquire(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if st := l.Model().BatchStats(); st.Held != 0 || st.Running != 0 || st.Steps == 0 {
+		t.Errorf("after the requests: %+v", st)
 	}
 }
