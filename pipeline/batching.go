@@ -70,29 +70,53 @@ type batched struct {
 	mdl     *model.Model
 	charged int64
 	closed  bool
+	// stop is cancelled by Close, so that a first request waiting for the
+	// weights does not hold Close up.
+	stop   context.Context
+	cancel context.CancelFunc
 }
 
 // scheduler returns the model's scheduler, building it on first use.
 func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	b := &m.batch
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.closed {
+		b.mu.Unlock()
 		return nil, fmt.Errorf("pipeline: model closed")
 	}
 	if b.sched != nil {
+		defer b.mu.Unlock()
 		return b.sched, nil
 	}
+	if b.stop == nil {
+		b.stop, b.cancel = context.WithCancel(context.Background())
+	}
+	stop := b.stop
+	b.mu.Unlock()
+
+	// Wait (without the lock) for the weights the strategy starts on.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(stop, cancel)()
 	f := m.sys.Ready()
 	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
-	if err := f.Wait(ctx); err != nil {
+	if err := f.Wait(wctx); err != nil {
 		return nil, err
 	}
-	be, err := m.backend(ctx)
+	be, err := m.backend(wctx)
 	if err != nil {
 		return nil, err
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return nil, fmt.Errorf("pipeline: model closed")
+	case b.sched != nil: // built by a request that waited alongside
+		return b.sched, nil
 	}
 	bt, ok := kernels.As[kernels.Batcher](be)
 	if !ok {
@@ -141,6 +165,9 @@ func (m *Model) closeBatched() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true
+	if b.cancel != nil {
+		b.cancel()
+	}
 	if b.sched != nil {
 		b.sched.Close()
 		b.mdl.Close()

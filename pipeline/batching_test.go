@@ -203,3 +203,28 @@ func TestEngineBatchingCancel(t *testing.T) {
 		t.Errorf("after the requests: %+v", st)
 	}
 }
+
+// TestBatchingCloseWhileWaiting: a first request waiting for the weights
+// (a disk that never answers) does not hold Close up; it fails.
+func TestBatchingCloseWhileWaiting(t *testing.T) {
+	path := testmodels.Path(t, "stories260K-Q4_0.gguf")
+	stuck := Hooks{Read: func(ctx context.Context, tensor string, off, n int64) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	m, err := Open(context.Background(), path, Options{Threads: 1, Hooks: stuck, Batching: Batching{On: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Generate(context.Background(), "", GenerateOptions{PromptIDs: []int32{1, 2}, MaxTokens: 1})
+		errc <- err
+	}()
+	if err := m.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	if err := <-errc; err == nil {
+		t.Errorf("a request on a model closed before its weights arrived succeeded")
+	}
+}
