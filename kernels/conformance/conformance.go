@@ -12,6 +12,12 @@
 // does (to f16/bf16 for F16/BF16 weights, to 8-bit blocks for quantized
 // ones); the reference multiplies the exact decoded weights by the exact
 // activations.
+//
+// A backend that is a kernels.Batcher (continuous batching) is also held
+// to exact equalities (batch.go): RoPEAt gives the bits RoPE gives at the
+// same position, PagedAttention over a shuffled block table the bits
+// Attention gives over a contiguous cache, and MatMul every row's bits of
+// the row computed alone, for up to kernels.MaxBatchRows rows.
 package conformance
 
 import (
