@@ -171,7 +171,91 @@ func countRows(seq []int32, q int) int {
 	return n
 }
 
-// pagedAttentionMatchesAttention: a sequence run through PagedAttention
+// pagedAttentionAlone: the batch-invariance promise of PagedAttention. A
+// step of several sequences (prompt pieces and decode rows) is run, then
+// each sequence's rows again alone (same inputs, same blocks): every row
+// must come out with the same bits.
+func (s *suite) pagedAttentionAlone(t *testing.T) {
+	b, bt := s.batcher(t)
+	rng := s.rng(t)
+	a := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64}
+	a.Scale = float32(1 / math.Sqrt(float64(a.HeadDim)))
+	kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+	const bsz, blocks = 8, 40
+	pool, err := bt.NewKVPool(1, blocks, bsz, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bt.FreeKVPool(pool)
+	perm := rng.Perm(blocks)
+	rows := []int{1, 37, 1, 9, 1} // per sequence, after a history of hist[q] positions
+	hist := []int{40, 0, 17, 3, 0}
+	tables := make([][]int32, len(rows))
+	for q := range rows {
+		for range (hist[q] + rows[q] + bsz - 1) / bsz {
+			tables[q] = append(tables[q], int32(perm[0]))
+			perm = perm[1:]
+		}
+	}
+	// Histories first, each sequence alone.
+	for q, h := range hist {
+		if h == 0 {
+			continue
+		}
+		lay := kernels.Layout{Seq: make([]int32, h), Tables: [][]int32{tables[q]}}
+		for p := range h {
+			lay.Pos = append(lay.Pos, int32(p))
+		}
+		if err := bt.SetLayout(&lay); err != nil {
+			t.Fatal(err)
+		}
+		n := h
+		if err := bt.PagedAttention(alloc(t, b, n*qDim), upload(t, b, RandomVector(rng, n*qDim, 1)), upload(t, b, RandomVector(rng, n*kvDim, 1)), upload(t, b, RandomVector(rng, n*kvDim, 1)), pool, 0, n, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The step of every sequence together.
+	var lay kernels.Layout
+	lay.Tables = tables
+	first := make([]int, len(rows))
+	for q, n := range rows {
+		first[q] = len(lay.Pos)
+		for i := range n {
+			lay.Pos = append(lay.Pos, int32(hist[q]+i))
+			lay.Seq = append(lay.Seq, int32(q))
+		}
+	}
+	n := len(lay.Pos)
+	qv, kv, vv := RandomVector(rng, n*qDim, 1), RandomVector(rng, n*kvDim, 1), RandomVector(rng, n*kvDim, 1)
+	if err := bt.SetLayout(&lay); err != nil {
+		t.Fatal(err)
+	}
+	out := alloc(t, b, n*qDim)
+	if err := bt.PagedAttention(out, upload(t, b, qv), upload(t, b, kv), upload(t, b, vv), pool, 0, n, a); err != nil {
+		t.Fatal(err)
+	}
+	together := download(t, b, out)
+	// Each sequence alone, the same rows again.
+	for q, m := range rows {
+		f := first[q]
+		one := kernels.Layout{Pos: lay.Pos[f : f+m], Seq: make([]int32, m), Tables: [][]int32{tables[q]}}
+		if err := bt.SetLayout(&one); err != nil {
+			t.Fatal(err)
+		}
+		o := alloc(t, b, m*qDim)
+		if err := bt.PagedAttention(o, upload(t, b, qv[f*qDim:(f+m)*qDim]), upload(t, b, kv[f*kvDim:(f+m)*kvDim]), upload(t, b, vv[f*kvDim:(f+m)*kvDim]), pool, 0, m, a); err != nil {
+			t.Fatal(err)
+		}
+		alone := download(t, b, o)
+		for i, v := range alone {
+			if math.Float32bits(together[f*qDim+i]) != math.Float32bits(v) {
+				t.Fatalf("sequence %d value %d: %g in the step, %g alone", q, i, together[f*qDim+i], v)
+			}
+		}
+	}
+}
+
+// pagedAttentionExact: a sequence run through PagedAttention
 // (alone, in blocks of a shuffled table) gives exactly the bits Attention
 // gives it in a contiguous cache, so the batched path reproduces the
 // single-sequence path token for token.
