@@ -372,7 +372,6 @@ func TestPreemption(t *testing.T) {
 	for _, file := range []string{"stories260K-Q4_0.gguf", "synth-kq-Q4_K_M.gguf"} {
 		t.Run(file, func(t *testing.T) {
 			fx := open(t, file)
-			s := fx.scheduler(t, Config{Blocks: 14, BlockSize: 4, Ctx: 256})
 			rng := rand.New(rand.NewPCG(9, 10))
 			type job struct {
 				prompt []int32
@@ -388,18 +387,33 @@ func TestPreemption(t *testing.T) {
 				j.want = fx.alone(t, j.prompt, j.p, 22, 64, 256)
 				jobs = append(jobs, j)
 			}
-			var wg sync.WaitGroup
+			// The first step waits at its first layer until all four are
+			// queued, so that they run together; their streams are read
+			// afterwards (the loop never waits for a reader).
+			gate := make(chan struct{})
+			fx.w = gatedWeights{Weights: fx.w, gate: gate}
+			s := fx.scheduler(t, Config{Blocks: 14, BlockSize: 4, Ctx: 256})
+			streams := make([]*Stream, len(jobs))
+			for i, j := range jobs {
+				st, err := s.Submit(context.Background(), Request{Prompt: j.prompt, MaxTokens: 22, Sampler: sample.New(j.p, fx.cfg.Vocab)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams[i] = st
+			}
+			close(gate)
 			got := make([][]int32, len(jobs))
 			errs := make([]error, len(jobs))
-			for i, j := range jobs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					res, err := s.Generate(context.Background(), Request{Prompt: j.prompt, MaxTokens: 22, Sampler: sample.New(j.p, fx.cfg.Vocab)}, nil)
-					got[i], errs[i] = res.Tokens, err
-				}()
+			for i, st := range streams {
+				for {
+					id, ok := st.Next(context.Background())
+					if !ok {
+						break
+					}
+					got[i] = append(got[i], id)
+				}
+				_, errs[i] = st.Result()
 			}
-			wg.Wait()
 			for i, j := range jobs {
 				if errs[i] != nil {
 					t.Errorf("request %d: %v", i, errs[i])
@@ -416,5 +430,20 @@ func TestPreemption(t *testing.T) {
 				t.Errorf("after the requests: %+v", st)
 			}
 		})
+	}
+}
+
+// gatedWeights holds every layer back until gate closes.
+type gatedWeights struct {
+	model.Weights
+	gate chan struct{}
+}
+
+func (g gatedWeights) Layer(ctx context.Context, i int) (*model.LayerWeights, error) {
+	select {
+	case <-g.gate:
+		return g.Weights.Layer(ctx, i)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }

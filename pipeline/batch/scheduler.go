@@ -84,9 +84,16 @@ type Scheduler struct {
 	pool *kernels.KVPool
 	bm   *blocks
 
-	reqs chan *seq
+	reqs chan *seq // buffered: Submit returns while a step runs
 	quit chan struct{}
 	done chan struct{}
+	subMu  sync.Mutex // orders Submit against the loop's final drain
+	closed bool       // under subMu: the loop has drained reqs for good
+	// stepCtx bounds the forward steps (a step may wait for a layer still
+	// loading); Close cancels it so that it never waits on a load that
+	// only ends after Close.
+	stepCtx    context.Context
+	cancelStep context.CancelFunc
 
 	mu    sync.Mutex // guards stats
 	stats Stats
@@ -129,8 +136,9 @@ func New(cfg Config) (*Scheduler, error) {
 		return nil, fmt.Errorf("batch: kv pool of %d blocks of %d positions: %w", cfg.Blocks, cfg.BlockSize, err)
 	}
 	s := &Scheduler{cfg: cfg, m: cfg.Model, be: cfg.Backend, pool: pool, bm: newBlocks(cfg.Blocks, cfg.BlockSize),
-		reqs: make(chan *seq), quit: make(chan struct{}), done: make(chan struct{})}
+		reqs: make(chan *seq, 64), quit: make(chan struct{}), done: make(chan struct{})}
 	s.stats.Blocks = cfg.Blocks
+	s.stepCtx, s.cancelStep = context.WithCancel(context.Background())
 	go s.loop()
 	return s, nil
 }
@@ -143,6 +151,7 @@ func (s *Scheduler) Close() {
 	default:
 		close(s.quit)
 	}
+	s.cancelStep()
 	<-s.done
 	if s.pool != nil {
 		s.be.FreeKVPool(s.pool)
@@ -270,6 +279,13 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 		smp.Accept(id)
 	}
 	q := &seq{ctx: ctx, req: r, out: newStream(), smp: smp, tokens: append([]int32(nil), r.Prompt...), prompt: len(r.Prompt)}
+	// Under subMu so that a request is either queued before the loop's
+	// final drain or refused: none is left in the queue unanswered.
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
 	select {
 	case s.reqs <- q:
 		return q.out, nil
@@ -278,6 +294,26 @@ func (s *Scheduler) Submit(ctx context.Context, r Request) (*Stream, error) {
 	case <-s.quit:
 		return nil, ErrClosed
 	}
+}
+
+// shutdown ends every request the loop holds or that is still queued.
+func (s *Scheduler) shutdown(qs []*seq) {
+	for _, q := range qs {
+		s.retire(q, "", ErrClosed)
+	}
+	s.subMu.Lock()
+	s.closed = true
+	for {
+		select {
+		case q := <-s.reqs:
+			s.retire(q, "", ErrClosed)
+			continue
+		default:
+		}
+		break
+	}
+	s.subMu.Unlock()
+	s.publish(nil, nil)
 }
 
 // Generate submits r and calls onToken (on the caller's goroutine) with
@@ -336,6 +372,7 @@ func (s *Scheduler) loop() {
 			case q := <-s.reqs:
 				waiting = append(waiting, q)
 			case <-s.quit:
+				s.shutdown(nil)
 				return
 			}
 		}
@@ -345,10 +382,7 @@ func (s *Scheduler) loop() {
 			case q := <-s.reqs:
 				waiting = append(waiting, q)
 			case <-s.quit:
-				for _, q := range append(running, waiting...) {
-					s.retire(q, "", ErrClosed)
-				}
-				s.publish(nil, nil)
+				s.shutdown(append(running, waiting...))
 				return
 			default:
 				break intake
@@ -571,11 +605,16 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	if len(rows) == 0 {
 		return alive, preempted
 	}
-	logits, err := s.m.StepBatch(context.Background(), s.pool, rows)
+	logits, err := s.m.StepBatch(s.stepCtx, s.pool, rows)
 	s.steps.Add(1)
 	if err != nil {
+		if s.stepCtx.Err() != nil {
+			err = ErrClosed
+		} else {
+			err = fmt.Errorf("batch: step: %w", err)
+		}
 		for _, q := range alive {
-			s.retire(q, "", fmt.Errorf("batch: step: %w", err))
+			s.retire(q, "", err)
 		}
 		return nil, preempted
 	}
