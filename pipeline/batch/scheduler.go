@@ -84,9 +84,9 @@ type Scheduler struct {
 	pool *kernels.KVPool
 	bm   *blocks
 
-	reqs chan *seq // buffered: Submit returns while a step runs
-	quit chan struct{}
-	done chan struct{}
+	reqs   chan *seq // buffered: Submit returns while a step runs
+	quit   chan struct{}
+	done   chan struct{}
 	subMu  sync.Mutex // orders Submit against the loop's final drain
 	closed bool       // under subMu: the loop has drained reqs for good
 	// stepCtx bounds the forward steps (a step may wait for a layer still
