@@ -625,8 +625,22 @@ func (a accounted) Free(t kernels.Tensor) {
 // kvBytes is what a KV cache of float32 keys and values takes.
 func kvBytes(layers, ctx, kvDim int) int64 { return 2 * 4 * int64(layers) * int64(ctx) * int64(kvDim) }
 
+// kvCacheSizer is a backend that says what a KV cache takes on its device
+// (a GPU storing f16 keys and values); without it a cache counts as F32.
+type kvCacheSizer interface {
+	KVCacheBytes(layers, ctx, kvDim int) int64
+}
+
+// cacheBytes is what be's KV cache of this shape is charged.
+func cacheBytes(be kernels.Backend, layers, ctx, kvDim int) int64 {
+	if s, ok := kernels.As[kvCacheSizer](be); ok {
+		return s.KVCacheBytes(layers, ctx, kvDim)
+	}
+	return kvBytes(layers, ctx, kvDim)
+}
+
 func (a accounted) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) {
-	n := kvBytes(layers, ctx, kvDim)
+	n := cacheBytes(a.Backend, layers, ctx, kvDim)
 	if err := a.mem.Alloc(n, "KV cache"); err != nil {
 		return nil, err
 	}
@@ -639,7 +653,7 @@ func (a accounted) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) 
 
 func (a accounted) FreeKVCache(c *kernels.KVCache) {
 	a.Backend.FreeKVCache(c)
-	a.mem.Free(kvBytes(c.Layers, c.Ctx, c.KVDim))
+	a.mem.Free(cacheBytes(a.Backend, c.Layers, c.Ctx, c.KVDim))
 }
 
 // Unwrap lets the model find the backend's optional capabilities (a

@@ -56,6 +56,10 @@ type EngineOptions struct {
 	// Resolve turns a model name into a file path; nil: an existing file,
 	// else Ollama's store, else the Hugging Face cache (store.Default).
 	Resolve func(name string) (string, error)
+	// SingleSequence runs each model's requests one at a time (the
+	// single-sequence path) instead of batching them (Open.Batching,
+	// turned on by the engine otherwise).
+	SingleSequence bool
 	// Logger receives load, unload and eviction logs; nil: slog.Default().
 	Logger *slog.Logger
 	// MaxNames bounds the names (and spellings of names) requests
@@ -403,7 +407,7 @@ func (e *Engine) plan(id, name string) (*loadPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrUnknownModel, id, err)
 	}
-	est, weights, err := estimate(path, e.o.Open)
+	est, weights, err := estimate(path, e.openOptions())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidModel, id, err)
 	}
@@ -497,8 +501,15 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 		batch = model.DefaultBatch
 	}
 	batch = min(batch, ctx)
-	scratch := 4 * (int64(batch)*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + int64(cfg.Vocab))
-	return weights + kvBytes(cfg.Layers, ctx, cfg.KVDim()) + scratch, weights, nil
+	rows, logitRows := int64(batch), int64(1)
+	kv := kvBytes(cfg.Layers, ctx, cfg.KVDim())
+	if o.Batching.On { // the pool and the batched model's scratch instead (see batching.go)
+		seqs, blocks, bs := o.Batching.poolShape(ctx)
+		kv = kvBytes(cfg.Layers, blocks*bs, cfg.KVDim())
+		rows, logitRows = int64(batch+seqs), int64(seqs)
+	}
+	scratch := 4 * (rows*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + logitRows*int64(cfg.Vocab) + int64(cfg.QDim()+cfg.KVDim()))
+	return weights + kv + scratch, weights, nil
 }
 
 // ctxPositions is the KV cache size Open gives a model of cfg under o
@@ -602,7 +613,7 @@ func (e *Engine) closeAll(insts []*instance) {
 func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	defer e.wg.Done()
 	e.closeAll(victims)
-	o := e.o.Open
+	o := e.openOptions()
 	o.Memory = NewMemory(0)
 	o.shared = e.gpu
 	m, err := Open(e.ctx, inst.path, o)

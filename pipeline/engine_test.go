@@ -188,12 +188,13 @@ func TestEngineBudgetEvictsLRU(t *testing.T) {
 	a := testmodels.Path(t, "stories260K-F32.gguf")
 	b := testmodels.Path(t, "stories260K-Q8_0.gguf")
 	c := testmodels.Path(t, "stories260K-Q4_0.gguf")
-	ea, _, err := estimate(a, Options{})
+	o := Options{Batching: Batching{On: true}} // as the engine opens them
+	ea, _, err := estimate(a, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb, _, _ := estimate(b, Options{})
-	ec, _, _ := estimate(c, Options{})
+	eb, _, _ := estimate(b, o)
+	ec, _, _ := estimate(c, o)
 	// Room for b and c together, not for a with either.
 	budget := max(eb+ec, ea) + 1<<16
 	if ea+min(eb, ec) <= budget {

@@ -87,6 +87,17 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 	if len(ids) == 0 {
 		return Result{}, fmt.Errorf("pipeline: empty prompt")
 	}
+	if m.opts.Batching.On {
+		// A backend without a kernels.Batcher (a GPU build that lacks it)
+		// keeps the single-sequence path.
+		be, err := m.backend(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		if canBatch(be) {
+			return m.generateBatched(ctx, ids, o, tok)
+		}
+	}
 	var stream *tokenizer.Stream
 	if tok != nil {
 		stream = tok.NewStream()

@@ -51,6 +51,11 @@ type Model struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// Continuous batching (batching.go), with opts.Batching.On.
+	opts      Options
+	batch     batched
+	batchReqs atomic.Uint64
 }
 
 // typeReader is a backend that says which block types its kernels read
@@ -105,7 +110,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		f.Close()
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{})}
+	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
 	go func() { defer close(m.prefetched); prefetchFile(f) }()
@@ -175,6 +180,12 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		be, err := m.backend(ctx)
 		if err != nil {
 			return nil, err
+		}
+		if o.Batching.On && canBatch(be) {
+			// Requests go through the batching scheduler (batching.go),
+			// which holds the KV pool: the executor keeps no model.
+			m.builtAt.Store(int64(time.Since(start)))
+			return batchedOnly{}, nil
 		}
 		w, err := newWeights(sys, be, cfg)
 		if err != nil {
@@ -272,6 +283,7 @@ func (m *Model) Close() error {
 		if m.dev != nil {
 			close(m.dev.abort)
 		}
+		m.closeBatched() // its requests end; its model reads the weights
 		// Both read the file, which sys.Close closes.
 		<-m.tokDone
 		<-m.prefetched

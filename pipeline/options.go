@@ -65,6 +65,9 @@ type Options struct {
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
 	Hooks Hooks
+	// Batching runs requests together (continuous batching, see
+	// Batching); off by default here, on in the Engine.
+	Batching Batching
 	// Upload tunes the GPU uploader (benchmarks; the zero value is the
 	// measured default).
 	Upload UploadTuning

@@ -47,6 +47,9 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.DurationFlag{Name: "read-timeout", Value: time.Minute, Usage: "longest time to read a request, body included"},
 			&cli.DurationFlag{Name: "write-timeout", Value: time.Minute, Usage: "longest time one write to a client may block (a stream may run longer)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: 2 * time.Minute, Usage: "how long an idle keep-alive connection stays open"},
+			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 8)"},
+			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
+			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
 		},
 		Action: serveAction,
 	})
@@ -122,7 +125,9 @@ func serveAction(c *cli.Context) error {
 	cfg.maxPrompt = int64(mp)
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
-		Open:      pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx")},
+		Open: pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx"),
+			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks")}},
+		SingleSequence: c.Bool("single-sequence"),
 	}
 	if b := c.String("budget"); b != "" {
 		n, err := humanize.ParseBytes(b)

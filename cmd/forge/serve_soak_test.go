@@ -99,6 +99,10 @@ func TestServeSoak(t *testing.T) {
 			if err := l.Model().Resident().Wait(t.Context()); err != nil {
 				t.Fatal(err)
 			}
+			// One request builds the batching scheduler (its KV pool).
+			if _, err := l.Model().Generate(t.Context(), "", pipeline.GenerateOptions{PromptIDs: []int32{1}, MaxTokens: 1}); err != nil {
+				t.Fatal(err)
+			}
 			st, _ := eng.StatusOf(p)
 			l.Release()
 			sizes[id] = max(st.MemoryBytes, 1)

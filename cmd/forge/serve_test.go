@@ -493,8 +493,8 @@ func TestServeKeepAliveZeroAndBudget(t *testing.T) {
 	}
 
 	// Budget: room for one of the two.
-	budget := int64(1_000_000) // b needs 889312 bytes, a 991456, together well over
-	tb := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1))}})
+	budget := int64(1_000_000) // b needs 889312 bytes, a 991456, together well over (single-sequence sizes)
+	tb := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), SingleSequence: true}})
 	for _, m := range []string{a, b} {
 		resp, err := tb.post(t.Context(), "/v1/completions", map[string]any{"model": m, "prompt": "Hi", "max_tokens": 2})
 		if err != nil {

@@ -12,6 +12,12 @@
 // does (to f16/bf16 for F16/BF16 weights, to 8-bit blocks for quantized
 // ones); the reference multiplies the exact decoded weights by the exact
 // activations.
+//
+// A backend that is a kernels.Batcher (continuous batching) is also held
+// to exact equalities (batch.go): RoPEAt gives the bits RoPE gives at the
+// same position, PagedAttention over a shuffled block table the bits
+// Attention gives over a contiguous cache, and MatMul every row's bits of
+// the row computed alone, for up to kernels.MaxBatchRows rows.
 package conformance
 
 import (
@@ -57,6 +63,10 @@ type Options struct {
 	// Seed for the random inputs; 0 picks a fresh one (logged, so a
 	// failure can be replayed).
 	Seed uint64
+	// PagedMatchesAttention also requires PagedAttention to give exactly
+	// Attention's bits for the same sequence (the CPU backend promises it;
+	// the contract does not).
+	PagedMatchesAttention bool
 }
 
 // Run runs every check as subtests of t. newBackend is called once per
@@ -72,7 +82,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 		seed = rand.Uint64()
 	}
 	t.Logf("conformance seed %d", seed)
-	s := &suite{newBackend: newBackend, seed: seed}
+	s := &suite{newBackend: newBackend, seed: seed, o: o}
 	t.Run("Buffers", s.buffers)
 	t.Run("Add", s.add)
 	t.Run("SiLUMul", s.siluMul)
@@ -84,10 +94,19 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 	t.Run("Embed", s.embed)
 	t.Run("MatMul", s.matMul)
 	t.Run("Errors", s.errors)
+	t.Run("RoPEAt", s.ropeAt)
+	t.Run("PagedAttention", s.pagedAttention)
+	t.Run("PagedAttentionAlone", s.pagedAttentionAlone)
+	if o.PagedMatchesAttention {
+		t.Run("PagedAttentionExact", s.pagedAttentionExact)
+	}
+	t.Run("PagedErrors", s.pagedErrors)
+	t.Run("MatMulRows", s.matMulRows)
 }
 
 type suite struct {
 	newBackend func(t *testing.T) kernels.Backend
+	o          Options
 	seed       uint64
 	n          uint64
 }

@@ -11,9 +11,9 @@ import (
 // TestCPU runs the whole suite on the CPU backend with two workers, so the
 // parallel paths (and, under -race, their synchronisation) are exercised.
 func TestCPU(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) kernels.Backend {
+	conformance.RunWith(t, func(t *testing.T) kernels.Backend {
 		b := cpu.New(2)
 		t.Cleanup(b.Close)
 		return b
-	})
+	}, conformance.Options{PagedMatchesAttention: true})
 }

@@ -12,6 +12,11 @@
 // Numerics follow llama.cpp's CPU backend where that decides greedy output:
 // the same activation quantization (x86 rounding), activations rounded to
 // f16/bf16 for F16/BF16 weights, an F32 KV cache, RMSNorm summed in float64.
+//
+// It is a kernels.Batcher (paged.go): a paged F32 KV pool read through block
+// tables, with the arithmetic of the contiguous cache, and a MatMul whose
+// rows do not depend on the other rows of the call (the four-token kernels
+// finish each token as the one-token kernels do).
 package cpu
 
 import (
@@ -40,6 +45,10 @@ type Backend struct {
 	att  attnTask
 	norm normTask
 	silu siluTask
+	patt pagedTask
+
+	layout    kernels.Layout // the layout of RoPEAt and PagedAttention (SetLayout's copy)
+	hasLayout bool
 }
 
 // workerScratch holds the buffers one worker reuses across ops.

@@ -80,14 +80,14 @@ func init() {
 
 // asmKernels are the types with assembly dot products.
 var asmKernels = map[gguf.Type]kernel{
-	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm},
-	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm},
-	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm},
-	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm},
-	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm},
-	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm},
-	gguf.TypeF32:  {actF32, dotWF32Asm, nil},
-	gguf.TypeBF16: {actBF16, dotWBF16Go, nil},
+	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false},
+	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false},
+	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false},
+	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, false},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false},
+	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false},
+	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false},
+	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false},
 }
 
 func dotQ8_0Asm(w []byte, x *qrow) float32 {

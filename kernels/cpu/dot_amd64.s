@@ -729,6 +729,21 @@ axpyloop:
 	VMOVSHDUP     x, X5     \
 	VADDSS        X5, x, x
 
+// Q4KX4FIN finishes one token as dotQ4_KVNNI does, so that its result is
+// bit for bit the one-token kernel's (batch invariance): the 8 lanes of
+// scaled mins summed in that order, the 16 lanes of scaled sums likewise,
+// then the one subtracted from the other.
+#define Q4KX4FIN(acc, accy, accx, macc) \
+	VMOVAPS      macc, Y1   \
+	VEXTRACTF128 $1, Y1, X5 \
+	VADDPS       X5, X1, X1 \
+	VMOVHLPS     X1, X1, X5 \
+	VADDPS       X5, X1, X1 \
+	VMOVSHDUP    X1, X5     \
+	VADDSS       X5, X1, X1 \
+	HSUMZ(acc, accy, accx)  \
+	VSUBSS       X1, accx, accx
+
 // func dotQ4_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
 // dotQ4_KVNNI for 4 activation rows cols codes apart: each super-block's
 // nibbles and scales are decoded once and used for the 4 tokens.
@@ -793,18 +808,14 @@ q4kx4loop:
 	JNZ          q4kx4loop
 
 q4kx4done:
-	VSUBPS Z26, Z0, Z0
-	VSUBPS Z27, Z7, Z7
-	VSUBPS Z28, Z8, Z8
-	VSUBPS Z29, Z9, Z9
 	MOVQ   out+48(FP), AX
-	HSUMZ(Z0, Y0, X0)
+	Q4KX4FIN(Z0, Y0, X0, Y26)
 	VMOVSS X0, 0(AX)
-	HSUMZ(Z7, Y7, X7)
+	Q4KX4FIN(Z7, Y7, X7, Y27)
 	VMOVSS X7, 4(AX)
-	HSUMZ(Z8, Y8, X8)
+	Q4KX4FIN(Z8, Y8, X8, Y28)
 	VMOVSS X8, 8(AX)
-	HSUMZ(Z9, Y9, X9)
+	Q4KX4FIN(Z9, Y9, X9, Y29)
 	VMOVSS X9, 12(AX)
 	VZEROUPPER
 	RET
@@ -847,8 +858,9 @@ q4kx4done:
 	VPMADDUBSW  192(xp), Z19, Z10 \
 	VPDPWSSD    Z23, Z10, Z4      \
 	VCVTDQ2PS   Z4, Z4            \
-	VMULPS.BCST da, Z4, Z4        \
-	VFMADD231PS Z24, Z4, acc
+	VMULSS      da, X24, X5       \
+	VBROADCASTSS X5, Z5           \
+	VFMADD231PS Z5, Z4, acc
 
 // func dotQ6_Kx4VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
 // dotQ6_KVNNI for 4 activation rows cols codes apart. Accumulators: Z0,

@@ -30,33 +30,38 @@ type dotFunc func(w []byte, x *qrow) float32
 // which decodes each weight block once for four tokens.
 type dot4Func func(w []byte, a *actBuf, j int, out *[4]float32)
 
-// kernel is how MatMul handles one weight type. dot4 is optional.
+// kernel is how MatMul handles one weight type. dot4 is optional; inexact4
+// marks a dot4 whose float accumulation order differs from dot's, so its
+// rows are not bit-identical to the row computed alone. MatMul uses such a
+// dot4 only above kernels.MaxBatchRows rows, where the Batcher contract
+// promises no row invariance (long prompt chunks).
 type kernel struct {
-	act  actKind
-	dot  dotFunc
-	dot4 dot4Func
+	act      actKind
+	dot      dotFunc
+	dot4     dot4Func
+	inexact4 bool
 }
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -231,7 +236,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 			return opFault("matmul: quantizing activations", nil, err)
 		}
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: k.dot4, scr: b.scratch}
+	dot4 := k.dot4
+	if k.inexact4 && n <= kernels.MaxBatchRows {
+		dot4 = nil // keep every row bit-identical to n = 1 (batch invariance)
+	}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, scr: b.scratch}
 	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
 	b.mm = matmulTask{}
 	if err != nil {

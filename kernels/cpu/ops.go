@@ -187,23 +187,36 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer recoverFault(&err, debug.SetPanicOnFault(true), "rope: freqs", r.Freqs)
-	if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > headDim {
-		return fmt.Errorf("cpu: rope: rotated dims %d must be even and in (0, headDim=%d]", r.Dim, headDim)
-	}
 	if pos0 < 0 {
 		return fmt.Errorf("cpu: rope: negative position %d", pos0)
 	}
-	if err := checkTensor("rope: x", x, n*heads*headDim); err != nil {
+	freqs, scale, err := ropeArgs("rope", x, n, heads, headDim, r)
+	if err != nil {
 		return err
+	}
+	for i := range n {
+		ropeRow(x.Host[i*heads*headDim:(i+1)*heads*headDim], heads, headDim, pos0+i, r, scale, freqs, b.ropeScratch(r.Dim))
+	}
+	return nil
+}
+
+// ropeArgs validates the arguments shared by RoPE and RoPEAt and returns
+// the frequency divisors (nil for none) and the position scale.
+func ropeArgs(op string, x kernels.Tensor, n, heads, headDim int, r kernels.Rope) ([]float32, float32, error) {
+	if r.Dim <= 0 || r.Dim%2 != 0 || r.Dim > headDim {
+		return nil, 0, fmt.Errorf("cpu: %s: rotated dims %d must be even and in (0, headDim=%d]", op, r.Dim, headDim)
+	}
+	if err := checkTensor("rope: x", x, n*heads*headDim); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", op, err)
 	}
 	var freqs []float32
 	if r.Freqs != nil {
 		f, err := f32Weight("rope: freqs", r.Freqs)
 		if err != nil {
-			return err
+			return nil, 0, err
 		}
 		if len(f) < r.Dim/2 {
-			return fmt.Errorf("cpu: rope: freqs %q has %d values, need %d", r.Freqs.Name, len(f), r.Dim/2)
+			return nil, 0, fmt.Errorf("cpu: %s: freqs %q has %d values, need %d", op, r.Freqs.Name, len(f), r.Dim/2)
 		}
 		freqs = f
 	}
@@ -211,44 +224,51 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 	if scale == 0 {
 		scale = 1
 	}
+	return freqs, scale, nil
+}
+
+// ropeScratch returns worker 0's buffer for one position's cos/sin pairs.
+func (b *Backend) ropeScratch(dim int) []float32 {
+	if cap(b.scratch[0].row) < dim {
+		b.scratch[0].row = make([]float32, dim)
+	}
+	return b.scratch[0].row[:dim]
+}
+
+// ropeRow rotates the heads of one token at position pos in place. RoPE and
+// RoPEAt both call it, so a token gets the same bits whichever op placed it.
+func ropeRow(x []float32, heads, headDim, pos int, r kernels.Rope, scale float32, freqs, cs []float32) {
 	half := r.Dim / 2
-	if cap(b.scratch[0].row) < r.Dim {
-		b.scratch[0].row = make([]float32, r.Dim)
-	}
-	cs := b.scratch[0].row[:r.Dim] // cos, sin pairs of one position
 	thetaScale := float32(math.Pow(float64(r.Base), -2/float64(r.Dim)))
-	for i := range n {
-		theta := float32(pos0 + i)
-		for k := range half {
-			t := theta
-			if freqs != nil {
-				t /= freqs[k]
-			}
-			t *= scale
-			cs[2*k] = float32(math.Cos(float64(t)))
-			cs[2*k+1] = float32(math.Sin(float64(t)))
-			theta *= thetaScale
+	theta := float32(pos)
+	for k := range half {
+		t := theta
+		if freqs != nil {
+			t /= freqs[k]
 		}
-		for h := range heads {
-			v := x.Host[(i*heads+h)*headDim : (i*heads+h+1)*headDim]
-			if r.NeoX {
-				for k := range half {
-					c, s := cs[2*k], cs[2*k+1]
-					x0, x1 := v[k], v[k+half]
-					v[k] = x0*c - x1*s
-					v[k+half] = x0*s + x1*c
-				}
-			} else {
-				for k := range half {
-					c, s := cs[2*k], cs[2*k+1]
-					x0, x1 := v[2*k], v[2*k+1]
-					v[2*k] = x0*c - x1*s
-					v[2*k+1] = x0*s + x1*c
-				}
+		t *= scale
+		cs[2*k] = float32(math.Cos(float64(t)))
+		cs[2*k+1] = float32(math.Sin(float64(t)))
+		theta *= thetaScale
+	}
+	for h := range heads {
+		v := x[h*headDim : (h+1)*headDim]
+		if r.NeoX {
+			for k := range half {
+				c, s := cs[2*k], cs[2*k+1]
+				x0, x1 := v[k], v[k+half]
+				v[k] = x0*c - x1*s
+				v[k+half] = x0*s + x1*c
+			}
+		} else {
+			for k := range half {
+				c, s := cs[2*k], cs[2*k+1]
+				x0, x1 := v[2*k], v[2*k+1]
+				v[2*k] = x0*c - x1*s
+				v[2*k+1] = x0*s + x1*c
 			}
 		}
 	}
-	return nil
 }
 
 // SiLUMul computes dst = silu(gate) ⊙ up over n values, silu(x) = x/(1+e^-x).

@@ -98,6 +98,9 @@ type Model struct {
 	multi kernels.SharedInputMatMuler
 	mmDst [3]kernels.Tensor
 	mmW   [3]*kernels.Weight
+	// bat is set on a model made by NewBatched: rope and attention read
+	// the step's layout and the paged pool (batch.go).
+	bat *batchState
 }
 
 // New allocates a model's KV cache and scratch on be.
@@ -156,6 +159,9 @@ func (m *Model) allocScratch() error {
 	if m.allLogits {
 		logitRows = B
 	}
+	if m.bat != nil {
+		logitRows = m.bat.maxSeqs // one row per sequence of a step
+	}
 	sizes := []struct {
 		t *kernels.Tensor
 		n int
@@ -195,6 +201,10 @@ func (m *Model) Close() {
 		m.be.FreeKVCache(m.kv)
 		m.be.Free(m.s.all)
 		m.kv = nil
+	}
+	if m.bat != nil && m.bat.full.all.Len > 0 {
+		m.be.Free(m.bat.full.all)
+		m.bat.full = scratch{}
 	}
 }
 

@@ -138,7 +138,17 @@ func (m *Model) addBias(x kernels.Tensor, b *kernels.Weight, n int) {
 	}
 }
 
+// rope and attention are the two ops that know where a row sits in its
+// sequence: the single-sequence path gives them pos0 and the contiguous
+// cache; a batched step (m.bat set, see batch.go) gives them the step's
+// layout and the paged pool instead. The block functions are the same.
 func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int) {
+	if m.err == nil && m.bat != nil {
+		if err := m.bat.be.RoPEAt(x, n, heads, m.Cfg.HeadDim, m.ropeParams); err != nil {
+			m.err = fmt.Errorf("rope at: %w", err)
+		}
+		return
+	}
 	if m.err == nil {
 		if err := m.be.RoPE(x, n, heads, m.Cfg.HeadDim, pos0, m.ropeParams); err != nil {
 			m.err = fmt.Errorf("rope: %w", err)
@@ -147,6 +157,12 @@ func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int) {
 }
 
 func (m *Model) attention(out, q, k, v kernels.Tensor, layer, pos0, n int) {
+	if m.err == nil && m.bat != nil {
+		if err := m.bat.be.PagedAttention(out, q, k, v, m.bat.pool, layer, n, m.attn); err != nil {
+			m.err = fmt.Errorf("paged attention: %w", err)
+		}
+		return
+	}
 	if m.err == nil {
 		if err := m.be.Attention(out, q, k, v, m.kv, layer, pos0, n, m.attn); err != nil {
 			m.err = fmt.Errorf("attention: %w", err)

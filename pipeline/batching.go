@@ -1,0 +1,249 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/pipeline/batch"
+	"github.com/forge-llm/forge/pipeline/model"
+	"github.com/forge-llm/forge/pipeline/sample"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
+)
+
+// Batching configures continuous batching (package batch): with On, a
+// model's requests run together in one step loop over a paged KV pool
+// instead of one at a time, and full prompt blocks are shared between
+// requests with a common prefix. The Engine turns it on (unless
+// EngineOptions.SingleSequence); Open alone (forge run) leaves it off.
+type Batching struct {
+	On bool
+	// Seqs is the most requests running together (0: 8); the others
+	// wait for room.
+	Seqs int
+	// Blocks is the pool's size in blocks of BlockSize positions (0:
+	// enough for Seqs/4 full contexts, at least two: requests rarely fill
+	// theirs, and admission waits for room); BlockSize 0 is 16.
+	Blocks, BlockSize int
+}
+
+const (
+	defaultBatchSeqs      = 8
+	defaultBatchBlockSize = 16
+)
+
+// poolShape fills Batching's defaults for a model of ctx positions.
+func (b Batching) poolShape(ctx int) (seqs, blocks, blockSize int) {
+	seqs, blocks, blockSize = b.Seqs, b.Blocks, b.BlockSize
+	if seqs <= 0 {
+		seqs = defaultBatchSeqs
+	}
+	seqs = min(seqs, kernels.MaxBatchRows)
+	if blockSize <= 0 {
+		blockSize = defaultBatchBlockSize
+	}
+	if blocks <= 0 {
+		blocks = max(2, seqs/4) * ((ctx + blockSize - 1) / blockSize)
+	}
+	return seqs, blocks, blockSize
+}
+
+// kvPoolSizer is a backend that says what a KV pool of a shape takes on
+// its device (a GPU storing f16); without it the pool is counted as F32.
+type kvPoolSizer interface {
+	KVPoolBytes(layers, blocks, blockSize, kvDim int) int64
+}
+
+func kvPoolBytes(be kernels.Backend, layers, blocks, blockSize, kvDim int) int64 {
+	if s, ok := kernels.As[kvPoolSizer](be); ok {
+		return s.KVPoolBytes(layers, blocks, blockSize, kvDim)
+	}
+	return kvBytes(layers, blocks*blockSize, kvDim)
+}
+
+// batched is a model's continuous-batching engine, built on its first
+// request (once the weights it starts on are resident).
+type batched struct {
+	mu      sync.Mutex
+	sched   *batch.Scheduler
+	mdl     *model.Model
+	charged int64
+	closed  bool
+	// stop is cancelled by Close, so that a first request waiting for the
+	// weights does not hold Close up.
+	stop   context.Context
+	cancel context.CancelFunc
+}
+
+// scheduler returns the model's scheduler, building it on first use.
+func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
+	b := &m.batch
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("pipeline: model closed")
+	}
+	if b.sched != nil {
+		defer b.mu.Unlock()
+		return b.sched, nil
+	}
+	if b.stop == nil {
+		b.stop, b.cancel = context.WithCancel(context.Background())
+	}
+	stop := b.stop
+	b.mu.Unlock()
+
+	// Wait (without the lock) for the weights the strategy starts on.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(stop, cancel)()
+	f := m.sys.Ready()
+	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
+		f = m.sys.Resident()
+	}
+	if err := f.Wait(wctx); err != nil {
+		return nil, err
+	}
+	be, err := m.backend(wctx)
+	if err != nil {
+		return nil, err
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return nil, fmt.Errorf("pipeline: model closed")
+	case b.sched != nil: // built by a request that waited alongside
+		return b.sched, nil
+	}
+	bt, ok := kernels.As[kernels.Batcher](be)
+	if !ok {
+		return nil, fmt.Errorf("pipeline: backend %s cannot batch requests", be.Name())
+	}
+	w, err := newWeights(m.sys, be, m.cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctxLen := m.opts.Ctx
+	if ctxLen <= 0 {
+		ctxLen = m.cfg.Ctx
+		if ctxLen <= 0 || ctxLen > model.DefaultMaxCtx {
+			ctxLen = model.DefaultMaxCtx
+		}
+	}
+	chunk := m.opts.Batch
+	if chunk <= 0 {
+		chunk = model.DefaultBatch
+	}
+	chunk = min(chunk, ctxLen)
+	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs})
+	if err != nil {
+		return nil, err
+	}
+	n := kvPoolBytes(be, m.cfg.Layers, blocks, bs, m.cfg.KVDim())
+	if err := m.mem.Alloc(n, "KV pool"); err != nil {
+		mdl.Close()
+		return nil, err
+	}
+	s, err := batch.New(batch.Config{Model: mdl, Backend: bt, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen})
+	if err != nil {
+		m.mem.Free(n)
+		mdl.Close()
+		return nil, err
+	}
+	b.sched, b.mdl, b.charged = s, mdl, n
+	return s, nil
+}
+
+// closeBatched stops the scheduler (ending its requests) and frees its
+// pool and buffers; Close calls it before the weights go.
+func (m *Model) closeBatched() {
+	b := &m.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.cancel != nil {
+		b.cancel()
+	}
+	if b.sched != nil {
+		b.sched.Close()
+		b.mdl.Close()
+		m.mem.Free(b.charged)
+		b.sched, b.mdl = nil, nil
+	}
+}
+
+// BatchStats reports the model's continuous-batching counters (zero when
+// batching is off or no request ran yet).
+func (m *Model) BatchStats() batch.Stats {
+	b := &m.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sched == nil {
+		return batch.Stats{}
+	}
+	return b.sched.Stats()
+}
+
+// generateBatched runs one tokenized request through the scheduler.
+func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOptions, tok *tokenizer.Tokenizer) (Result, error) {
+	s, err := m.scheduler(ctx)
+	if err != nil {
+		return Result{PromptTokens: len(ids)}, fmt.Errorf("pipeline: batching: %w", err)
+	}
+	id := m.batchReqs.Add(1)
+	r := batch.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampler: sample.New(o.Sampling, m.cfg.Vocab)}
+	if !o.IgnoreEOG && tok != nil {
+		r.IsEOG = tok.IsEOG
+	}
+	var stream *tokenizer.Stream
+	if tok != nil {
+		stream = tok.NewStream()
+	}
+	res, err := s.Generate(ctx, r, func(t int32) error {
+		if o.OnToken == nil {
+			return nil
+		}
+		tk := Token{ID: t}
+		if stream != nil {
+			tk.Text = stream.Add(t)
+		}
+		return o.OnToken(tk)
+	})
+	out := Result{ID: id, PromptTokens: len(ids), Tokens: res.Tokens, Stop: res.Stop}
+	if tok != nil {
+		out.Text = tok.Decode(res.Tokens)
+	}
+	if err != nil {
+		return out, fmt.Errorf("pipeline: request %d: %w", id, err)
+	}
+	return out, nil
+}
+
+// openOptions are the Options the engine opens its models with: batching
+// on unless SingleSequence.
+func (e *Engine) openOptions() Options {
+	o := e.o.Open
+	o.Batching.On = !e.o.SingleSequence
+	return o
+}
+
+// batchedOnly is the executor's Generator when batching is on: Generate
+// sends every request to the scheduler, so the executor holds no model.
+type batchedOnly struct{}
+
+func (batchedOnly) Generate(context.Context, []int32, any, func(int32) error) (string, error) {
+	return "", fmt.Errorf("pipeline: this model runs its requests through the batching scheduler")
+}
+
+func (batchedOnly) Close() {}
+
+// canBatch reports whether be runs batched steps; a model on a backend
+// that cannot keeps the single-sequence path even with Batching.On.
+func canBatch(be kernels.Backend) bool {
+	_, ok := kernels.As[kernels.Batcher](be)
+	return ok
+}

@@ -1,0 +1,301 @@
+package model
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/forge-llm/forge/kernels"
+)
+
+// Batched forward steps: one step over the rows of several sequences whose
+// keys and values live in a shared paged pool (kernels.Batcher), for the
+// serving engine's continuous batching (pipeline/batch schedules them).
+//
+// Batch invariance: a sequence's numbers must not depend on who else is in
+// the step. The step is cut into groups, each run through the same block
+// functions as the single-sequence path (llamaLayer, qwen2Layer): every
+// single-token row (a decode step, or a one-token prompt piece) joins a
+// decode group of at most kernels.MaxBatchRows rows, whose MatMuls give
+// each row what it gets alone (the Batcher promise); every longer piece is
+// a group of its own, so its MatMuls see exactly the rows they would see
+// alone. The other ops are row-wise, and attention reads only the row's
+// own sequence. A piece of a prompt computes what Forward computes for the
+// same tokens at the same positions: the same ops on the same row counts.
+
+// SeqRows is one sequence's part of a batched step: Tokens at positions
+// Pos0, Pos0+1, …; the positions before Pos0 are already in the pool.
+type SeqRows struct {
+	Tokens []int32
+	Pos0   int
+	// Table is the sequence's block table: it covers every position up to
+	// Pos0+len(Tokens)-1.
+	Table []int32
+	// Logits asks for the logits of the last token.
+	Logits bool
+}
+
+// BatchOptions size a batched model's buffers.
+type BatchOptions struct {
+	// MaxRows is the most rows (tokens) one step evaluates; 0: DefaultBatch
+	// plus kernels.MaxBatchRows.
+	MaxRows int
+	// MaxSeqs is the most sequences one step holds; 0: kernels.MaxBatchRows.
+	MaxSeqs int
+}
+
+// batchState is what a batched model keeps between steps.
+type batchState struct {
+	be               kernels.Batcher
+	pool             *kernels.KVPool
+	maxRows, maxSeqs int
+	full             scratch // buffers for maxRows rows; m.s views one group of it
+	groups           []group
+	toks             []int32
+	outRow           []int // per sequence of the step: its logits row, or -1
+}
+
+// group is a run of rows that go through the blocks together.
+type group struct {
+	first, n int
+	nOut     int // rows at the end of the group that go on past the last block
+	out0     int // logits row of the group's first output row
+	pending  bool
+	lay      kernels.Layout
+}
+
+// NewBatched makes a model that evaluates batched steps (StepBatch) on be,
+// which must implement kernels.Batcher. It holds no KV cache of its own:
+// the pool passed to each step does.
+func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Model, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	bt, ok := kernels.As[kernels.Batcher](be)
+	if !ok {
+		return nil, fmt.Errorf("model: backend %s cannot run batched steps (no kernels.Batcher)", be.Name())
+	}
+	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
+	switch cfg.Arch {
+	case "llama":
+		m.layer = llamaLayer
+	case "qwen2":
+		m.layer = qwen2Layer
+	default:
+		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
+	}
+	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
+		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
+	}
+	m.ropeParams.Freqs = m.g.RopeFreqs
+	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs}
+	if st.maxRows <= 0 {
+		st.maxRows = DefaultBatch + kernels.MaxBatchRows
+	}
+	if st.maxSeqs <= 0 {
+		st.maxSeqs = kernels.MaxBatchRows
+	}
+	m.bat = st
+	m.batch = st.maxRows
+	m.ctx = 0 // no context of its own: the scheduler bounds each sequence
+	m.lws = make([]*LayerWeights, cfg.Layers)
+	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
+	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
+	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
+	if err := m.allocScratch(); err != nil {
+		return nil, err
+	}
+	st.full = m.s
+	return m, nil
+}
+
+// MaxRows is the most rows one batched step evaluates.
+func (m *Model) MaxRows() int { return m.bat.maxRows }
+
+// MaxSeqs is the most sequences one batched step holds.
+func (m *Model) MaxSeqs() int { return m.bat.maxSeqs }
+
+// from views the buffers of s from row first on (qk1 shared).
+func (s *scratch) from(first int, c Config) scratch {
+	r := func(t kernels.Tensor, w int) kernels.Tensor { return t.View(first*w, t.Len-first*w) }
+	return scratch{
+		all: s.all, x: r(s.x, c.Embd), xb: r(s.xb, c.Embd), xb2: r(s.xb2, c.Embd),
+		q: r(s.q, c.QDim()), k: r(s.k, c.KVDim()), v: r(s.v, c.KVDim()), att: r(s.att, c.QDim()),
+		gate: r(s.gate, c.FF), up: r(s.up, c.FF), hb: r(s.hb, c.FF),
+		logits: s.logits, qk1: s.qk1,
+	}
+}
+
+// StepBatch evaluates one step over the rows of several sequences with
+// their keys and values in pool, and returns the logits of every sequence
+// that asked for them ([k][Vocab], in the order of seqs). The returned
+// slice belongs to the model and is overwritten by the next step.
+func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqRows) ([][]float32, error) {
+	st := m.bat
+	if st == nil {
+		return nil, fmt.Errorf("model: StepBatch on a model not made by NewBatched")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if err := m.planGroups(pool, seqs); err != nil {
+		return nil, err
+	}
+	st.pool = pool
+	defer func() { st.pool = nil; m.s = st.full }()
+	c := m.Cfg
+	for gi := range st.groups {
+		g := &st.groups[gi]
+		m.s = st.full.from(g.first, c)
+		if err := m.be.Embed(m.s.x.View(0, g.n*c.Embd), m.g.Embed, st.toks[g.first:g.first+g.n]); err != nil {
+			return nil, fmt.Errorf("model: embedding: %w", err)
+		}
+		g.pending = false
+	}
+	for l := range c.Layers {
+		lw, err := m.w.Layer(ctx, l)
+		if err != nil {
+			return nil, fmt.Errorf("model: waiting for layer %d: %w", l, err)
+		}
+		m.lws[l] = lw
+		for gi := range st.groups {
+			g := &st.groups[gi]
+			keep := g.n
+			if l == c.Layers-1 {
+				keep = g.nOut
+			}
+			if err := st.be.SetLayout(&g.lay); err != nil {
+				return nil, fmt.Errorf("model: layer %d: layout: %w", l, err)
+			}
+			m.s = st.full.from(g.first, c)
+			m.pending, m.err = g.pending, nil
+			if err := m.layer(m, lw, l, 0, g.n, keep); err != nil {
+				return nil, fmt.Errorf("model: layer %d: %w", l, err)
+			}
+			g.pending = m.pending
+		}
+	}
+	outRows := 0
+	for gi := range st.groups {
+		g := &st.groups[gi]
+		if g.nOut == 0 {
+			continue
+		}
+		m.s = st.full.from(g.first, c)
+		a := m.s.rows(g.n-g.nOut, g.nOut, c)
+		m.pending, m.err = g.pending, nil
+		m.preNorm(a, m.g.OutputNorm, g.nOut)
+		m.matmul(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), m.g.Output, a.xb, g.nOut)
+		if m.err != nil {
+			return nil, fmt.Errorf("model: output head: %w", m.err)
+		}
+		outRows = max(outRows, g.out0+g.nOut)
+	}
+	m.pending = false
+	host := m.logits[:outRows*c.Vocab]
+	if outRows > 0 {
+		if err := m.be.Read(host, st.full.logits, 0); err != nil {
+			return nil, fmt.Errorf("model: reading logits: %w", err)
+		}
+	}
+	var out [][]float32
+	for i, s := range seqs {
+		if s.Logits {
+			r := st.outRow[i]
+			out = append(out, host[r*c.Vocab:(r+1)*c.Vocab])
+		}
+	}
+	return out, nil
+}
+
+// planGroups checks the step and cuts it into groups: single-token rows
+// together, up to kernels.MaxBatchRows a group, every longer piece alone.
+func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
+	st := m.bat
+	if pool == nil {
+		return fmt.Errorf("model: batched step without a kv pool")
+	}
+	if pool.Layers != m.Cfg.Layers || pool.KVDim != m.Cfg.KVDim() {
+		return fmt.Errorf("model: kv pool of %d layers × %d values, the model needs %d × %d", pool.Layers, pool.KVDim, m.Cfg.Layers, m.Cfg.KVDim())
+	}
+	if len(seqs) == 0 {
+		return fmt.Errorf("model: batched step of no sequences")
+	}
+	if len(seqs) > st.maxSeqs {
+		return fmt.Errorf("model: %d sequences in a step, at most %d", len(seqs), st.maxSeqs)
+	}
+	rows := 0
+	for i, s := range seqs {
+		n := len(s.Tokens)
+		if n == 0 {
+			return fmt.Errorf("model: sequence %d of the step has no tokens", i)
+		}
+		if s.Pos0 < 0 {
+			return fmt.Errorf("model: sequence %d: negative position %d", i, s.Pos0)
+		}
+		if need := (s.Pos0 + n + pool.BlockSize - 1) / pool.BlockSize; len(s.Table) < need {
+			return fmt.Errorf("model: sequence %d: %d positions need %d blocks, its table has %d", i, s.Pos0+n, need, len(s.Table))
+		}
+		for _, t := range s.Tokens {
+			if t < 0 || int(t) >= m.Cfg.Vocab {
+				return fmt.Errorf("model: sequence %d: token %d outside the vocabulary of %d", i, t, m.Cfg.Vocab)
+			}
+		}
+		rows += n
+	}
+	if rows > st.maxRows {
+		return fmt.Errorf("model: %d rows in a step, at most %d", rows, st.maxRows)
+	}
+	// Rows: the single-token sequences first (in groups of up to
+	// MaxBatchRows), then each longer piece.
+	st.groups = st.groups[:0]
+	st.toks = st.toks[:0]
+	st.outRow = st.outRow[:0]
+	for range seqs {
+		st.outRow = append(st.outRow, -1)
+	}
+	out := 0
+	newGroup := func() *group {
+		st.groups = append(st.groups, group{first: len(st.toks)})
+		return &st.groups[len(st.groups)-1]
+	}
+	var dg *group
+	for i, s := range seqs {
+		if len(s.Tokens) != 1 {
+			continue
+		}
+		if dg == nil || dg.n == kernels.MaxBatchRows {
+			dg = newGroup()
+			dg.out0 = out
+		}
+		m.addRows(dg, s)
+		dg.nOut = dg.n // every row of a decode group goes on to the head
+		st.outRow[i] = out
+		out++
+	}
+	for i, s := range seqs {
+		if len(s.Tokens) == 1 {
+			continue
+		}
+		g := newGroup()
+		m.addRows(g, s)
+		if s.Logits {
+			g.nOut, g.out0 = 1, out
+			st.outRow[i] = out
+			out++
+		}
+	}
+	return nil
+}
+
+// addRows appends a sequence's rows to g.
+func (m *Model) addRows(g *group, s SeqRows) {
+	st := m.bat
+	q := int32(len(g.lay.Tables))
+	g.lay.Tables = append(g.lay.Tables, s.Table)
+	for j, t := range s.Tokens {
+		st.toks = append(st.toks, t)
+		g.lay.Pos = append(g.lay.Pos, int32(s.Pos0+j))
+		g.lay.Seq = append(g.lay.Seq, q)
+	}
+	g.n += len(s.Tokens)
+}
