@@ -373,7 +373,10 @@ func TestServeShutdownQueued(t *testing.T) {
 	leakCheck(t)
 	hostStores(t)
 	path := chatModel(t, "tiny")
-	ts := startServer(t, serveConfig{models: []modelArg{{id: "chat", name: path}}, grace: time.Nanosecond})
+	// One sequence at a time, so the second request waits in the
+	// scheduler's queue (with more, it would run beside the first).
+	ts := startServer(t, serveConfig{models: []modelArg{{id: "chat", name: path}}, grace: time.Nanosecond,
+		engine: pipeline.EngineOptions{Open: pipeline.Options{Batching: pipeline.Batching{Seqs: 1}}}})
 	first := make(chan struct{})
 	streamed := make(chan error, 1)
 	go func() {
@@ -388,11 +391,14 @@ func TestServeShutdownQueued(t *testing.T) {
 	go func() {
 		queued <- ts.do(t, "POST", "/v1/chat/completions", "application/json", `{"model":"chat","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	}()
-	for {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		var st struct{ Models []pipeline.ModelStatus }
 		ts.getJSON(t, "/forge/status", &st)
 		if len(st.Models) == 1 && st.Models[0].Active == 2 {
 			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second request never queued: %+v", st.Models)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
