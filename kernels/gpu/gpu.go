@@ -1,6 +1,7 @@
 // Package gpu is the GPU implementation of kernels.Backend: one kernel
-// source for CUDA and HIP (cu/*.cu, embedded), compiled at run time by
-// nvrtc or hiprtc through package rocm and cached on disk, and the Go
+// source for CUDA and HIP (cu/*.cu, embedded), shipped compiled in the
+// binary for the common targets (shipped.go) and otherwise compiled at run
+// time by nvrtc or hiprtc through package rocm and cached on disk, and the Go
 // launchers that queue the kernels on one compute stream.
 //
 // Every op only queues work; Read (and the sampling helpers that return
@@ -168,6 +169,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	codes := make([][]byte, len(mods))
 	errs := make([]error, len(mods))
 	whys := make([]string, len(mods))
+	froms := make([]string, len(mods))
 	// nvrtc compiles several programs at once; ROCm 5.2's hiprtc crashes
 	// doing so, so HIP compiles one module at a time.
 	parallel := w.Device.Backend == rocm.CUDA
@@ -176,13 +178,13 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		wg.Add(1)
 		load := func() {
 			defer wg.Done()
-			code, from, why, err := moduleCode(man, objs, m, w.Device, getComp)
+			code, from, why, err := moduleCode(man, objs, m, w.Device, w.Runtime().Version, getComp)
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			slog.Debug("gpu: kernel module", "module", m, "arch", w.Device.Arch, "from", from, "bytes", len(code))
-			codes[i], whys[i] = code, why
+			codes[i], whys[i], froms[i] = code, why, from
 		}
 		if parallel {
 			go load()
@@ -219,6 +221,17 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	err = b.do(func(c *rocm.Ctx) error {
 		for i, code := range codes {
 			m, err := c.LoadModule(code)
+			if err != nil && strings.HasPrefix(froms[i], "shipped") {
+				// A driver that cannot take the shipped object (an older
+				// ELF ABI or PTX ISA than the generator's) gets one made
+				// by its own toolkit's nvrtc.
+				slog.Info("gpu: shipped kernel object did not load; compiling it", "module", mods[i], "arch", w.Device.Arch, "err", err)
+				if code, _, cerr := compileModule(mods[i], w.Device, getComp); cerr != nil {
+					err = fmt.Errorf("%w; compiling instead: %w", err, cerr)
+				} else {
+					m, err = c.LoadModule(code)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("gpu: load %s: %w", mods[i], err)
 			}

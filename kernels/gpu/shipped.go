@@ -7,6 +7,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -272,7 +273,11 @@ func (m *Manifest) Merge(objs []ShippedObject) {
 // read from the kernel cache) by comp(), created on first need, else the
 // shipped PTX where the compiler cannot be opened. from says which; why,
 // when not shipped, says why not.
-func moduleCode(man *Manifest, objs fs.FS, module string, dev rocm.DeviceInfo, comp func() (*rocm.Compiler, error)) (code []byte, from, why string, err error) {
+//
+// driver is the CUDA driver's version (cuDriverGetVersion, 13000 for 13.0;
+// 0 if unknown): a cubin or PTX from a newer nvrtc than the driver may not
+// load (a newer ELF ABI, a newer PTX ISA), so those objects are skipped.
+func moduleCode(man *Manifest, objs fs.FS, module string, dev rocm.DeviceInfo, driver int, comp func() (*rocm.Compiler, error)) (code []byte, from, why string, err error) {
 	hash, err := SourceHash(module, CompileOptions)
 	if err != nil {
 		return nil, "", "", err
@@ -285,6 +290,9 @@ func moduleCode(man *Manifest, objs fs.FS, module string, dev rocm.DeviceInfo, c
 		if o == nil {
 			return nil, "", why
 		}
+		if need := compilerDriver(o.Compiler); dev.Backend == rocm.CUDA && driver > 0 && driver < need {
+			return nil, "", fmt.Sprintf("the driver (%d) is older than the %s that made the shipped objects", driver, o.Compiler)
+		}
 		code, err := ReadObject(objs, o)
 		if err != nil {
 			return nil, "", err.Error()
@@ -295,23 +303,51 @@ func moduleCode(man *Manifest, objs fs.FS, module string, dev rocm.DeviceInfo, c
 	if code != nil {
 		return code, from, "", nil
 	}
-	c, cerr := comp()
-	if cerr != nil {
+	code, from, err = compileModule(module, dev, comp)
+	if err != nil && errors.Is(err, errNoCompiler) {
 		if code, from, _ := shipped(true); code != nil {
-			return code, from, fmt.Sprintf("%s; no run-time compiler (%v)", why, cerr), nil
+			return code, from, fmt.Sprintf("%s; no run-time compiler (%v)", why, err), nil
 		}
-		return nil, "", why, cerr
+	}
+	return code, from, why, err
+}
+
+// errNoCompiler marks compileModule's failure to open nvrtc/hiprtc.
+var errNoCompiler = errors.New("no run-time compiler")
+
+// compileModule compiles module through comp() or reads it from the kernel
+// cache; from is "compiled" or "kernel cache".
+func compileModule(module string, dev rocm.DeviceInfo, comp func() (*rocm.Compiler, error)) (code []byte, from string, err error) {
+	c, err := comp()
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %w", errNoCompiler, err)
 	}
 	src, err := Source(module)
 	if err != nil {
-		return nil, "", why, err
+		return nil, "", err
 	}
 	code, hit, err := c.Compile(src, module, CompileOptions)
 	if err != nil {
-		return nil, "", why, fmt.Errorf("gpu: compile %s for %s: %w", module, dev.Arch, err)
+		return nil, "", fmt.Errorf("gpu: compile %s for %s: %w", module, dev.Arch, err)
 	}
 	if hit {
-		return code, "kernel cache", why, nil
+		return code, "kernel cache", nil
 	}
-	return code, "compiled", why, nil
+	return code, "compiled", nil
+}
+
+// compilerDriver is the least CUDA driver version for objects made by
+// compiler ("nvrtc 13.0" → 13000); 0 when it names no nvrtc version.
+func compilerDriver(compiler string) int {
+	v, ok := strings.CutPrefix(compiler, "nvrtc ")
+	if !ok {
+		return 0
+	}
+	maj, min, _ := strings.Cut(v, ".")
+	a, err1 := strconv.Atoi(maj)
+	b, err2 := strconv.Atoi(min)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return a*1000 + b*10
 }

@@ -302,23 +302,36 @@ func TestModuleCodeChoosesShipped(t *testing.T) {
 	called := false
 	mustNotCompile := func() (*rocm.Compiler, error) { called = true; return nil, errors.New("compiler opened") }
 	for _, m := range Modules() {
-		code, from, why, err := moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}, mustNotCompile)
+		code, from, why, err := moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}, 13000, mustNotCompile)
 		if err != nil || from != "shipped cubin sm_90" || why != "" || len(code) == 0 || called {
 			t.Fatalf("%s on sm_90: from %q why %q err %v compiler opened %v", m, from, why, err, called)
 		}
-		code, from, _, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.HIP, Arch: "gfx90a:sramecc+:xnack-"}, mustNotCompile)
+		code, from, _, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.HIP, Arch: "gfx90a:sramecc+:xnack-"}, 50221, mustNotCompile)
 		if err != nil || from != "shipped hsaco gfx90a" || len(code) == 0 || called {
 			t.Fatalf("%s on gfx90a: from %q err %v", m, from, err)
 		}
-		code, from, why, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_100"}, noComp)
+		code, from, why, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_100"}, 13000, noComp)
 		if err != nil || from != "shipped ptx compute_80" || !strings.Contains(why, "no run-time compiler") || !bytes.HasSuffix(code, []byte{0}) {
 			t.Fatalf("%s on sm_100 with no nvrtc: from %q why %q err %v", m, from, why, err)
 		}
-		if _, _, why, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_75"}, noComp); !errors.Is(err, rocm.ErrNoDriver) || !strings.Contains(why, "no shipped object") {
+		if _, _, why, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_75"}, 13000, noComp); !errors.Is(err, rocm.ErrNoDriver) || !strings.Contains(why, "no shipped object") {
 			t.Fatalf("%s on sm_75 with no nvrtc: why %q err %v, want ErrNoDriver", m, why, err)
 		}
-		if _, _, why, _ = moduleCode(nil, nil, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}, noComp); !strings.Contains(why, EnvKernelObjects) {
+		// A CUDA 12.4 driver cannot be trusted with nvrtc 13.0's objects:
+		// the run-time compiler is asked for instead.
+		if _, _, why, err = moduleCode(man, objs, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}, 12040, noComp); !errors.Is(err, rocm.ErrNoDriver) || !strings.Contains(why, "older than the nvrtc 13.0") {
+			t.Fatalf("%s on a 12.4 driver: why %q err %v", m, why, err)
+		}
+		if _, _, why, _ = moduleCode(nil, nil, m, rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}, 13000, noComp); !strings.Contains(why, EnvKernelObjects) {
 			t.Fatalf("%s with objects off: why %q", m, why)
+		}
+	}
+}
+
+func TestCompilerDriver(t *testing.T) {
+	for in, want := range map[string]int{"nvrtc 13.0": 13000, "nvrtc 12.4": 12040, "hiprtc 9.0": 0, "nvrtc x": 0} {
+		if got := compilerDriver(in); got != want {
+			t.Errorf("compilerDriver(%q) = %d, want %d", in, got, want)
 		}
 	}
 }
