@@ -13,7 +13,7 @@ DEVICE_PKGS ?= rocm kernels/gpu actors pipeline pipeline/model
 
 GOFILES = $(shell find . -name '*.go' -not -path './bin/*')
 
-.PHONY: all build run test fmt-check vet unit fuzz device clean
+.PHONY: all build run test fmt-check vet unit fuzz device kernels clean
 
 all: build
 
@@ -51,6 +51,12 @@ device:
 		CGO_ENABLED=0 $(GO) test -c -trimpath -ldflags='-s -w' -o bin/device/$$(basename $$p).test ./$$p || exit 1; \
 	done
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/device/forge ./cmd/forge
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/device/kernels-gen ./kernels/gpu/gen
+
+# Regenerate the compiled kernels shipped in the binary (kernels/gpu/obj)
+# after a kernel source change; bench/kernels-gen.sh says how.
+kernels:
+	bench/kernels-gen.sh
 
 clean:
 	rm -rf bin

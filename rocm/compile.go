@@ -27,6 +27,7 @@ type rtc struct {
 	create, compile, codeSize, code uintptr
 	logSize, log, destroy, version  uintptr
 	errString                       uintptr
+	ptxSize, ptx                    uintptr // nvrtc only: the PTX text (hiprtc: the code again)
 	major, minor                    int
 }
 
@@ -66,6 +67,8 @@ func openRTC(b Backend) (*rtc, error) {
 		{&r.destroy, "nvrtcDestroyProgram", "hiprtcDestroyProgram", false},
 		{&r.version, "nvrtcVersion", "hiprtcVersion", false},
 		{&r.errString, "nvrtcGetErrorString", "hiprtcGetErrorString", false},
+		{&r.ptxSize, "nvrtcGetPTXSize", "hiprtcGetCodeSize", false},
+		{&r.ptx, "nvrtcGetPTX", "hiprtcGetCode", false},
 	}
 	if err := r.lib.resolve(b, tab); err != nil {
 		return nil, err
@@ -107,8 +110,14 @@ func (r *rtc) archOption(arch string) string {
 	return "--gpu-architecture=" + arch
 }
 
-// build compiles src once, with no cache.
+// build compiles src once, with no cache, and returns the code object.
 func (r *rtc) build(src, name, arch string, opts []string) ([]byte, error) {
+	return r.buildOut(src, name, arch, opts, false)
+}
+
+// buildOut compiles src once; ptx selects nvrtc's PTX text (for a virtual
+// arch such as compute_80) instead of the cubin.
+func (r *rtc) buildOut(src, name, arch string, opts []string, ptx bool) ([]byte, error) {
 	var prog uintptr
 	csrc, cname := cstr(src), cstr(name)
 	if err := r.call("CreateProgram", r.create, uintptr(unsafe.Pointer(&prog)), uintptr(unsafe.Pointer(&csrc[0])), uintptr(unsafe.Pointer(&cname[0])), 0, 0, 0); err != nil {
@@ -138,17 +147,22 @@ func (r *rtc) build(src, name, arch string, opts []string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("rocm: compile %s: %w", name, cerr)
 	}
+	sizeFn, codeFn, what := r.codeSize, r.code, "Code"
+	if ptx {
+		sizeFn, codeFn, what = r.ptxSize, r.ptx, "PTX"
+	}
 	var n uintptr
-	if err := r.call("GetCodeSize", r.codeSize, prog, uintptr(unsafe.Pointer(&n))); err != nil {
-		return nil, err
+	if err := r.call("Get"+what+"Size", sizeFn, prog, uintptr(unsafe.Pointer(&n))); err != nil {
+		return nil, fmt.Errorf("rocm: compile %s for %s: %w", name, arch, err)
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("rocm: compile %s for %s: compiler returned no code (log: %s)", name, arch, r.programLog(prog))
 	}
 	code := make([]byte, n)
-	if err := r.call("GetCode", r.code, prog, uintptr(unsafe.Pointer(&code[0]))); err != nil {
-		return nil, err
+	if err := r.call("Get"+what, codeFn, prog, uintptr(unsafe.Pointer(&code[0]))); err != nil {
+		return nil, fmt.Errorf("rocm: compile %s for %s: %w", name, arch, err)
 	}
+	// PTX text ends in a NUL, which cuModuleLoadData needs: it is kept.
 	return code, nil
 }
 
@@ -183,6 +197,29 @@ func CompileCUDA(src, name, arch string, opts []string) ([]byte, error) {
 		return nil, err
 	}
 	return r.build(src, name, arch, opts)
+}
+
+// CompilePTX compiles CUDA source through nvrtc to PTX text for a virtual
+// arch (e.g. "compute_80"): the driver compiles it at load time for any
+// newer device, the fallback for an arch with no shipped cubin. The result
+// keeps its terminating NUL, as cuModuleLoadData expects.
+func CompilePTX(src, name, arch string, opts []string) ([]byte, error) {
+	r, err := openRTC(CUDA)
+	if err != nil {
+		return nil, err
+	}
+	return r.buildOut(src, name, arch, opts, true)
+}
+
+// RTCVersion reports the version of backend b's run-time compiler (nvrtc or
+// hiprtc), loading it if needed: the generator of the shipped kernel
+// objects records it.
+func RTCVersion(b Backend) (major, minor int, err error) {
+	r, err := openRTC(b)
+	if err != nil {
+		return 0, 0, err
+	}
+	return r.major, r.minor, nil
 }
 
 // Compiler compiles kernel sources for one device and caches the code objects

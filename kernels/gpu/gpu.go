@@ -1,6 +1,7 @@
 // Package gpu is the GPU implementation of kernels.Backend: one kernel
-// source for CUDA and HIP (cu/*.cu, embedded), compiled at run time by
-// nvrtc or hiprtc through package rocm and cached on disk, and the Go
+// source for CUDA and HIP (cu/*.cu, embedded), shipped compiled in the
+// binary for the common targets (shipped.go) and otherwise compiled at run
+// time by nvrtc or hiprtc through package rocm and cached on disk, and the Go
 // launchers that queue the kernels on one compute stream.
 //
 // Every op only queues work; Read (and the sampling helpers that return
@@ -132,46 +133,72 @@ func Open(ordinal int, o Options) (*Backend, error) {
 	return b, nil
 }
 
-// New compiles (or loads from the cache) every kernel module for the
-// worker's device and returns a Backend that queues work on a new stream.
+// New loads every kernel module for the worker's device — the object
+// shipped in the binary where one fits its arch (shipped.go), else compiled
+// by nvrtc/hiprtc or read from the kernel cache — and returns a Backend that
+// queues work on a new stream.
 func New(w *rocm.Worker, o Options) (*Backend, error) {
 	t0 := time.Now()
-	comp, err := w.NewCompiler(o.CacheDir)
-	tComp := time.Since(t0)
+	var man *Manifest
+	objs, err := ShippedObjects()
+	if err == nil && objs != nil {
+		man, err = ReadManifest(objs)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: %w", err)
+		slog.Info("gpu: no shipped kernel objects; compiling at run time", "reason", err)
+		man = nil
+	}
+	// The run-time compiler is opened only when a module needs it: with
+	// every module shipped, nvrtc/hiprtc need not even be installed.
+	var compOnce sync.Once
+	var comp *rocm.Compiler
+	var compErr error
+	var tComp time.Duration
+	getComp := func() (*rocm.Compiler, error) {
+		compOnce.Do(func() {
+			t := time.Now()
+			comp, compErr = w.NewCompiler(o.CacheDir)
+			tComp = time.Since(t)
+			if compErr != nil {
+				compErr = fmt.Errorf("gpu: %w", compErr)
+			}
+		})
+		return comp, compErr
 	}
 	mods := Modules()
 	codes := make([][]byte, len(mods))
 	errs := make([]error, len(mods))
+	whys := make([]string, len(mods))
+	froms := make([]string, len(mods))
 	// nvrtc compiles several programs at once; ROCm 5.2's hiprtc crashes
 	// doing so, so HIP compiles one module at a time.
 	parallel := w.Device.Backend == rocm.CUDA
 	var wg sync.WaitGroup
 	for i, m := range mods {
 		wg.Add(1)
-		compile := func() {
+		load := func() {
 			defer wg.Done()
-			src, err := Source(m)
+			code, from, why, err := moduleCode(man, objs, m, w.Device, w.Runtime().Version, getComp)
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			code, hit, err := comp.Compile(src, m, nil)
-			if err != nil {
-				errs[i] = fmt.Errorf("gpu: compile %s for %s: %w", m, w.Device.Arch, err)
-				return
-			}
-			slog.Debug("gpu: kernel module", "module", m, "arch", w.Device.Arch, "cached", hit, "bytes", len(code))
-			codes[i] = code
+			slog.Debug("gpu: kernel module", "module", m, "arch", w.Device.Arch, "from", from, "bytes", len(code))
+			codes[i], whys[i], froms[i] = code, why, from
 		}
 		if parallel {
-			go compile()
+			go load()
 		} else {
-			compile()
+			load()
 		}
 	}
 	wg.Wait()
+	for i, why := range whys {
+		if why != "" {
+			slog.Info("gpu: shipped kernel objects not used", "arch", w.Device.Arch, "module", mods[i], "reason", why)
+			break // one line: the reason is the same for every module as a rule
+		}
+	}
 	tCode := time.Since(t0)
 	for _, e := range errs {
 		if e != nil {
@@ -194,6 +221,17 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	err = b.do(func(c *rocm.Ctx) error {
 		for i, code := range codes {
 			m, err := c.LoadModule(code)
+			if err != nil && strings.HasPrefix(froms[i], "shipped") {
+				// A driver that cannot take the shipped object (an older
+				// ELF ABI or PTX ISA than the generator's) gets one made
+				// by its own toolkit's nvrtc.
+				slog.Info("gpu: shipped kernel object did not load; compiling it", "module", mods[i], "arch", w.Device.Arch, "err", err)
+				if code, _, cerr := compileModule(mods[i], w.Device, getComp); cerr != nil {
+					err = fmt.Errorf("%w; compiling instead: %w", err, cerr)
+				} else {
+					m, err = c.LoadModule(code)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("gpu: load %s: %w", mods[i], err)
 			}
