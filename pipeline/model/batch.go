@@ -151,6 +151,15 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		}
 		g.pending = false
 	}
+	// One group (the common case: every row a decode row) keeps its layout
+	// for the whole step: set it once, not once per layer (on a GPU each
+	// SetLayout is a copy to the device).
+	one := len(st.groups) == 1
+	if one {
+		if err := st.be.SetLayout(&st.groups[0].lay); err != nil {
+			return nil, fmt.Errorf("model: layout: %w", err)
+		}
+	}
 	for l := range c.Layers {
 		lw, err := m.w.Layer(ctx, l)
 		if err != nil {
@@ -163,8 +172,10 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 			if l == c.Layers-1 {
 				keep = g.nOut
 			}
-			if err := st.be.SetLayout(&g.lay); err != nil {
-				return nil, fmt.Errorf("model: layer %d: layout: %w", l, err)
+			if !one {
+				if err := st.be.SetLayout(&g.lay); err != nil {
+					return nil, fmt.Errorf("model: layer %d: layout: %w", l, err)
+				}
 			}
 			m.s = st.full.from(g.first, c)
 			m.pending, m.err = g.pending, nil
