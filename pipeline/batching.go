@@ -19,17 +19,22 @@ import (
 // EngineOptions.SingleSequence); Open alone (forge run) leaves it off.
 type Batching struct {
 	On bool
-	// Seqs is the most requests running together (0: 8); the others
+	// Seqs is the most requests running together (0: 16, at most kernels.MaxBatchRows); the others
 	// wait for room.
 	Seqs int
 	// Blocks is the pool's size in blocks of BlockSize positions (0:
 	// enough for Seqs/4 full contexts, at least two: requests rarely fill
 	// theirs, and admission waits for room); BlockSize 0 is 16.
 	Blocks, BlockSize int
+	// Deterministic turns the prefix cache off (batch.Config's
+	// NoPrefixCache): a request then gives the same tokens whether it ran
+	// alone or among others on the GPU too, at the cost of computing every
+	// prompt in full.
+	Deterministic bool
 }
 
 const (
-	defaultBatchSeqs      = 8
+	defaultBatchSeqs      = 16
 	defaultBatchBlockSize = 16
 )
 
@@ -148,7 +153,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: bt, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: bt, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.Free(n)
 		mdl.Close()

@@ -77,7 +77,7 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	// Keep-alive 0: each model alone, measuring what it holds while
 	// leased (its footprint) and that all of it is returned on release.
 	foot := map[string]uint64{}
-	e0 := newTestEngine(t, EngineOptions{KeepAlive: new(time.Duration(0)), Open: Options{Device: "gpu"}})
+	e0 := newTestEngine(t, EngineOptions{SingleSequence: true, KeepAlive: new(time.Duration(0)), Open: Options{Device: "gpu"}})
 	free0 := warm(e0)
 	for _, p := range paths {
 		if _, err := e0.Generate(t.Context(), EngineRequest{Model: p, Prompt: "Hi", MaxTokens: 2}); err != nil {
@@ -128,7 +128,7 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	if est[0]+est[1]+est[2] <= budget {
 		t.Fatalf("estimates %v do not make the test", est)
 	}
-	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}})
+	e := newTestEngine(t, EngineOptions{SingleSequence: true, Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}})
 	free0 = warm(e)
 	state := func(p string) ModelState { st, _ := e.StatusOf(p); return st.State }
 	gen := func(p string) { t.Helper(); useModel(t, e, p) }

@@ -60,6 +60,7 @@ func benchServeCommand() *cli.Command {
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "forge serve: CPU threads (0: every core)"},
 			&cli.IntFlag{Name: "ctx", Usage: "forge serve: KV cache positions per model"},
 			&cli.StringFlag{Name: "budget", Usage: "forge serve: memory budget for all loaded models, e.g. 8GiB"},
+			&cli.StringSliceFlag{Name: "serve-flag", Usage: "forge serve: one more flag to pass on as it is, e.g. --serve-flag=--batch-seqs=64 (repeatable)"},
 		},
 		Action: benchServeCmd,
 	}
@@ -174,6 +175,7 @@ func benchServeCmd(c *cli.Context) error {
 		if c.IsSet("budget") {
 			argv = append(argv, "--budget", c.String("budget"))
 		}
+		argv = append(argv, c.StringSlice("serve-flag")...)
 		var ids []string
 		for _, m := range models {
 			argv = append(argv, "-m", m)

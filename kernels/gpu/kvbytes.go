@@ -10,3 +10,9 @@ func (b *Backend) KVCacheBytes(layers, ctx, kvDim int) int64 {
 	}
 	return int64(layers) * 2 * int64(ctx) * int64(kvDim) * es
 }
+
+// KVPoolBytes is what NewKVPool allocates for this shape (the batching
+// engine's pool), likewise.
+func (b *Backend) KVPoolBytes(layers, blocks, blockSize, kvDim int) int64 {
+	return b.KVCacheBytes(layers, blocks*blockSize, kvDim)
+}

@@ -447,3 +447,36 @@ func (g gatedWeights) Layer(ctx context.Context, i int) (*model.LayerWeights, er
 		return nil, ctx.Err()
 	}
 }
+
+// TestNoPrefixCache: with the prefix cache off every prompt is computed in
+// full, and the tokens are those of the same request with it on (on the
+// CPU every row's numbers are the same whichever way they were computed).
+func TestNoPrefixCache(t *testing.T) {
+	fx := open(t, "stories260K-F32.gguf")
+	on := fx.scheduler(t, Config{Blocks: 64, BlockSize: 8, ModelID: "stories"})
+	off := fx.scheduler(t, Config{Blocks: 64, BlockSize: 8, ModelID: "stories", NoPrefixCache: true})
+	rng := rand.New(rand.NewPCG(8, 9))
+	common := randPrompt(rng, 37, fx.cfg.Vocab)
+	second := append(slices.Clone(common), randPrompt(rng, 10, fx.cfg.Vocab)...)
+	ctx := context.Background()
+	for _, s := range []*Scheduler{on, off} {
+		if _, err := s.Generate(ctx, Request{Prompt: common, MaxTokens: 4}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := off.Stats()
+	b, err := off.Generate(ctx, Request{Prompt: second, MaxTokens: 8}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if computed := off.Stats().PromptComputed - before.PromptComputed; b.CachedTokens != 0 || computed != int64(len(second)) {
+		t.Errorf("prefix cache off: %d tokens from the cache, %d computed; want 0 and %d", b.CachedTokens, computed, len(second))
+	}
+	c, err := on.Generate(ctx, Request{Prompt: second, MaxTokens: 8}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CachedTokens == 0 || !slices.Equal(b.Tokens, c.Tokens) {
+		t.Errorf("cache on: %d cached, %v; cache off: %v", c.CachedTokens, c.Tokens, b.Tokens)
+	}
+}

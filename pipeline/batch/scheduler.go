@@ -45,6 +45,17 @@ type Config struct {
 	// Reserve is how many blocks beyond its prompt a request needs free to
 	// be admitted (0: 1), so that admitted sequences can start decoding.
 	Reserve int
+	// NoPrefixCache computes every prompt in full instead of reusing the
+	// cached blocks of an earlier request's prefix. Batch invariance makes
+	// a row's numbers independent of the other rows of its step; but a
+	// reused block holds keys and values computed the way the earlier
+	// request computed them (its generated tokens by the decode kernels,
+	// its prompt in pieces of another length), which on a GPU differ from
+	// a fresh computation in the last bits. Without reuse a request gives
+	// the same tokens alone or among others on every backend (on the CPU,
+	// whose products give every row the same bits for any row count and
+	// kernel, it does either way).
+	NoPrefixCache bool
 }
 
 // Request is one generation.
@@ -456,7 +467,7 @@ func (s *Scheduler) admit(q *seq) (bool, error) {
 	// Look the chain up first without taking references.
 	var hits []int32
 	var prev uint64
-	for i := 0; i < (n-1)/bs; i++ {
+	for i := 0; !s.cfg.NoPrefixCache && i < (n-1)/bs; i++ {
 		toks := q.tokens[i*bs : (i+1)*bs]
 		h := chainHash(s.cfg.ModelID, prev, toks)
 		id, ok := s.bm.byHash[h]
