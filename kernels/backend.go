@@ -284,3 +284,15 @@ type Batcher interface {
 	//   q, out [n][a.Heads][a.HeadDim]; k, v [n][a.KVHeads][a.HeadDim]
 	PagedAttention(out, q, k, v Tensor, p *KVPool, layer, n int, a Attn) error
 }
+
+// PromptMatMuler is a Backend with a second matrix product for the pieces
+// of a prompt in a batched step. MatMul must keep every row of up to
+// MaxBatchRows bit-identical to a one-row product, which on a GPU means
+// the multi-row matrix–vector kernels; a prompt piece needs no such
+// promise (it is cut from its own sequence's positions, the same alone or
+// among others) and is faster through a GEMM. MatMulPrompt computes what
+// MatMul computes, choosing its kernel by n alone. A backend without it
+// (the CPU) multiplies prompt pieces with MatMul.
+type PromptMatMuler interface {
+	MatMulPrompt(dst Tensor, w *Weight, x Tensor, n int) error
+}

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline/batch"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
@@ -31,6 +32,9 @@ type Batching struct {
 	// alone or among others on the GPU too, at the cost of computing every
 	// prompt in full.
 	Deterministic bool
+	// GPU batches on a GPU too (see canBatch); without it a model on a GPU
+	// keeps the single-sequence path.
+	GPU bool
 }
 
 const (
@@ -248,7 +252,16 @@ func (batchedOnly) Close() {}
 
 // canBatch reports whether be runs batched steps; a model on a backend
 // that cannot keeps the single-sequence path even with Batching.On.
-func canBatch(be kernels.Backend) bool {
+//
+// On a GPU it batches only where Batching.GPU asks: the batched decode step
+// is not yet recorded as a graph (the single-sequence one is), so a request
+// alone decodes at about half the single-sequence rate (8B Q4_K_M on an
+// H100: 124 vs 272 tokens/s over HTTP), and batching pays only from about
+// six concurrent requests (bench/results/2026-11-25-serve-batching-h100.md).
+func canBatch(be kernels.Backend, b Batching) bool {
+	if _, ok := kernels.As[*gpu.Backend](be); ok && !b.GPU {
+		return false
+	}
 	_, ok := kernels.As[kernels.Batcher](be)
 	return ok
 }

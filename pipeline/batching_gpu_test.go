@@ -28,7 +28,7 @@ func TestGPUBatchInvariant(t *testing.T) {
 		t.Run(file, func(t *testing.T) {
 			ctx := context.Background()
 			path := testmodels.Path(t, file)
-			batched, err := Open(ctx, path, Options{Device: "gpu", Batching: Batching{On: true, Seqs: 16, Deterministic: true}})
+			batched, err := Open(ctx, path, Options{Device: "gpu", Batching: Batching{On: true, GPU: true, Seqs: 16, Deterministic: true}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -503,7 +504,11 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 	batch = min(batch, ctx)
 	rows, logitRows := int64(batch), int64(1)
 	kv := kvBytes(cfg.Layers, ctx, cfg.KVDim())
-	if o.Batching.On { // the pool and the batched model's scratch instead (see batching.go)
+	// The pool and the batched model's scratch instead (see batching.go),
+	// unless the model will run on a GPU that keeps the single-sequence
+	// path (canBatch); "auto" may end on the CPU, so it counts the pool.
+	onGPU := o.Device == "gpu" || strings.HasPrefix(o.Device, "gpu:")
+	if o.Batching.On && (o.Batching.GPU || !onGPU) {
 		seqs, blocks, bs := o.Batching.poolShape(ctx)
 		kv = kvBytes(cfg.Layers, blocks*bs, cfg.KVDim())
 		rows, logitRows = int64(batch+seqs), int64(seqs)

@@ -94,7 +94,7 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		if err != nil {
 			return Result{}, err
 		}
-		if canBatch(be) {
+		if canBatch(be, m.opts.Batching) {
 			return m.generateBatched(ctx, ids, o, tok)
 		}
 	}

@@ -170,7 +170,8 @@ func TestEngineCPUNeverOpensGPU(t *testing.T) {
 	var est [2]int64
 	for i, p := range paths {
 		var err error
-		if est[i], _, err = estimate(p, Options{}); err != nil {
+		// What the engine will estimate: CPU models batch (pool included).
+		if est[i], _, err = estimate(p, Options{Device: "cpu", Batching: Batching{On: true}}); err != nil {
 			t.Fatal(err)
 		}
 	}

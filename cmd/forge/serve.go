@@ -47,7 +47,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.DurationFlag{Name: "read-timeout", Value: time.Minute, Usage: "longest time to read a request, body included"},
 			&cli.DurationFlag{Name: "write-timeout", Value: time.Minute, Usage: "longest time one write to a client may block (a stream may run longer)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: 2 * time.Minute, Usage: "how long an idle keep-alive connection stays open"},
-			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64)"},
+			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
 			&cli.BoolFlag{Name: "deterministic", Usage: "no KV prefix shared between requests, so that a request gives the same tokens alone or among others on a GPU too"},
@@ -127,7 +127,7 @@ func serveAction(c *cli.Context) error {
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
 		Open: pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx"),
-			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks"), Deterministic: c.Bool("deterministic")}},
+			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks"), Deterministic: c.Bool("deterministic"), GPU: c.IsSet("batch-seqs")}},
 		SingleSequence: c.Bool("single-sequence"),
 	}
 	if b := c.String("budget"); b != "" {

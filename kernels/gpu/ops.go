@@ -102,6 +102,24 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 // f16-rounded activations in a tensor-core GEMM: rows of a prompt chunk
 // longer than MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
+	return b.matMul(dst, w, x, n, false)
+}
+
+// promptGEMMMinN is the shortest prompt piece MatMulPrompt multiplies
+// through the dequantize + GEMM path: from about 16 rows on it is faster
+// than the multi-row matrix–vector kernels (up to 3× at 64 rows on the
+// H100, bench/results/2026-11-25-batch-matmul-h100.md).
+const promptGEMMMinN = 16
+
+// MatMulPrompt implements kernels.PromptMatMuler: pieces of promptGEMMMinN
+// rows or more go through the GEMM path (gemm.cu, cuBLAS from vendorMinN
+// rows), shorter ones through MatMul's kernels. The choice depends on n
+// alone.
+func (b *Backend) MatMulPrompt(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
+	return b.matMul(dst, w, x, n, n >= promptGEMMMinN)
+}
+
+func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int, gemm bool) error {
 	kt, ok := kernelType(w.Type)
 	if !ok {
 		return fmt.Errorf("gpu: matmul %q: type %s is not supported on the GPU", w.Name, w.Type)
@@ -129,7 +147,7 @@ func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// stale afterwards (the copy of x itself stays good for the next
 		// product on the same input, as Q, K and V or gate and up are).
 		defer b.q8Written(dst)
-		if n > b.batchRows() && w.Type != gguf.TypeF32 {
+		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}
 		if n > 1 && n <= b.batchRows() {

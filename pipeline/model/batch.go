@@ -60,6 +60,7 @@ type group struct {
 	nOut     int // rows at the end of the group that go on past the last block
 	out0     int // logits row of the group's first output row
 	pending  bool
+	prompt   bool // a piece of a prompt (not the decode group)
 	lay      kernels.Layout
 }
 
@@ -101,6 +102,7 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
+	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
 	if err := m.allocScratch(); err != nil {
 		return nil, err
 	}
@@ -178,7 +180,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 				}
 			}
 			m.s = st.full.from(g.first, c)
-			m.pending, m.err = g.pending, nil
+			m.pending, m.err, m.inPrompt = g.pending, nil, g.prompt
 			if err := m.layer(m, lw, l, 0, g.n, keep); err != nil {
 				return nil, fmt.Errorf("model: layer %d: %w", l, err)
 			}
@@ -193,7 +195,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		}
 		m.s = st.full.from(g.first, c)
 		a := m.s.rows(g.n-g.nOut, g.nOut, c)
-		m.pending, m.err = g.pending, nil
+		m.pending, m.err, m.inPrompt = g.pending, nil, g.prompt
 		m.preNorm(a, m.g.OutputNorm, g.nOut)
 		m.matmul(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), m.g.Output, a.xb, g.nOut)
 		if m.err != nil {
@@ -201,7 +203,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		}
 		outRows = max(outRows, g.out0+g.nOut)
 	}
-	m.pending = false
+	m.pending, m.inPrompt = false, false
 	host := m.logits[:outRows*c.Vocab]
 	if outRows > 0 {
 		if err := m.be.Read(host, st.full.logits, 0); err != nil {
@@ -288,6 +290,7 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 			continue
 		}
 		g := newGroup()
+		g.prompt = true
 		m.addRows(g, s)
 		if s.Logits {
 			g.nOut, g.out0 = 1, out

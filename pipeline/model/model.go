@@ -101,6 +101,11 @@ type Model struct {
 	// bat is set on a model made by NewBatched: rope and attention read
 	// the step's layout and the paged pool (batch.go).
 	bat *batchState
+	// promptMM multiplies the prompt pieces of a batched step where the
+	// backend has a faster product for them; inPrompt says the group being
+	// run is such a piece.
+	promptMM kernels.PromptMatMuler
+	inPrompt bool
 }
 
 // New allocates a model's KV cache and scratch on be.

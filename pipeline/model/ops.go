@@ -89,7 +89,11 @@ func (m *Model) rmsnorm(dst, x kernels.Tensor, w *kernels.Weight, n int) {
 
 func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) {
 	if m.err == nil {
-		if err := m.be.MatMul(dst, w, x, n); err != nil {
+		mm := m.be.MatMul
+		if m.inPrompt && m.promptMM != nil {
+			mm = m.promptMM.MatMulPrompt // a prompt piece of a batched step
+		}
+		if err := mm(dst, w, x, n); err != nil {
 			m.err = fmt.Errorf("matmul %s (%v, %d×%d) by %d rows: %w", w.Name, w.Type, w.Rows, w.Cols, n, err)
 		}
 	}
@@ -99,7 +103,7 @@ func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, 
 // op where the backend has it (kernels.SharedInputMatMuler), else one
 // MatMul each.
 func (m *Model) matmul2(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight, x kernels.Tensor, n int) {
-	if m.multi == nil {
+	if m.multi == nil || (m.inPrompt && m.promptMM != nil) {
 		m.matmul(d0, w0, x, n)
 		m.matmul(d1, w1, x, n)
 		return
@@ -111,7 +115,7 @@ func (m *Model) matmul2(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor
 
 func (m *Model) matmul3(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight,
 	d2 kernels.Tensor, w2 *kernels.Weight, x kernels.Tensor, n int) {
-	if m.multi == nil {
+	if m.multi == nil || (m.inPrompt && m.promptMM != nil) {
 		m.matmul(d0, w0, x, n)
 		m.matmul(d1, w1, x, n)
 		m.matmul(d2, w2, x, n)
