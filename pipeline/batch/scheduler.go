@@ -608,7 +608,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 			s.retire(q, "", fmt.Errorf("%w: a sequence of %d positions needs more than the pool's %d blocks of %d", ErrPoolExhausted, q.done+n, s.cfg.Blocks, bs))
 			continue
 		}
-		rows = append(rows, model.SeqRows{Tokens: q.tokens[q.done : q.done+n], Pos0: q.done, Table: q.table, Logits: q.done+n == len(q.tokens)})
+		rows = append(rows, model.SeqRows{Tokens: q.tokens[q.done : q.done+n], Pos0: q.done, Table: q.table, Logits: q.done+n == len(q.tokens), Greedy: q.argmaxOnly()})
 		who = append(who, q)
 		alive = append(alive, q)
 	}
@@ -644,7 +644,13 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 		}
 		l := logits[k]
 		k++
-		id, err := q.smp.Sample(l)
+		var id int32
+		var err error
+		if l == nil { // greedy, reduced on the device
+			id = s.m.Picks()[i]
+		} else {
+			id, err = q.smp.Sample(l)
+		}
 		if err != nil {
 			// Non-finite logits end this request, not the step: the
 			// others in the batch go on.
@@ -683,6 +689,15 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 }
 
 // register puts q's newly completed full blocks in the prefix cache.
+// argmaxOnly says that q's next token is the most likely one whatever
+// the logits (greedy with no repetition penalty): the step may reduce its
+// row on the device. (Its logits are then not checked for NaN, as the
+// single-sequence path's greedy decode does not check them either.)
+func (q *seq) argmaxOnly() bool {
+	p := q.smp.Params()
+	return p.Temp <= 0 && (p.RepeatPenalty <= 0 || p.RepeatPenalty == 1)
+}
+
 func (s *Scheduler) register(q *seq) {
 	bs := s.cfg.BlockSize
 	for ; q.hashed < q.done/bs; q.hashed++ {

@@ -32,6 +32,11 @@ type SeqRows struct {
 	Table []int32
 	// Logits asks for the logits of the last token.
 	Logits bool
+	// Greedy (with Logits) asks only for the most likely next token: on a
+	// backend that reduces on the device (kernels.Argmaxer) the row of
+	// logits is not copied back, and StepBatch's row for it is nil; the
+	// token is in Greedy's result (see Model.Picks).
+	Greedy bool
 }
 
 // BatchOptions size a batched model's buffers.
@@ -51,7 +56,8 @@ type batchState struct {
 	full             scratch // buffers for maxRows rows; m.s views one group of it
 	groups           []group
 	toks             []int32
-	outRow           []int // per sequence of the step: its logits row, or -1
+	outRow           []int   // per sequence of the step: its logits row, or -1
+	picks            []int32 // per sequence: the argmax of its logits row (Greedy), or -1
 }
 
 // group is a run of rows that go through the blocks together.
@@ -204,21 +210,59 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		outRows = max(outRows, g.out0+g.nOut)
 	}
 	m.pending, m.inPrompt = false, false
+	// Greedy rows reduce on the device where the backend can; the rows are
+	// copied back only if some sequence samples (or there is no Argmaxer).
+	read, greedy := m.argmax == nil, false
+	for _, s := range seqs {
+		if s.Logits {
+			greedy = greedy || s.Greedy
+			read = read || !s.Greedy
+		}
+	}
+	st.picks = st.picks[:0]
+	for range seqs {
+		st.picks = append(st.picks, -1)
+	}
 	host := m.logits[:outRows*c.Vocab]
-	if outRows > 0 {
+	if outRows > 0 && greedy && m.argmax != nil {
+		ids, err := m.argmax.Argmax(st.full.logits.View(0, outRows*c.Vocab), outRows, c.Vocab)
+		if err != nil {
+			return nil, fmt.Errorf("model: argmax of the logits: %w", err)
+		}
+		for i, s := range seqs {
+			if s.Logits && s.Greedy {
+				st.picks[i] = ids[st.outRow[i]]
+			}
+		}
+	}
+	if outRows > 0 && read {
 		if err := m.be.Read(host, st.full.logits, 0); err != nil {
 			return nil, fmt.Errorf("model: reading logits: %w", err)
 		}
 	}
 	var out [][]float32
 	for i, s := range seqs {
-		if s.Logits {
-			r := st.outRow[i]
-			out = append(out, host[r*c.Vocab:(r+1)*c.Vocab])
+		if !s.Logits {
+			continue
 		}
+		r := st.outRow[i]
+		if s.Greedy && m.argmax != nil {
+			out = append(out, nil)
+			continue
+		}
+		row := host[r*c.Vocab : (r+1)*c.Vocab]
+		if s.Greedy {
+			st.picks[i] = hostArgmax(row)
+		}
+		out = append(out, row)
 	}
 	return out, nil
 }
+
+// Picks returns, for each sequence of the last StepBatch, the most likely
+// next token of those that asked with Greedy (ties: the lowest id), -1 for
+// the others. The slice belongs to the model.
+func (m *Model) Picks() []int32 { return m.bat.picks }
 
 // planGroups checks the step and cuts it into groups: single-token rows
 // together, up to kernels.MaxBatchRows a group, every longer piece alone.
