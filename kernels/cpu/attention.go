@@ -24,32 +24,13 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, lay
 	if !ok {
 		return fmt.Errorf("cpu: attention: kv cache was not made by the cpu backend (or was freed)")
 	}
-	if a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Heads%a.KVHeads != 0 {
-		return fmt.Errorf("cpu: attention: bad heads=%d kvHeads=%d headDim=%d", a.Heads, a.KVHeads, a.HeadDim)
-	}
-	kvDim := a.KVHeads * a.HeadDim
-	if kvDim != c.KVDim {
-		return fmt.Errorf("cpu: attention: kvHeads·headDim = %d but the cache holds rows of %d", kvDim, c.KVDim)
-	}
-	if layer < 0 || layer >= c.Layers {
-		return fmt.Errorf("cpu: attention: layer %d out of range [0,%d)", layer, c.Layers)
+	if err := checkAttn("attention", "cache", out, q, k, v, a, c.KVDim, c.Layers, layer, n); err != nil {
+		return err
 	}
 	if pos0 < 0 || n < 0 || pos0+n > c.Ctx {
 		return fmt.Errorf("cpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, c.Ctx)
 	}
-	qDim := a.Heads * a.HeadDim
-	if err := checkTensor("attention: q", q, n*qDim); err != nil {
-		return err
-	}
-	if err := checkTensor("attention: out", out, n*qDim); err != nil {
-		return err
-	}
-	if err := checkTensor("attention: k", k, n*kvDim); err != nil {
-		return err
-	}
-	if err := checkTensor("attention: v", v, n*kvDim); err != nil {
-		return err
-	}
+	kvDim := a.KVHeads * a.HeadDim
 	copy(s.k[layer][pos0*kvDim:(pos0+n)*kvDim], k.Host[:n*kvDim])
 	copy(s.v[layer][pos0*kvDim:(pos0+n)*kvDim], v.Host[:n*kvDim])
 
@@ -66,6 +47,42 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, lay
 	}
 	return nil
 }
+
+// checkAttn checks what Attention and PagedAttention share: the heads,
+// the store's row width and layers, and the four tensors of n rows.
+func checkAttn(op, store string, out, q, k, v kernels.Tensor, a kernels.Attn, kvDim, layers, layer, n int) error {
+	if a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Heads%a.KVHeads != 0 {
+		return fmt.Errorf("cpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, a.Heads, a.KVHeads, a.HeadDim)
+	}
+	if d := a.KVHeads * a.HeadDim; d != kvDim {
+		return fmt.Errorf("cpu: %s: kvHeads·headDim = %d but the %s holds rows of %d", op, d, store, kvDim)
+	}
+	if layer < 0 || layer >= layers {
+		return fmt.Errorf("cpu: %s: layer %d out of range [0,%d)", op, layer, layers)
+	}
+	qDim := a.Heads * a.HeadDim
+	names := &attnNames
+	if op == "paged attention" {
+		names = &pagedNames
+	}
+	if err := checkTensor(names[0], q, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor(names[1], out, n*qDim); err != nil {
+		return err
+	}
+	if err := checkTensor(names[2], k, n*kvDim); err != nil {
+		return err
+	}
+	return checkTensor(names[3], v, n*kvDim)
+}
+
+// The tensors' names in checkAttn's errors, made once (a string built per
+// call would allocate on every decode step).
+var (
+	attnNames  = [4]string{"attention: q", "attention: out", "attention: k", "attention: v"}
+	pagedNames = [4]string{"paged attention: q", "paged attention: out", "paged attention: k", "paged attention: v"}
+)
 
 // attnTask computes one (token, query head) pair per item.
 type attnTask struct {

@@ -128,32 +128,13 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	if !ok {
 		return fmt.Errorf("cpu: paged attention: kv pool was not made by the cpu backend (or was freed)")
 	}
-	if a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Heads%a.KVHeads != 0 {
-		return fmt.Errorf("cpu: paged attention: bad heads=%d kvHeads=%d headDim=%d", a.Heads, a.KVHeads, a.HeadDim)
-	}
-	kvDim := a.KVHeads * a.HeadDim
-	if kvDim != p.KVDim {
-		return fmt.Errorf("cpu: paged attention: kvHeads·headDim = %d but the pool holds rows of %d", kvDim, p.KVDim)
-	}
-	if layer < 0 || layer >= p.Layers {
-		return fmt.Errorf("cpu: paged attention: layer %d out of range [0,%d)", layer, p.Layers)
+	if err := checkAttn("paged attention", "pool", out, q, k, v, a, p.KVDim, p.Layers, layer, n); err != nil {
+		return err
 	}
 	if err := b.layoutRows("paged attention", n); err != nil {
 		return err
 	}
-	qDim := a.Heads * a.HeadDim
-	if err := checkTensor("paged attention: q", q, n*qDim); err != nil {
-		return err
-	}
-	if err := checkTensor("paged attention: out", out, n*qDim); err != nil {
-		return err
-	}
-	if err := checkTensor("paged attention: k", k, n*kvDim); err != nil {
-		return err
-	}
-	if err := checkTensor("paged attention: v", v, n*kvDim); err != nil {
-		return err
-	}
+	kvDim := a.KVHeads * a.HeadDim
 	lay := &b.layout
 	bs := p.BlockSize
 	maxPos := 0

@@ -81,19 +81,10 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	if !ok {
 		return nil, fmt.Errorf("model: backend %s cannot run batched steps (no kernels.Batcher)", be.Name())
 	}
-	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
-	switch cfg.Arch {
-	case "llama":
-		m.layer = llamaLayer
-	case "qwen2":
-		m.layer = qwen2Layer
-	default:
-		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
+	m, err := newModel(be, cfg, w)
+	if err != nil {
+		return nil, err
 	}
-	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
-		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
-	}
-	m.ropeParams.Freqs = m.g.RopeFreqs
 	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs}
 	if st.maxRows <= 0 {
 		st.maxRows = DefaultBatch + kernels.MaxBatchRows

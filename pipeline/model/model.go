@@ -108,12 +108,10 @@ type Model struct {
 	inPrompt bool
 }
 
-// New allocates a model's KV cache and scratch on be.
-func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
-	if err := cfg.check(); err != nil {
-		return nil, err
-	}
-	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope, allLogits: o.AllLogits}
+// newModel is what New and NewBatched share: the architecture's block
+// function and the global weights.
+func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
+	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
 	switch cfg.Arch {
 	case "llama":
 		m.layer = llamaLayer
@@ -126,6 +124,19 @@ func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
 	m.ropeParams.Freqs = m.g.RopeFreqs
+	return m, nil
+}
+
+// New allocates a model's KV cache and scratch on be.
+func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	m, err := newModel(be, cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	m.allLogits = o.AllLogits
 	m.ctx = o.Ctx
 	if m.ctx <= 0 {
 		m.ctx = cfg.Ctx
@@ -146,7 +157,6 @@ func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 
-	var err error
 	if m.kv, err = be.NewKVCache(cfg.Layers, m.ctx, cfg.KVDim()); err != nil {
 		return nil, fmt.Errorf("model: KV cache for %d positions: %w", m.ctx, err)
 	}
