@@ -41,7 +41,7 @@ import (
 // threads (copies from the registered range then run at 51-54 GB/s),
 // while several stagers fill a pinned ring at 33-53 GB/s, and a
 // registration in progress holds up the copy thread's own driver calls
-// (TestDeviceRates, bench/results/2026-11-25-gpu-h100.md).
+// (BenchmarkDeviceRates, bench/results/2026-11-25-gpu-h100.md).
 //
 // Every driver call of the copies runs on W's OS-locked thread (best a
 // rocm.Worker.Sibling of the backend's worker, so copies never queue

@@ -61,7 +61,7 @@ func TestGaps(t *testing.T) {
 
 // gpuWorker returns a worker on GPU 0, or skips (fails with
 // FORGE_REQUIRE_GPU=1) without one.
-func gpuWorker(t *testing.T) *rocm.Worker {
+func gpuWorker(t testing.TB) *rocm.Worker {
 	t.Helper()
 	rt, err := rocm.OpenAny()
 	var w *rocm.Worker
@@ -195,19 +195,28 @@ func TestDeviceUploaderOutOfMemory(t *testing.T) {
 	}
 }
 
-// TestDeviceRates measures, on the file FORGE_BIG_MODEL names (in page
+// BenchmarkDeviceRates measures, on the file FORGE_BIG_MODEL names (in page
 // cache), the host-side steps the uploader is built from, each on a fresh
 // mapping (no page table entries yet, as in a new process): paging the
 // mapping in (MADV_POPULATE_READ), registering it read-only (with and
 // without the pages mapped first), copying it into pinned memory, pinning
 // staging memory, and the copy to the device from registered ranges.
-// Figures, not assertions: they say what bounds the load.
-func TestDeviceRates(t *testing.T) {
+// Figures, not assertions, so a benchmark: they say what bounds the load.
+// Run it once, with -test.bench DeviceRates -test.benchtime 1x
+// (bench/device.sh load); each iteration repeats every measurement.
+func BenchmarkDeviceRates(b *testing.B) {
 	path := os.Getenv("FORGE_BIG_MODEL")
 	if path == "" {
-		t.Skip("FORGE_BIG_MODEL is not set")
+		b.Skip("FORGE_BIG_MODEL is not set")
 	}
-	w := gpuWorker(t)
+	w := gpuWorker(b)
+	for b.Loop() {
+		deviceRates(b, w, path)
+	}
+}
+
+// deviceRates is one round of BenchmarkDeviceRates's measurements.
+func deviceRates(t testing.TB, w *rocm.Worker, path string) {
 	fd, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)

@@ -14,8 +14,10 @@
 # (CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' ./actors, ./pipeline;
 # go build -trimpath -ldflags='-s -w' ./cmd/forge). It writes the 8B
 # Q4_K_M file ($QUANT to change), warms the page cache, runs the actors
-# and pipeline GPU tests with FORGE_BIG_MODEL (rates, load timings, the
-# uploader settings in $GRID), then times `forge run` from the shell and
+# and pipeline GPU tests and, once each (-test.benchtime 1x), the timing
+# benchmarks BenchmarkDeviceRates and BenchmarkGPULoadTiming with
+# FORGE_BIG_MODEL (rates, load timings, the uploader settings in $GRID;
+# $ACTORS_BENCH / $PIPELINE_BENCH pick others), then times `forge run` from the shell and
 # `forge bench load` (fresh processes).
 set -uo pipefail
 mode=${1:-full}
@@ -37,11 +39,11 @@ if [ "$mode" = load ]; then
   echo "gen ${QUANT:-q4_k_m}: $(( (t1-t0)/1000000 )) ms, $(stat -c %s $big) bytes" | tee -a "$out/summary"
   dir=$(mktemp -d)
   mkdir -p "$dir/github.com/forge-llm" && ln -s "$PWD" "$dir/github.com/forge-llm/forge"
-  (cd "$dir" && FORGE_BIG_MODEL=$big "$OLDPWD/$bin/actors.test" -test.v -test.run "${ACTORS_RUN:-Device}" -test.timeout 300s) >"$out/actors.log" 2>&1
+  (cd "$dir" && FORGE_BIG_MODEL=$big "$OLDPWD/$bin/actors.test" -test.v -test.run "${ACTORS_RUN:-Device}" -test.bench "${ACTORS_BENCH:-DeviceRates}" -test.benchtime 1x -test.timeout 300s) >"$out/actors.log" 2>&1
   echo "== actors: exit $?" | tee -a "$out/summary"
-  (cd "$dir" && FORGE_BIG_MODEL=$big FORGE_LOAD_GRID="${GRID:-}" "$OLDPWD/$bin/pipeline.test" -test.v -test.run "${PIPELINE_RUN:-GPU}" -test.timeout 400s) >"$out/pipeline.log" 2>&1
+  (cd "$dir" && FORGE_BIG_MODEL=$big FORGE_LOAD_GRID="${GRID:-}" "$OLDPWD/$bin/pipeline.test" -test.v -test.run "${PIPELINE_RUN:-GPU}" -test.bench "${PIPELINE_BENCH:-GPULoadTiming}" -test.benchtime 1x -test.timeout 400s) >"$out/pipeline.log" 2>&1
   echo "== pipeline: exit $?" | tee -a "$out/summary"
-  grep -hE -- '^(--- |ok|PASS|FAIL|panic)|RATE|GPU-LOAD|GPU-GRID' "$out/actors.log" "$out/pipeline.log" | sed -E 's/^ +//' >>"$out/summary"
+  grep -hE -- '^(--- |ok|PASS|FAIL|panic|Benchmark)|RATE|GPU-LOAD|GPU-GRID' "$out/actors.log" "$out/pipeline.log" | sed -E 's/^ +//' >>"$out/summary"
   # One forge run, timed from the shell; -v adds the device's own times
   # (context current, kernels loaded, warm-up done, from Open's start).
   run_forge() {

@@ -31,7 +31,7 @@ for phase in "$@"; do
   load) OUT=$o/logs/load bash bench/device.sh load >"$o/logs/load.txt" 2>&1 ;;
   pipeline)
     d=$(mktemp -d); mkdir -p "$d/github.com/forge-llm" && ln -s "$PWD" "$d/github.com/forge-llm/forge"
-    (cd "$d" && FORGE_REQUIRE_GPU=1 "$OLDPWD/bin/device/pipeline.test" -test.v -test.run GPU -test.timeout 300s) >"$o/logs/pipeline.txt" 2>&1 ;;
+    (cd "$d" && FORGE_REQUIRE_GPU=1 "$OLDPWD/bin/device/pipeline.test" -test.v -test.run GPU -test.bench GPULoadTiming -test.benchtime 1x -test.timeout 300s) >"$o/logs/pipeline.txt" 2>&1 ;;
   big70) # the 70B shape: write it, then first token (warm) and decode
     f=/tmp/l70.gguf
     mkdir -p "$o/logs/big70"

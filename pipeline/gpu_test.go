@@ -25,7 +25,7 @@ import (
 const envRequireGPU = "FORGE_REQUIRE_GPU"
 
 // needGPU skips (or, with FORGE_REQUIRE_GPU=1, fails) without a GPU.
-func needGPU(t *testing.T) {
+func needGPU(t testing.TB) {
 	t.Helper()
 	ch, err := rocm.Choose(rocm.Selection{Kind: rocm.SelectGPU})
 	if err == nil && !ch.CPU {
@@ -250,7 +250,7 @@ func longPrompt() []int32 {
 // once (as forge run does), waits for everything to be resident, asks
 // again (kernels warm) and then with a 5-token prompt, and closes: the
 // times are from the start of Open.
-func measureLoad(t *testing.T, path string, o Options) loadFigures {
+func measureLoad(t testing.TB, path string, o Options) loadFigures {
 	t.Helper()
 	var f loadFigures
 	t0 := time.Now()
@@ -338,43 +338,48 @@ func collectNow(m *Model) []Event {
 	}
 }
 
-// TestGPULoadTiming logs the start-up figures of the GPU pipeline: Open's
-// return, the context becoming current, ready (embedding and head
+// BenchmarkGPULoadTiming logs the start-up figures of the GPU pipeline:
+// Open's return, the context becoming current, ready (embedding and head
 // resident), all resident, the kernels loaded, the tokenizer built, the
 // first token of a request made at Open and a second request's time, for
 // stories260K and, when FORGE_BIG_MODEL names a file, a big one. Figures,
-// not assertions (DESIGN.md). FORGE_LOAD_GRID lists uploader settings to
-// compare on the big file (see uploadGrid).
-func TestGPULoadTiming(t *testing.T) {
-	needGPU(t)
-	paths := []string{testmodels.Path(t, "stories260K-Q4_0.gguf")}
+// not assertions (docs/DESIGN.md): a benchmark, run once with
+// -test.bench GPULoadTiming -test.benchtime 1x (bench/device.sh load).
+// FORGE_LOAD_GRID lists uploader settings to compare on the big file (see
+// uploadGrid).
+func BenchmarkGPULoadTiming(b *testing.B) {
+	needGPU(b)
+	paths := []string{testmodels.Path(b, "stories260K-Q4_0.gguf")}
 	big := os.Getenv("FORGE_BIG_MODEL")
 	if big != "" {
 		paths = append(paths, big)
 	}
-	for _, path := range paths {
-		if os.Getenv("FORGE_LOAD_GRID_ONLY") == "1" {
-			break
-		}
-		small := strings.HasPrefix(filepath.Base(path), "stories")
-		for _, s := range []Strategy{Prefetch, Eager, Lazy, HostF32} {
-			runs := 3 // the first run also pays for compiling kernels into the cache
-			if s == HostF32 || s == Lazy || small && s != Prefetch {
-				runs = 1
+	grid := uploadGrid(b, os.Getenv("FORGE_LOAD_GRID"))
+	for b.Loop() {
+		for _, path := range paths {
+			if os.Getenv("FORGE_LOAD_GRID_ONLY") == "1" {
+				break
 			}
-			for run := range runs {
-				f := measureLoad(t, path, Options{Device: "gpu", Strategy: s})
-				t.Logf("GPU-LOAD %s %s run %d: %v", filepath.Base(path), s, run, f)
+			small := strings.HasPrefix(filepath.Base(path), "stories")
+			for _, s := range []Strategy{Prefetch, Eager, Lazy, HostF32} {
+				runs := 3 // the first run also pays for compiling kernels into the cache
+				if s == HostF32 || s == Lazy || small && s != Prefetch {
+					runs = 1
+				}
+				for run := range runs {
+					f := measureLoad(b, path, Options{Device: "gpu", Strategy: s})
+					b.Logf("GPU-LOAD %s %s run %d: %v", filepath.Base(path), s, run, f)
+				}
 			}
 		}
-	}
-	if big == "" {
-		return
-	}
-	for _, g := range uploadGrid(t, os.Getenv("FORGE_LOAD_GRID")) {
-		for run := range 2 {
-			f := measureLoad(t, big, g.o)
-			t.Logf("GPU-GRID %s run %d: %v", g.name, run, f)
+		if big == "" {
+			continue
+		}
+		for _, g := range grid {
+			for run := range 2 {
+				f := measureLoad(b, big, g.o)
+				b.Logf("GPU-GRID %s run %d: %v", g.name, run, f)
+			}
 		}
 	}
 }
@@ -401,7 +406,7 @@ type gridPoint struct {
 // uploadGrid parses "st=8,rn=16,rs=4;reg,rt=1,rb=64,rd=4": points
 // separated by ";", each an UploadTuning.Parse list plus rd (readers) and
 // ch (chunk MiB).
-func uploadGrid(t *testing.T, spec string) []gridPoint {
+func uploadGrid(t testing.TB, spec string) []gridPoint {
 	var out []gridPoint
 	for _, p := range strings.Split(spec, ";") {
 		if p = strings.TrimSpace(p); p == "" {
