@@ -170,7 +170,7 @@ func TestBenchServeSwap(t *testing.T) {
 	leakCheck(t)
 	a := testmodels.Path(t, "stories260K-Q8_0.gguf")
 	b := testmodels.Path(t, "stories260K-Q4_0.gguf")
-	stdout, stderr, err := runBenchServe(t, "-m", "a="+a, "-m", "b="+b, "--swap", "--budget", "1500000",
+	stdout, stderr, err := runBenchServe(t, "-m", "a="+a, "-m", "b="+b, "--swap", "--budget", "2000000",
 		"--requests-per-client", "3", "--threads", "1", "--device", "cpu", "--svg", filepath.Join(t.TempDir(), "swap.svg"))
 	if err != nil {
 		t.Fatalf("%v\n%s\n%s", err, stdout, stderr)
@@ -189,7 +189,7 @@ func TestBenchServeSwap(t *testing.T) {
 		t.Errorf("row %q\n%s", row, stdout)
 	}
 
-	stdout, stderr, err = runBenchServe(t, "-m", "a="+a, "-m", "b="+b, "--swap", "--budget", "1500000",
+	stdout, stderr, err = runBenchServe(t, "-m", "a="+a, "-m", "b="+b, "--swap", "--budget", "2000000",
 		"--requests-per-client", "2", "--threads", "1", "--device", "cpu", "--json", "--warmup", "0")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
@@ -227,7 +227,7 @@ func TestBenchServeErrors(t *testing.T) {
 		{[]string{"-m", model, "--peer-url", "x=ftp://h"}, "--peer-url: \"ftp://h\" is not an http(s) URL"},
 		{[]string{"-m", model, "--device", "tpu"}, "tpu"},
 		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--turns", "2"}, "--swap and --turns are separate runs"},
-		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--budget", "1500000", "--threads", "1", "--peer-url", "one=" + oneModel.URL},
+		{[]string{"-m", "a=" + model, "-m", "b=" + model, "--swap", "--budget", "2000000", "--threads", "1", "--peer-url", "one=" + oneModel.URL},
 			"--peer-url one: --swap needs two models and its /v1/models lists fewer"},
 		{[]string{"-m", filepath.Join(t.TempDir(), "missing.gguf")}, "exited before listening"},
 	} {
