@@ -30,7 +30,7 @@ func init() {
 					"runtime's command ({model} is replaced by the path) in the same rounds; its first token " +
 					"is when its stdout first shows output, so make it print only the generated text.",
 				Flags: []cli.Flag{
-					&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file (repeat for several)", Required: true},
+					&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file or store name (repeat for several)", Required: true},
 					&cli.StringFlag{Name: "strategies", Value: "prefetch,eager,lazy,host-f32", Usage: "load strategies, comma-separated"},
 					&cli.IntFlag{Name: "runs", Value: 3, Usage: "runs per strategy and cache mode"},
 					&cli.StringFlag{Name: "cache", Value: "both", Usage: "page cache before each run: warm, cold or both"},
@@ -53,7 +53,7 @@ func init() {
 					&cli.IntFlag{Name: "prompt-tokens", Value: 32},
 					&cli.StringFlag{Name: "prompt-ids", Usage: "the prompt as comma-separated token ids (overrides --prompt-tokens)"},
 					&cli.StringFlag{Name: "device", Value: "auto"},
-					&cli.IntFlag{Name: "threads"},
+					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}},
 					&cli.BoolFlag{Name: "trace"},
 					&cli.Int64Flag{Name: "fork-ns", Usage: "the parent's wall clock (Unix ns) when it started this process"},
 				},
@@ -118,11 +118,13 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 	if err := checkDevice(c.String("device")); err != nil {
 		return err
 	}
-	models := c.StringSlice("model")
-	for _, m := range models {
-		if _, err := os.Stat(m); err != nil {
-			return err
+	var models []string
+	for _, m := range c.StringSlice("model") {
+		p, err := resolveModel(m)
+		if err != nil {
+			return fmt.Errorf("bench load: %w", err)
 		}
+		models = append(models, p)
 	}
 	exe, err := os.Executable()
 	if err != nil {

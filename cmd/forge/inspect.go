@@ -22,12 +22,14 @@ func init() {
 	commands = append(commands, &cli.Command{
 		Name:      "inspect",
 		Usage:     "show a GGUF file's summary, metadata and tensors",
-		ArgsUsage: "FILE [--json] [--dump NAME]",
+		ArgsUsage: "MODEL [--json] [--dump NAME]",
 		Description: "Reads only the header (a 100 GB file opens instantly). The summary gives the " +
 			"architecture, parameter count, layers, context, vocabulary and the bytes taken by each " +
 			"tensor type; header + tensor bytes + padding add up to the file size. --dump writes one " +
-			"tensor, dequantized, as little-endian float32 to stdout.",
+			"tensor, dequantized, as little-endian float32 to stdout. MODEL (or -m) is a GGUF file or a " +
+			"store name: an Ollama name:tag, or a Hugging Face cache org/name[:QUANT].",
 		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF file or store `NAME` (or give it as MODEL)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the same as JSON"},
 			&cli.StringFlag{Name: "dump", Usage: "write tensor `NAME` as little-endian float32 to stdout"},
 		},
@@ -62,8 +64,18 @@ func inspectArgs(c *cli.Context) (path string, asJSON bool, dump string, err err
 			path = a
 		}
 	}
+	if m := c.String("model"); m != "" {
+		if path != "" {
+			return "", false, "", usageErrorf("inspect: model given twice: -m %q and %q", m, path)
+		}
+		path = m
+	}
 	if path == "" {
-		return "", false, "", fmt.Errorf("inspect: FILE missing (usage: forge inspect FILE [--json] [--dump NAME])")
+		return "", false, "", fmt.Errorf("inspect: MODEL missing (usage: forge inspect MODEL [--json] [--dump NAME])")
+	}
+	path, err = resolveModel(path)
+	if err != nil {
+		return "", false, "", fmt.Errorf("inspect: %w", err)
 	}
 	return path, asJSON, dump, nil
 }

@@ -90,15 +90,14 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:       stdout,
 		ErrWriter:    stderr,
 		OnUsageError: onUsageError,
-		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "debug logs on stderr"},
-		},
+		Version:      version(),
+		Flags:        globalFlags(),
 		Before: func(c *cli.Context) error {
-			level := slog.LevelInfo
-			if c.Bool("verbose") {
-				level = slog.LevelDebug
+			l, err := newLogger(stderr, c.String("log-level"), c.String("log-format"), c.Bool("verbose"))
+			if err != nil {
+				return err
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
+			slog.SetDefault(l)
 			return nil
 		},
 	}
@@ -117,5 +116,5 @@ func report(w io.Writer, err error) int {
 }
 
 func main() {
-	os.Exit(report(os.Stderr, newApp(os.Stdout, os.Stderr).Run(os.Args)))
+	os.Exit(report(os.Stderr, newApp(os.Stdout, os.Stderr).Run(forgeArgs(os.Args))))
 }

@@ -25,22 +25,29 @@ func init() {
 	commands = append(commands, &cli.Command{
 		Name:      "run",
 		Usage:     "generate text from a prompt",
-		ArgsUsage: " ",
+		ArgsUsage: "[MODEL]",
 		Description: "Loads the model through the prefetching pipeline with a live display of the load " +
 			"on stderr, streams the continuation of the prompt to stdout as it is generated, " +
-			"then prints one line of statistics to stderr. --temp 0 is greedy. Ctrl-C stops.",
+			"then prints one line of statistics to stderr. --temp 0 is greedy. Ctrl-C stops.\n\n" +
+			"MODEL (or -m) is a GGUF file or a store name: an Ollama name:tag, or a Hugging Face " +
+			"cache org/name[:QUANT]. The prompt is -p TEXT, -f FILE, -p - (stdin), or stdin when it " +
+			"is not a terminal and neither -p nor -f is given; one trailing newline of a file or of " +
+			"stdin is dropped. --json prints one JSON result object on stdout at the end instead of " +
+			"streaming the text.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file", Required: true},
-			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt text"},
+			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file or store name (or give it as MODEL)"},
+			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt `TEXT` (-: read stdin)"},
+			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the prompt from `FILE` (-: stdin)"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON result (text, token ids, stop reason, timings) on stdout at the end instead of streaming the text"},
 			&cli.IntFlag{Name: "max-tokens", Aliases: []string{"n"}, Value: 256, Usage: "most tokens to generate (0: until end of text or a full context)"},
-			&cli.Float64Flag{Name: "temp", Value: float64(d.Temp), Usage: "temperature; 0 is greedy"},
+			&cli.Float64Flag{Name: "temp", Value: exactFloat(d.Temp), Usage: "temperature; 0 is greedy"},
 			&cli.IntFlag{Name: "top-k", Value: d.TopK, Usage: "keep the K most likely tokens (0: off)"},
-			&cli.Float64Flag{Name: "top-p", Value: float64(d.TopP), Usage: "nucleus sampling threshold (1: off)"},
-			&cli.Float64Flag{Name: "min-p", Value: float64(d.MinP), Usage: "drop tokens below min-p × the most likely (0: off)"},
-			&cli.Float64Flag{Name: "repeat-penalty", Value: float64(d.RepeatPenalty), Usage: "penalty on recently seen tokens (1: off)"},
+			&cli.Float64Flag{Name: "top-p", Value: exactFloat(d.TopP), Usage: "nucleus sampling threshold (1: off)"},
+			&cli.Float64Flag{Name: "min-p", Value: exactFloat(d.MinP), Usage: "drop tokens below min-p × the most likely (0: off)"},
+			&cli.Float64Flag{Name: "repeat-penalty", Value: exactFloat(d.RepeatPenalty), Usage: "penalty on recently seen tokens (1: off)"},
 			&cli.IntFlag{Name: "repeat-last-n", Value: d.RepeatLastN, Usage: "how many recent tokens the penalty looks at"},
 			&cli.Int64Flag{Name: "seed", Value: -1, Usage: "random seed (-1: random)"},
-			&cli.IntFlag{Name: "ctx", Usage: "context length to allocate (0: the model's, at most 4096)"},
+			&cli.IntFlag{Name: "ctx", Aliases: []string{"c", "ctx-size"}, Usage: "context length to allocate (0: the model's, at most 4096)"},
 			&cli.IntFlag{Name: "batch", Value: model.DefaultBatch, Usage: "most prompt tokens per forward step"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N (auto: a GPU if there is one, else cpu)"},
 			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32"},
@@ -229,8 +236,17 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		opts.Hooks.Read = throttleHook(rate)
 	}
 
+	path, err := modelFlagOrArg(c, "run")
+	if err != nil {
+		return err
+	}
+	text, err := readPrompt(c)
+	if err != nil {
+		return err
+	}
+	asJSON := c.Bool("json")
+
 	// The tensor index, for the display's totals and the layer strip.
-	path := c.String("model")
 	f, err := gguf.Open(path)
 	if err != nil {
 		return err
@@ -263,7 +279,6 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		}
 	}()
 
-	text := c.String("prompt")
 	var printed strings.Builder // what went to stdout, to add what a flush completes
 	var werr error
 	started := false
@@ -272,9 +287,12 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		if !started {
 			started = true
 			disp.Finish() // the text starts below the display
-			if c.Bool("echo") {
+			if c.Bool("echo") && !asJSON {
 				io.WriteString(stdout, text)
 			}
+		}
+		if asJSON {
+			return nil // the text comes whole, at the end
 		}
 		printed.WriteString(t.Text)
 		if _, werr = io.WriteString(stdout, t.Text); werr != nil {
@@ -305,18 +323,25 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		return err
 	}
 	disp.Finish()
-	if !started && c.Bool("echo") {
-		io.WriteString(stdout, text)
+	if !asJSON {
+		if !started && c.Bool("echo") {
+			io.WriteString(stdout, text)
+		}
+		// A multi-byte character cut at the end is only in the final text.
+		if rest, ok := strings.CutPrefix(res.Text, printed.String()); ok {
+			io.WriteString(stdout, rest)
+		}
+		io.WriteString(stdout, "\n")
 	}
-	// A multi-byte character cut at the end is only in the final text.
-	if rest, ok := strings.CutPrefix(res.Text, printed.String()); ok {
-		io.WriteString(stdout, rest)
-	}
-	io.WriteString(stdout, "\n")
 	st.devicePeak = m.Memory().Peak()
 	m.Close() // ends the subscription once every event is delivered
 	<-drained
 	disp.Close(stop)
+	if asJSON {
+		if jerr := writeRunJSON(stdout, path, res, stop, st); jerr != nil {
+			return jerr
+		}
+	}
 	if stop == "interrupted" {
 		return err // a signal's exit status, or the cancellation of the caller's context
 	}

@@ -33,13 +33,15 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", Usage: "listen address HOST:PORT (port 0: any free port)"},
+			&cli.StringFlag{Name: "host", Usage: "listen host (default 127.0.0.1), with --port instead of --addr"},
+			&cli.IntFlag{Name: "port", Usage: "listen port (default 8080; 0: any free port), with --host instead of --addr"},
 			&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "model to load at start: PATH, store NAME, or ID=PATH (repeatable)"},
 			&cli.StringFlag{Name: "keep-alive", Value: "5m", Usage: "how long an idle model stays loaded (0: unload when idle, negative: forever)"},
 			&cli.StringFlag{Name: "budget", Usage: "memory budget for all loaded models, e.g. 8GiB (empty: none); least recently used idle models are evicted"},
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "on shutdown, how long in-flight requests may finish before they are cancelled"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto or cpu"},
-			&cli.IntFlag{Name: "threads", Usage: "CPU worker threads (0: every core)"},
-			&cli.IntFlag{Name: "ctx", Usage: "KV cache positions per model (0: the model's, at most 4096)"},
+			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU worker threads (0: every core)"},
+			&cli.IntFlag{Name: "ctx", Aliases: []string{"c", "ctx-size"}, Usage: "KV cache positions per model (0: the model's, at most 4096)"},
 			&cli.StringFlag{Name: "api-key", EnvVars: []string{"FORGE_API_KEY"}, Usage: "require Authorization: Bearer KEY on every route but /health"},
 			&cli.StringSliceFlag{Name: "allow-origin", Usage: "browser Origin allowed besides loopback and the --addr host, e.g. https://app.example (repeatable; * for any)"},
 			&cli.StringSliceFlag{Name: "allow-paths", Usage: "directory whose GGUF files requests may name by path (repeatable; default: none)"},
@@ -114,8 +116,12 @@ func serveAction(c *cli.Context) error {
 	if err := checkServeFlags(c); err != nil {
 		return err
 	}
+	addr, err := serveAddr(c)
+	if err != nil {
+		return err
+	}
 	cfg := serveConfig{
-		addr: c.String("addr"), grace: c.Duration("grace"),
+		addr: addr, grace: c.Duration("grace"),
 		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
 		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
 	}

@@ -22,7 +22,7 @@ func tokenizeCommand() *cli.Command {
 		Name:  "tokenize",
 		Usage: "print the token ids of the text on stdin, space-separated on one line",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Required: true, Usage: "GGUF `FILE` whose tokenizer to use"},
+			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Required: true, Usage: "GGUF `FILE` or store name (name:tag, org/name[:QUANT]) whose tokenizer to use"},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "tokenize `TEXT` instead of reading stdin"},
 			&cli.BoolFlag{Name: "bos", Usage: "put the BOS token first"},
 			&cli.BoolFlag{Name: "eos", Usage: "put the EOS token last"},
@@ -34,7 +34,11 @@ func tokenizeCommand() *cli.Command {
 }
 
 func runTokenize(c *cli.Context) error {
-	f, err := gguf.Open(c.String("model"))
+	path, err := resolveModel(c.String("model"))
+	if err != nil {
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	f, err := gguf.Open(path)
 	if err != nil {
 		return err
 	}
