@@ -71,7 +71,7 @@ func inspectArgs(c *cli.Context) (path string, asJSON bool, dump string, err err
 		path = m
 	}
 	if path == "" {
-		return "", false, "", fmt.Errorf("inspect: MODEL missing (usage: forge inspect MODEL [--json] [--dump NAME])")
+		return "", false, "", fmt.Errorf("inspect: FILE missing: give a GGUF file or a store name (usage: forge inspect MODEL [--json] [--dump NAME])")
 	}
 	path, err = resolveModel(path)
 	if err != nil {
