@@ -38,6 +38,8 @@ type server struct {
 	// inflight counts running handlers, for shutdown to let them answer.
 	inflight sync.WaitGroup
 	nextID   atomic.Uint64
+	// met counts requests and tokens for GET /metrics.
+	met *metrics
 }
 
 // DefaultMaxPrompt is --max-prompt-bytes' default.
@@ -49,7 +51,7 @@ func newServer(eng *pipeline.Engine, log *slog.Logger, maxPrompt int64) *server 
 	}
 	// JSON escapes can double a text (more for control characters);
 	// the rest of a request is small.
-	return &server{eng: eng, log: log, pinned: map[string]bool{}, maxPrompt: maxPrompt, maxBody: 2*maxPrompt + 64<<10}
+	return &server{eng: eng, log: log, pinned: map[string]bool{}, maxPrompt: maxPrompt, maxBody: 2*maxPrompt + 64<<10, met: newMetrics()}
 }
 
 func (s *server) handler() http.Handler {
@@ -61,9 +63,12 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /forge/status", s.status)
 	mux.HandleFunc("POST /forge/load", s.load)
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /detokenize", s.detokenize)
+	mux.HandleFunc("GET /metrics", s.metricsHandler)
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
-	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load"} {
+	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
 		})
@@ -408,6 +413,7 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		return req, pipeline.EngineRequest{}, badRequest("request body: trailing data after the JSON object")
 	}
 	er := pipeline.EngineRequest{Model: cmp(req.Model, s.defaultModel), Sampling: sample.Defaults()}
+	setModel(r, er.Model)
 	if er.Model == "" {
 		return req, er, badRequest("model is required")
 	}
@@ -528,6 +534,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	created := time.Now().Unix()
 	if !req.Stream {
 		res, err := s.eng.Generate(r.Context(), er)
+		s.met.tokens(er.Model, res.PromptTokens, len(res.Tokens))
 		if err != nil {
 			s.engineError(w, r, er.Model, err)
 			return
@@ -644,6 +651,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 				return
 			}
 		case o := <-done:
+			s.met.tokens(er.Model, o.res.PromptTokens, len(o.res.Tokens))
 			if o.err != nil && sse == nil {
 				s.engineError(w, r, er.Model, o.err)
 				return
