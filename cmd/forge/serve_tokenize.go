@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"unicode/utf8"
 
-
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
 
@@ -157,4 +156,3 @@ func (s *server) detokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"content": tok.Decode(ids)})
 }
-
