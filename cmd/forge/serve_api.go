@@ -159,6 +159,10 @@ func writeParamError(w http.ResponseWriter, field, msg string) {
 	writeJSON(w, http.StatusBadRequest, e)
 }
 
+// maxPrompts bounds a completion's array of prompts: each is a
+// generation of its own.
+const maxPrompts = 16
+
 var (
 	errBadRequest     = errors.New("bad request")
 	errPromptTooLarge = errors.New("prompt too large")
@@ -350,8 +354,14 @@ type completionRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	N         *int `json:"n"`
-	IgnoreEOS bool `json:"ignore_eos"`
+	N                *int     `json:"n"`
+	IgnoreEOS        bool     `json:"ignore_eos"`
+	PresencePenalty  *float64 `json:"presence_penalty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty"`
+
+	// prompts are a completion's prompts (OpenAI takes an array, each
+	// answered as its own choice); Prompt above is the first.
+	prompts []string
 }
 
 // chatMessage takes content as a string or as an array of text parts.
@@ -443,13 +453,22 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		if err != nil {
 			return req, er, err
 		}
-		if len(p) != 1 || p[0] == "" {
-			return req, er, badRequest("prompt must be one non-empty string")
+		if len(p) == 0 || len(p) > maxPrompts {
+			return req, er, badRequest("prompt must be a non-empty string or an array of 1 to %d of them", maxPrompts)
 		}
-		if int64(len(p[0])) > s.maxPrompt {
-			return req, er, fmt.Errorf("%w: prompt of %d bytes, over %d (--max-prompt-bytes)", errPromptTooLarge, len(p[0]), s.maxPrompt)
+		var total int64
+		for i, x := range p {
+			if x == "" {
+				return req, er, badRequest("prompt[%d] is empty", i)
+			}
+			if total += int64(len(x)); total > s.maxPrompt {
+				return req, er, fmt.Errorf("%w: prompts of over %d bytes together (--max-prompt-bytes)", errPromptTooLarge, s.maxPrompt)
+			}
 		}
-		er.Prompt = p[0]
+		if len(p) > 1 && req.Stream {
+			return req, er, badRequest("stream with several prompts is not supported: send one prompt per request")
+		}
+		er.Prompt, req.prompts = p[0], p
 	}
 	mt := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -479,6 +498,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	}
 	if p := req.RepeatPenalty; p != nil {
 		er.Sampling.RepeatPenalty = float32(*p)
+	}
+	if p := req.PresencePenalty; p != nil {
+		er.Sampling.PresencePenalty = float32(*p)
+	}
+	if p := req.FrequencyPenalty; p != nil {
+		er.Sampling.FrequencyPenalty = float32(*p)
 	}
 	if req.Seed != nil {
 		er.Sampling.Seed = uint64(*req.Seed)
@@ -533,25 +558,72 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	id := fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
 	created := time.Now().Unix()
 	if !req.Stream {
-		res, err := s.eng.Generate(r.Context(), er)
-		s.met.tokens(er.Model, res.PromptTokens, len(res.Tokens))
+		results, err := s.generateAll(r.Context(), er, req.prompts)
 		if err != nil {
 			s.engineError(w, r, er.Model, err)
 			return
 		}
-		choice := map[string]any{"index": 0, "finish_reason": res.FinishReason}
-		if chatReq {
-			choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
-		} else {
-			choice["text"] = res.Text
+		choices := make([]any, len(results))
+		var u usage
+		for i, res := range results {
+			choice := map[string]any{"index": i, "finish_reason": res.FinishReason}
+			if chatReq {
+				choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
+			} else {
+				choice["text"] = res.Text
+			}
+			choices[i] = choice
+			ru := usageOf(res)
+			u.PromptTokens += ru.PromptTokens
+			u.CompletionTokens += ru.CompletionTokens
+			u.TotalTokens += ru.TotalTokens
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": object, "created": created, "model": er.Model,
-			"choices": []any{choice}, "usage": usageOf(res),
+			"choices": choices, "usage": &u,
 		})
 		return
 	}
 	s.stream(w, r, er, chatReq, id, object+chunkSuffix(chatReq), created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+}
+
+// generateAll runs one generation per prompt (prompts nil: er as it
+// is), together so that a batching model runs them in one batch, and
+// returns the results in the prompts' order. The first error cancels the
+// rest and is returned.
+func (s *server) generateAll(ctx context.Context, er pipeline.EngineRequest, prompts []string) ([]pipeline.EngineResult, error) {
+	if len(prompts) <= 1 {
+		res, err := s.eng.Generate(ctx, er)
+		s.met.tokens(er.Model, res.PromptTokens, len(res.Tokens))
+		return []pipeline.EngineResult{res}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make([]pipeline.EngineResult, len(prompts))
+	errs := make([]error, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := er
+			r.Prompt = p
+			out[i], errs[i] = s.eng.Generate(ctx, r)
+			s.met.tokens(er.Model, out[i].PromptTokens, len(out[i].Tokens))
+			if errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	// The first error that is not the cancellation the others caused.
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled)) {
+			first = err
+		}
+	}
+	return out, first
 }
 
 func chunkSuffix(chatReq bool) string {
@@ -667,11 +739,12 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 				return
 			}
 			start()
-			last := chunk("", false, o.res.FinishReason)
+			sse.event("", chunk("", false, o.res.FinishReason))
 			if withUsage {
-				last["usage"] = usageOf(o.res)
+				// OpenAI's usage chunk: after the finish reason, with no
+				// choices, before [DONE].
+				sse.event("", map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{}, "usage": usageOf(o.res)})
 			}
-			sse.event("", last)
 			sse.raw("", []byte("[DONE]"))
 			return
 		}

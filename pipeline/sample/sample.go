@@ -33,7 +33,14 @@ type Params struct {
 	MinP          float32 // drop tokens less likely than MinP × the most likely one; ≤ 0: off
 	RepeatPenalty float32 // divide positive logits (multiply negative ones) of recent tokens; ≤ 0 or 1: off
 	RepeatLastN   int     // how many recent tokens the penalty looks at (0: 64, as llama.cpp)
-	Seed          uint64  // seeds the random draws
+	// PresencePenalty and FrequencyPenalty are OpenAI's, in [-2, 2] (0:
+	// off): every token already generated has its logit lowered by
+	// PresencePenalty plus FrequencyPenalty times how often it was
+	// generated. Unlike RepeatPenalty they count only generated tokens
+	// (those accepted after the first Sample), as OpenAI describes them.
+	PresencePenalty  float32
+	FrequencyPenalty float32
+	Seed             uint64 // seeds the random draws
 }
 
 // Defaults returns llama.cpp's default sampling parameters (common_params).
@@ -43,6 +50,12 @@ func Defaults() Params {
 
 // Greedy reports whether p always picks the most likely token.
 func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
+
+// Penalized reports whether any penalty changes the logits, so that a
+// greedy pick needs the whole row, not only the model's argmax.
+func (p Params) Penalized() bool {
+	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0
+}
 
 // candidate is one token still in the running.
 type candidate struct {
@@ -64,6 +77,15 @@ type Sampler struct {
 	// so a token repeated in the window is penalised once, as llama.cpp does.
 	stamp []uint32
 	step  uint32
+
+	// counts[id] is how often id was generated, for the presence and
+	// frequency penalties (nil when both are off); seen lists the ids
+	// with a count, so a step touches only those. sampled marks the end
+	// of the prompt: tokens accepted before the first Sample are not
+	// counted.
+	counts  []int32
+	seen    []int32
+	sampled bool
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -82,6 +104,10 @@ func New(p Params, vocab int) *Sampler {
 	if s.penalty() {
 		s.hist = make([]int32, p.RepeatLastN)
 		s.stamp = make([]uint32, vocab)
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		s.counts = make([]int32, vocab)
+		s.seen = make([]int32, 0, 64)
 	}
 	return s
 }
@@ -102,6 +128,12 @@ func (p Params) clamp() Params {
 	fix(&p.TopP, 1)
 	fix(&p.MinP, 1)
 	fix(&p.RepeatPenalty, maxRepeatPenalty)
+	for _, v := range []*float32{&p.PresencePenalty, &p.FrequencyPenalty} {
+		if math.IsNaN(float64(*v)) {
+			*v = 0
+		}
+		*v = min(max(*v, -maxOpenAIPenalty), maxOpenAIPenalty)
+	}
 	p.TopK = min(max(p.TopK, 0), maxTopK)
 	if p.RepeatLastN <= 0 {
 		p.RepeatLastN = 64
@@ -116,8 +148,15 @@ func (s *Sampler) Params() Params { return s.p }
 func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPenalty != 1 }
 
 // Accept records a token of the sequence (prompt or generated) for the
-// repetition penalty.
+// repetition penalty; one accepted after a Sample is a generated token,
+// counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
+	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
+		if s.counts[id] == 0 {
+			s.seen = append(s.seen, id)
+		}
+		s.counts[id]++
+	}
 	if s.hist == nil {
 		return
 	}
@@ -125,8 +164,16 @@ func (s *Sampler) Accept(id int32) {
 	s.nh++
 }
 
-// Reset forgets the accepted tokens (not the random state).
-func (s *Sampler) Reset() { s.nh = 0 }
+// Reset forgets the accepted tokens (not the random state): the next
+// tokens accepted before a Sample are a prompt again.
+func (s *Sampler) Reset() {
+	s.nh = 0
+	for _, id := range s.seen {
+		s.counts[id] = 0
+	}
+	s.seen = s.seen[:0]
+	s.sampled = false
+}
 
 // Sample picks the next token from logits ([vocab] values, left unchanged).
 // A NaN or infinite logit is an error wrapping ErrNonFinite (the model
@@ -136,6 +183,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	if n == 0 {
 		return 0, ErrNoLogits
 	}
+	s.sampled = true
 	c := s.cand[:n]
 	for i := range c {
 		l := logits[i]
@@ -146,6 +194,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 		c[i] = candidate{id: int32(i), logit: l}
 	}
 	s.applyPenalty(c)
+	s.applyOpenAIPenalties(c)
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}
@@ -223,6 +272,18 @@ func (s *Sampler) applyPenalty(c []candidate) {
 		}
 		// A tiny penalty can overflow a large logit: keep it the largest
 		// finite value of its sign, so the softmax stays defined.
+		c[id].logit = max(min(l, math.MaxFloat32), -math.MaxFloat32)
+	}
+}
+
+// applyOpenAIPenalties lowers the logit of every generated token by
+// presence + frequency × its count (OpenAI's formula).
+func (s *Sampler) applyOpenAIPenalties(c []candidate) {
+	for _, id := range s.seen {
+		if int(id) >= len(c) {
+			continue
+		}
+		l := c[id].logit - (s.p.PresencePenalty + float32(s.counts[id])*s.p.FrequencyPenalty)
 		c[id].logit = max(min(l, math.MaxFloat32), -math.MaxFloat32)
 	}
 }
