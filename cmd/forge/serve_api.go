@@ -358,10 +358,16 @@ type completionRequest struct {
 	IgnoreEOS        bool     `json:"ignore_eos"`
 	PresencePenalty  *float64 `json:"presence_penalty"`
 	FrequencyPenalty *float64 `json:"frequency_penalty"`
+	// Logprobs is a bool on chat and an int on completions
+	// (parseLogprobs).
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int            `json:"top_logprobs"`
 
 	// prompts are a completion's prompts (OpenAI takes an array, each
 	// answered as its own choice); Prompt above is the first.
 	prompts []string
+	// logprobs says the answer carries log-probabilities.
+	logprobs bool
 }
 
 // chatMessage takes content as a string or as an array of text parts.
@@ -519,6 +525,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	}
 	er.Stop = stops
 	er.IgnoreEOG = req.IgnoreEOS
+	if req.logprobs, er.Sampling.TopLogprobs, err = parseLogprobs(req, chatReq); err != nil {
+		return req, er, err
+	}
+	if req.logprobs && req.Stream {
+		return req, er, badRequest("logprobs with stream is not supported: ask without stream")
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		if mt != nil && req.MaxCompletionTokens != nil {
 			var fe *sample.FieldError
@@ -558,7 +570,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	id := fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
 	created := time.Now().Unix()
 	if !req.Stream {
-		results, err := s.generateAll(r.Context(), er, req.prompts)
+		results, cols, err := s.generateAll(r.Context(), er, req.prompts, req.logprobs)
 		if err != nil {
 			s.engineError(w, r, er.Model, err)
 			return
@@ -578,6 +590,12 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 			u.CompletionTokens += ru.CompletionTokens
 			u.TotalTokens += ru.TotalTokens
 		}
+		if req.logprobs {
+			if err := s.addLogprobs(r, er.Model, chatReq, choices, results, cols); err != nil {
+				s.engineError(w, r, er.Model, err)
+				return
+			}
+		}
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": object, "created": created, "model": er.Model,
 			"choices": choices, "usage": &u,
@@ -591,23 +609,38 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 // is), together so that a batching model runs them in one batch, and
 // returns the results in the prompts' order. The first error cancels the
 // rest and is returned.
-func (s *server) generateAll(ctx context.Context, er pipeline.EngineRequest, prompts []string) ([]pipeline.EngineResult, error) {
-	if len(prompts) <= 1 {
-		res, err := s.eng.Generate(ctx, er)
+//
+// With logprobs, each generation's sampler reports its picks to its own
+// collector.
+func (s *server) generateAll(ctx context.Context, er pipeline.EngineRequest, prompts []string, logprobs bool) ([]pipeline.EngineResult, []*logprobCollector, error) {
+	n := max(len(prompts), 1)
+	cols := make([]*logprobCollector, n)
+	reqs := make([]pipeline.EngineRequest, n)
+	for i := range n {
+		reqs[i] = er
+		if len(prompts) > 0 {
+			reqs[i].Prompt = prompts[i]
+		}
+		if logprobs {
+			cols[i] = &logprobCollector{}
+			reqs[i].Sampling.OnLogprob = cols[i].add
+		}
+	}
+	if n == 1 {
+		res, err := s.eng.Generate(ctx, reqs[0])
 		s.met.tokens(er.Model, res.PromptTokens, len(res.Tokens))
-		return []pipeline.EngineResult{res}, err
+		return []pipeline.EngineResult{res}, cols, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	out := make([]pipeline.EngineResult, len(prompts))
-	errs := make([]error, len(prompts))
+	out := make([]pipeline.EngineResult, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i, p := range prompts {
+	for i := range reqs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := er
-			r.Prompt = p
+			r := reqs[i]
 			out[i], errs[i] = s.eng.Generate(ctx, r)
 			s.met.tokens(er.Model, out[i].PromptTokens, len(out[i].Tokens))
 			if errs[i] != nil {
@@ -623,7 +656,7 @@ func (s *server) generateAll(ctx context.Context, er pipeline.EngineRequest, pro
 			first = err
 		}
 	}
-	return out, first
+	return out, cols, first
 }
 
 func chunkSuffix(chatReq bool) string {

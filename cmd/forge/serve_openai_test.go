@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/forge-llm/forge/gguf/testmodels"
 )
@@ -155,4 +156,99 @@ func TestServeStreamUsageChunk(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestServeLogprobs: chat's logprobs/top_logprobs and completions'
+// logprobs N, on the batching scheduler and on the single-sequence path.
+// At temperature 0 each token is the most likely: its logprob is the
+// first alternative's; the tokens spell the text; every value is ≤ 0.
+func TestServeLogprobs(t *testing.T) {
+	for _, single := range []bool{false, true} {
+		cfg := serveConfig{models: []modelArg{{id: "chat", name: chatModel(t, "tiny")}, {id: "plain", name: testmodels.Path(t, "stories260K-Q8_0.gguf")}}}
+		cfg.engine.SingleSequence = single
+		ts := startServer(t, cfg)
+
+		var out completionOut
+		if c := ts.postJSON(t, "/v1/completions", map[string]any{"model": "plain", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": true, "logprobs": 3}, &out); c != 200 || len(out.Choices) != 1 || out.Choices[0].Logprobs == nil {
+			t.Fatalf("single %v: completion: %d %+v", single, c, out)
+		}
+		lp := out.Choices[0].Logprobs
+		if len(lp.Tokens) != 8 || len(lp.TokenLogprobs) != 8 || len(lp.TopLogprobs) != 8 || strings.Join(lp.Tokens, "") != out.Choices[0].Text {
+			t.Fatalf("single %v: logprobs %+v for text %q", single, lp, out.Choices[0].Text)
+		}
+		for i, v := range lp.TokenLogprobs {
+			top := lp.TopLogprobs[i]
+			if v > 0 || len(top) != 3 || top[lp.Tokens[i]] != v {
+				t.Errorf("single %v: token %d %q: logprob %v, top %v", single, i, lp.Tokens[i], v, top)
+			}
+			for _, a := range top {
+				if a > v {
+					t.Errorf("single %v: token %d: an alternative at %v beats the greedy pick at %v", single, i, a, v)
+				}
+			}
+		}
+
+		var chat struct {
+			Choices []struct {
+				Message  struct{ Content string }
+				Logprobs struct {
+					Content []struct {
+						Token       string
+						Logprob     float64
+						Bytes       []int
+						TopLogprobs []struct {
+							Token   string
+							Logprob float64
+						} `json:"top_logprobs"`
+					}
+				}
+			}
+			Usage usage
+		}
+		body := chatBody("chat", 4, "Tell me a story", 6)
+		body["temperature"], body["logprobs"], body["top_logprobs"] = 0, true, 2
+		if c := ts.postJSON(t, "/v1/chat/completions", body, &chat); c != 200 || len(chat.Choices) != 1 {
+			t.Fatalf("single %v: chat: %d", single, c)
+		}
+		content := chat.Choices[0].Logprobs.Content
+		if len(content) != chat.Usage.CompletionTokens || len(content) == 0 {
+			t.Fatalf("single %v: %d logprobs for %d tokens", single, len(content), chat.Usage.CompletionTokens)
+		}
+		for i, e := range content {
+			if e.Logprob > 0 || len(e.TopLogprobs) != 2 || e.TopLogprobs[0].Token != e.Token || e.TopLogprobs[0].Logprob != e.Logprob ||
+				e.TopLogprobs[1].Logprob > e.Logprob || len(e.Bytes) == 0 {
+				t.Errorf("single %v: chat token %d: %+v", single, i, e)
+			}
+			// bytes are the token's own; its text is them where they
+			// are valid UTF-8 (a byte token's text is U+FFFD in JSON).
+			if b := intsToBytes(e.Bytes); utf8.Valid(b) && string(b) != e.Token {
+				t.Errorf("single %v: chat token %d: %+v", single, i, e)
+			}
+		}
+	}
+	ts := startServer(t, serveConfig{models: []modelArg{{id: "plain", name: testmodels.Path(t, "stories260K-Q8_0.gguf")}}})
+	for _, c := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": 6}},
+		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": true}},
+		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": 1, "stream": true}},
+		{"/v1/completions", map[string]any{"prompt": "x", "top_logprobs": 1}},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "logprobs": 2}},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "top_logprobs": 2}},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "logprobs": true, "top_logprobs": 21}},
+	} {
+		if code := ts.postJSON(t, c.path, c.body, nil); code != 400 {
+			t.Errorf("%s %v: %d, want 400", c.path, c.body, code)
+		}
+	}
+}
+
+func intsToBytes(v []int) []byte {
+	b := make([]byte, len(v))
+	for i, x := range v {
+		b[i] = byte(x)
+	}
+	return b
 }

@@ -41,6 +41,28 @@ type Params struct {
 	PresencePenalty  float32
 	FrequencyPenalty float32
 	Seed             uint64 // seeds the random draws
+
+	// OnLogprob, when set, receives for every pick the token's
+	// log-probability under the model's distribution (the softmax of
+	// the raw logits, before penalties and temperature, as OpenAI's
+	// logprobs report it) and the TopLogprobs most likely tokens'. It
+	// costs a pass over the row per token and makes a greedy pick read
+	// the whole row, so it is set only when a caller asks.
+	OnLogprob   func(Logprob) `json:"-"`
+	TopLogprobs int           // alternatives given to OnLogprob, at most 20
+}
+
+// Logprob is one pick's log-probability and the most likely tokens'.
+type Logprob struct {
+	ID      int32
+	Logprob float32
+	Top     []TokenLogprob // most likely first
+}
+
+// TokenLogprob is a token's log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
 }
 
 // Defaults returns llama.cpp's default sampling parameters (common_params).
@@ -51,10 +73,11 @@ func Defaults() Params {
 // Greedy reports whether p always picks the most likely token.
 func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
 
-// Penalized reports whether any penalty changes the logits, so that a
-// greedy pick needs the whole row, not only the model's argmax.
-func (p Params) Penalized() bool {
-	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0
+// FullRow reports whether Sample needs the whole row of logits even for
+// a greedy pick (a penalty changes them, or OnLogprob reads them), so
+// that the model's argmax cannot stand in for it.
+func (p Params) FullRow() bool {
+	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil
 }
 
 // candidate is one token still in the running.
@@ -139,6 +162,7 @@ func (p Params) clamp() Params {
 		p.RepeatLastN = 64
 	}
 	p.RepeatLastN = min(p.RepeatLastN, maxRepeatLastN)
+	p.TopLogprobs = min(max(p.TopLogprobs, 0), maxTopLogprobs)
 	return p
 }
 
@@ -179,6 +203,51 @@ func (s *Sampler) Reset() {
 // A NaN or infinite logit is an error wrapping ErrNonFinite (the model
 // overflowed; no token is picked), an empty row one wrapping ErrNoLogits.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
+	id, err := s.sample(logits)
+	if err == nil && s.p.OnLogprob != nil {
+		s.p.OnLogprob(logprobs(logits[:min(len(logits), s.vocab)], id, s.p.TopLogprobs))
+	}
+	return id, err
+}
+
+// logprobs is the log-softmax of row at id and at the top k tokens.
+func logprobs(row []float32, id int32, k int) Logprob {
+	maxL := row[0]
+	for _, l := range row {
+		maxL = max(maxL, l)
+	}
+	sum := 0.0
+	for _, l := range row {
+		sum += math.Exp(float64(l - maxL))
+	}
+	lse := float64(maxL) + math.Log(sum)
+	lp := Logprob{ID: id, Logprob: float32(float64(row[id]) - lse)}
+	if k <= 0 {
+		return lp
+	}
+	// Insertion into a short sorted list: k is at most 20.
+	top := make([]TokenLogprob, 0, k+1)
+	for i, l := range row {
+		if len(top) == k && l <= top[k-1].Logprob {
+			continue
+		}
+		j := len(top)
+		for j > 0 && top[j-1].Logprob < l {
+			j--
+		}
+		top = slices.Insert(top, j, TokenLogprob{ID: int32(i), Logprob: l})
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	for i := range top {
+		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
+	}
+	lp.Top = top
+	return lp
+}
+
+func (s *Sampler) sample(logits []float32) (int32, error) {
 	n := min(len(logits), s.vocab)
 	if n == 0 {
 		return 0, ErrNoLogits

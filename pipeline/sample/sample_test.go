@@ -260,8 +260,8 @@ func TestOpenAIPenalties(t *testing.T) {
 	if id := mustSample(t, s, logits); id != 0 {
 		t.Fatalf("after Reset: pick %d, want 0", id)
 	}
-	if !(Params{PresencePenalty: 0.1}).Penalized() || !(Params{FrequencyPenalty: -0.1}).Penalized() || (Params{RepeatPenalty: 1}).Penalized() {
-		t.Error("Penalized disagrees with the penalties")
+	if !(Params{PresencePenalty: 0.1}).FullRow() || !(Params{FrequencyPenalty: -0.1}).FullRow() || (Params{RepeatPenalty: 1}).FullRow() {
+		t.Error("FullRow disagrees with the penalties")
 	}
 }
 
@@ -288,5 +288,43 @@ func TestOpenAIPenaltyRanges(t *testing.T) {
 	}
 	if p := New(Params{PresencePenalty: 9, FrequencyPenalty: nan}, 4).Params(); p.PresencePenalty != 2 || p.FrequencyPenalty != 0 {
 		t.Errorf("clamped to %v, %v; want 2, 0", p.PresencePenalty, p.FrequencyPenalty)
+	}
+}
+
+// TestLogprobs: OnLogprob gets the log-softmax of the raw row at the
+// pick and at the most likely tokens, most likely first, whatever the
+// penalties and temperature do to the pick; a greedy pick is the top one.
+func TestLogprobs(t *testing.T) {
+	row := []float32{0, float32(math.Log(2)), float32(math.Log(5)), float32(math.Log(0.5))} // probabilities 1, 2, 5, 0.5 over 8.5
+	var got []Logprob
+	s := New(Params{OnLogprob: func(lp Logprob) { got = append(got, lp) }, TopLogprobs: 2}, 4)
+	if id := mustSample(t, s, row); id != 2 {
+		t.Fatalf("greedy pick %d, want 2", id)
+	}
+	near := func(a float32, b float64) bool { return math.Abs(float64(a)-b) < 1e-5 }
+	if len(got) != 1 || got[0].ID != 2 || !near(got[0].Logprob, math.Log(5/8.5)) {
+		t.Fatalf("logprob %+v, want token 2 at ln(5/8.5)", got)
+	}
+	if top := got[0].Top; len(top) != 2 || top[0].ID != 2 || top[1].ID != 1 || !near(top[1].Logprob, math.Log(2/8.5)) {
+		t.Fatalf("top %+v, want 2 then 1 at ln(2/8.5)", top)
+	}
+	// A sampled pick reports its own log-probability; no alternatives
+	// when none are asked for.
+	got = nil
+	s = New(Params{Temp: 1, Seed: 5, OnLogprob: func(lp Logprob) { got = append(got, lp) }}, 4)
+	probs := []float64{1 / 8.5, 2 / 8.5, 5 / 8.5, 0.5 / 8.5}
+	for range 50 {
+		id := mustSample(t, s, row)
+		lp := got[len(got)-1]
+		if lp.ID != id || !near(lp.Logprob, math.Log(probs[id])) || lp.Top != nil {
+			t.Fatalf("pick %d: %+v, want ln(%v) and no top", id, lp, probs[id])
+		}
+	}
+	if !(Params{OnLogprob: func(Logprob) {}}).FullRow() {
+		t.Error("FullRow is false with OnLogprob: a greedy pick would skip it")
+	}
+	var fe *FieldError
+	if err := (Params{TopLogprobs: 21}).Validate(); !errors.As(err, &fe) || fe.Field != "top_logprobs" {
+		t.Errorf("top_logprobs 21: %v", err)
 	}
 }

@@ -24,7 +24,8 @@ const (
 	maxTopK          = 1 << 20
 	maxRepeatPenalty = 10
 	maxRepeatLastN   = 1 << 20
-	maxOpenAIPenalty = 2 // presence and frequency penalties: [-2, 2]
+	maxOpenAIPenalty = 2  // presence and frequency penalties: [-2, 2]
+	maxTopLogprobs   = 20 // OpenAI's top_logprobs bound
 )
 
 // finite32 reports whether v is neither NaN nor infinite.
@@ -53,6 +54,8 @@ func (p Params) Validate() error {
 		return &FieldError{"presence_penalty", p.PresencePenalty, "must be a number in [-2, 2]"}
 	case !finite32(p.FrequencyPenalty) || p.FrequencyPenalty < -maxOpenAIPenalty || p.FrequencyPenalty > maxOpenAIPenalty:
 		return &FieldError{"frequency_penalty", p.FrequencyPenalty, "must be a number in [-2, 2]"}
+	case p.TopLogprobs < 0 || p.TopLogprobs > maxTopLogprobs:
+		return &FieldError{"top_logprobs", p.TopLogprobs, "must be in [0, 20]"}
 	}
 	return nil
 }
