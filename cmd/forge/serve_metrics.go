@@ -41,8 +41,13 @@ func newMetrics() *metrics {
 	return &metrics{requests: map[reqKey]uint64{}, prompt: map[string]uint64{}, gen: map[string]uint64{}, loadSec: map[*pipeline.Model]float64{}}
 }
 
-// tokens counts a finished generation's tokens.
+// tokens counts a finished generation's tokens. A request that counted
+// none (an unknown model, a bad template) adds no series: clients cannot
+// grow the label set with made-up model names.
 func (m *metrics) tokens(model string, prompt, gen int) {
+	if prompt == 0 && gen == 0 {
+		return
+	}
 	m.mu.Lock()
 	m.prompt[model] += uint64(prompt)
 	m.gen[model] += uint64(gen)

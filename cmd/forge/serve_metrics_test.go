@@ -153,6 +153,11 @@ func TestMetrics(t *testing.T) {
 	if _, ok := after[`forge_kv_blocks{model="single",state="free"}`]; ok {
 		t.Errorf("a KV pool for the model that ran nothing")
 	}
+	for k := range after {
+		if strings.Contains(k, `model="nope"`) {
+			t.Errorf("a series for the unknown model: %s", k)
+		}
+	}
 	if after[`forge_http_requests_in_flight`] != 1 {
 		t.Errorf("in flight during a scrape: %v, want 1 (itself)", after[`forge_http_requests_in_flight`])
 	}
