@@ -134,9 +134,18 @@ func TestTokenizeRefusals(t *testing.T) {
 	if status, _ := do("/detokenize", "application/json", "sekrit", `{"tokens":[1, 400, 511]}`); status != 200 {
 		t.Errorf("detokenize of ids in the vocabulary: %d", status)
 	}
+	// /metrics is behind the key too.
+	resp, err := ts.client.Get(ts.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("GET /metrics without the key: %d, want 401", resp.StatusCode)
+	}
 	req, _ := http.NewRequest("GET", ts.url+"/tokenize", nil)
 	req.Header.Set("Authorization", "Bearer sekrit")
-	resp, err := ts.client.Do(req)
+	resp, err = ts.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
