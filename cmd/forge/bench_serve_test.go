@@ -104,8 +104,9 @@ func TestBenchServeURLAndFailingPeer(t *testing.T) {
 		t.Fatalf("err %v\n%s\n%s", err, stdout, stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	// prompts line, header, 4 rows, then a line per failed step
-	if len(lines) != 1+1+4+2 || !strings.HasPrefix(lines[0], "prompts: about one token a word assumed") {
+	// prompts line (calibrated through forge serve's /tokenize), header,
+	// 4 rows, then a line per failed step
+	if len(lines) != 1+1+4+2 || !strings.HasPrefix(lines[0], "prompts: ") || !strings.Contains(lines[0], "measured with mine /tokenize") {
 		t.Fatalf("table:\n%s", stdout)
 	}
 	rows := map[string]int{}

@@ -198,7 +198,9 @@ func (s *server) wrap(a *access, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.inflight.Add(1)
 		defer s.inflight.Done()
-		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.writeTimeout}
+		sw, r, done := s.observe(w, r) // metrics and the access log
+		defer done()
+		w = &deadlineWriter{ResponseWriter: sw, rc: http.NewResponseController(sw), d: s.writeTimeout}
 		if !a.hostAllowed(r.Host) {
 			writeError(w, http.StatusForbidden, "forbidden_host", "Host not allowed (forge serve answers its --addr host and loopback names)")
 			return

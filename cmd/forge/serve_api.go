@@ -38,6 +38,8 @@ type server struct {
 	// inflight counts running handlers, for shutdown to let them answer.
 	inflight sync.WaitGroup
 	nextID   atomic.Uint64
+	// met counts requests and tokens for GET /metrics.
+	met *metrics
 }
 
 // DefaultMaxPrompt is --max-prompt-bytes' default.
@@ -49,7 +51,7 @@ func newServer(eng *pipeline.Engine, log *slog.Logger, maxPrompt int64) *server 
 	}
 	// JSON escapes can double a text (more for control characters);
 	// the rest of a request is small.
-	return &server{eng: eng, log: log, pinned: map[string]bool{}, maxPrompt: maxPrompt, maxBody: 2*maxPrompt + 64<<10}
+	return &server{eng: eng, log: log, pinned: map[string]bool{}, maxPrompt: maxPrompt, maxBody: 2*maxPrompt + 64<<10, met: newMetrics()}
 }
 
 func (s *server) handler() http.Handler {
@@ -61,9 +63,12 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("GET /forge/status", s.status)
 	mux.HandleFunc("POST /forge/load", s.load)
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /detokenize", s.detokenize)
+	mux.HandleFunc("GET /metrics", s.metricsHandler)
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
-	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load"} {
+	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
 		})
@@ -153,6 +158,10 @@ func writeParamError(w http.ResponseWriter, field, msg string) {
 	e.Error.Message, e.Error.Code, e.Error.Type, e.Error.Param = msg, "invalid_value", "invalid_request_error", &field
 	writeJSON(w, http.StatusBadRequest, e)
 }
+
+// maxPrompts bounds a completion's array of prompts: each is a
+// generation of its own.
+const maxPrompts = 16
 
 var (
 	errBadRequest     = errors.New("bad request")
@@ -345,8 +354,20 @@ type completionRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	N         *int `json:"n"`
-	IgnoreEOS bool `json:"ignore_eos"`
+	N                *int     `json:"n"`
+	IgnoreEOS        bool     `json:"ignore_eos"`
+	PresencePenalty  *float64 `json:"presence_penalty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty"`
+	// Logprobs is a bool on chat and an int on completions
+	// (parseLogprobs).
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int            `json:"top_logprobs"`
+
+	// prompts are a completion's prompts (OpenAI takes an array, each
+	// answered as its own choice); Prompt above is the first.
+	prompts []string
+	// logprobs says the answer carries log-probabilities.
+	logprobs bool
 }
 
 // chatMessage takes content as a string or as an array of text parts.
@@ -408,6 +429,7 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		return req, pipeline.EngineRequest{}, badRequest("request body: trailing data after the JSON object")
 	}
 	er := pipeline.EngineRequest{Model: cmp(req.Model, s.defaultModel), Sampling: sample.Defaults()}
+	setModel(r, er.Model)
 	if er.Model == "" {
 		return req, er, badRequest("model is required")
 	}
@@ -437,13 +459,22 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 		if err != nil {
 			return req, er, err
 		}
-		if len(p) != 1 || p[0] == "" {
-			return req, er, badRequest("prompt must be one non-empty string")
+		if len(p) == 0 || len(p) > maxPrompts {
+			return req, er, badRequest("prompt must be a non-empty string or an array of 1 to %d of them", maxPrompts)
 		}
-		if int64(len(p[0])) > s.maxPrompt {
-			return req, er, fmt.Errorf("%w: prompt of %d bytes, over %d (--max-prompt-bytes)", errPromptTooLarge, len(p[0]), s.maxPrompt)
+		var total int64
+		for i, x := range p {
+			if x == "" {
+				return req, er, badRequest("prompt[%d] is empty", i)
+			}
+			if total += int64(len(x)); total > s.maxPrompt {
+				return req, er, fmt.Errorf("%w: prompts of over %d bytes together (--max-prompt-bytes)", errPromptTooLarge, s.maxPrompt)
+			}
 		}
-		er.Prompt = p[0]
+		if len(p) > 1 && req.Stream {
+			return req, er, badRequest("stream with several prompts is not supported: send one prompt per request")
+		}
+		er.Prompt, req.prompts = p[0], p
 	}
 	mt := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -474,6 +505,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	if p := req.RepeatPenalty; p != nil {
 		er.Sampling.RepeatPenalty = float32(*p)
 	}
+	if p := req.PresencePenalty; p != nil {
+		er.Sampling.PresencePenalty = float32(*p)
+	}
+	if p := req.FrequencyPenalty; p != nil {
+		er.Sampling.FrequencyPenalty = float32(*p)
+	}
 	if req.Seed != nil {
 		er.Sampling.Seed = uint64(*req.Seed)
 	} else {
@@ -488,6 +525,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	}
 	er.Stop = stops
 	er.IgnoreEOG = req.IgnoreEOS
+	if req.logprobs, er.Sampling.TopLogprobs, err = parseLogprobs(req, chatReq); err != nil {
+		return req, er, err
+	}
+	if req.logprobs && req.Stream {
+		return req, er, badRequest("logprobs with stream is not supported: ask without stream")
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		if mt != nil && req.MaxCompletionTokens != nil {
 			var fe *sample.FieldError
@@ -527,24 +570,93 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	id := fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
 	created := time.Now().Unix()
 	if !req.Stream {
-		res, err := s.eng.Generate(r.Context(), er)
+		results, cols, err := s.generateAll(r.Context(), er, req.prompts, req.logprobs)
 		if err != nil {
 			s.engineError(w, r, er.Model, err)
 			return
 		}
-		choice := map[string]any{"index": 0, "finish_reason": res.FinishReason}
-		if chatReq {
-			choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
-		} else {
-			choice["text"] = res.Text
+		choices := make([]any, len(results))
+		var u usage
+		for i, res := range results {
+			choice := map[string]any{"index": i, "finish_reason": res.FinishReason}
+			if chatReq {
+				choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
+			} else {
+				choice["text"] = res.Text
+			}
+			choices[i] = choice
+			ru := usageOf(res)
+			u.PromptTokens += ru.PromptTokens
+			u.CompletionTokens += ru.CompletionTokens
+			u.TotalTokens += ru.TotalTokens
+		}
+		if req.logprobs {
+			if err := s.addLogprobs(r, er.Model, chatReq, choices, results, cols); err != nil {
+				s.engineError(w, r, er.Model, err)
+				return
+			}
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
 			"id": id, "object": object, "created": created, "model": er.Model,
-			"choices": []any{choice}, "usage": usageOf(res),
+			"choices": choices, "usage": &u,
 		})
 		return
 	}
 	s.stream(w, r, er, chatReq, id, object+chunkSuffix(chatReq), created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+}
+
+// generateAll runs one generation per prompt (prompts nil: er as it
+// is), together so that a batching model runs them in one batch, and
+// returns the results in the prompts' order. The first error cancels the
+// rest and is returned.
+//
+// With logprobs, each generation's sampler reports its picks to its own
+// collector.
+func (s *server) generateAll(ctx context.Context, er pipeline.EngineRequest, prompts []string, logprobs bool) ([]pipeline.EngineResult, []*logprobCollector, error) {
+	n := max(len(prompts), 1)
+	cols := make([]*logprobCollector, n)
+	reqs := make([]pipeline.EngineRequest, n)
+	for i := range n {
+		reqs[i] = er
+		if len(prompts) > 0 {
+			reqs[i].Prompt = prompts[i]
+		}
+		if logprobs {
+			cols[i] = &logprobCollector{}
+			reqs[i].Sampling.OnLogprob = cols[i].add
+		}
+	}
+	if n == 1 {
+		res, err := s.eng.Generate(ctx, reqs[0])
+		s.met.tokens(er.Model, res.PromptTokens, len(res.Tokens))
+		return []pipeline.EngineResult{res}, cols, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make([]pipeline.EngineResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := reqs[i]
+			out[i], errs[i] = s.eng.Generate(ctx, r)
+			s.met.tokens(er.Model, out[i].PromptTokens, len(out[i].Tokens))
+			if errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	// The first error that is not the cancellation the others caused.
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled)) {
+			first = err
+		}
+	}
+	return out, cols, first
 }
 
 func chunkSuffix(chatReq bool) string {
@@ -644,6 +756,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 				return
 			}
 		case o := <-done:
+			s.met.tokens(er.Model, o.res.PromptTokens, len(o.res.Tokens))
 			if o.err != nil && sse == nil {
 				s.engineError(w, r, er.Model, o.err)
 				return
@@ -659,11 +772,12 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 				return
 			}
 			start()
-			last := chunk("", false, o.res.FinishReason)
+			sse.event("", chunk("", false, o.res.FinishReason))
 			if withUsage {
-				last["usage"] = usageOf(o.res)
+				// OpenAI's usage chunk: after the finish reason, with no
+				// choices, before [DONE].
+				sse.event("", map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{}, "usage": usageOf(o.res)})
 			}
-			sse.event("", last)
 			sse.raw("", []byte("[DONE]"))
 			return
 		}

@@ -349,7 +349,8 @@ func TestServeMalformed(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"plain",` + msgs + `,"stream":true}`, 400},
 		{"/v1/chat/completions", `{"model":"no-such-model",` + msgs + `}`, 404},
 		{"/v1/completions", `{"model":"plain"}`, 400},
-		{"/v1/completions", `{"model":"plain","prompt":["a","b"]}`, 400},
+		{"/v1/completions", `{"model":"plain","prompt":["a",""]}`, 400},
+		{"/v1/completions", `{"model":"plain","prompt":["a","b"],"stream":true}`, 400},
 		{"/v1/completions", `{"model":"plain","prompt":""}`, 400},
 		{"/v1/nothing", `{}`, 404},
 	}

@@ -695,7 +695,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 // single-sequence path's greedy decode does not check them either.)
 func (q *seq) argmaxOnly() bool {
 	p := q.smp.Params()
-	return p.Temp <= 0 && (p.RepeatPenalty <= 0 || p.RepeatPenalty == 1)
+	return p.Temp <= 0 && !p.FullRow()
 }
 
 func (s *Scheduler) register(q *seq) {

@@ -33,7 +33,36 @@ type Params struct {
 	MinP          float32 // drop tokens less likely than MinP × the most likely one; ≤ 0: off
 	RepeatPenalty float32 // divide positive logits (multiply negative ones) of recent tokens; ≤ 0 or 1: off
 	RepeatLastN   int     // how many recent tokens the penalty looks at (0: 64, as llama.cpp)
-	Seed          uint64  // seeds the random draws
+	// PresencePenalty and FrequencyPenalty are OpenAI's, in [-2, 2] (0:
+	// off): every token already generated has its logit lowered by
+	// PresencePenalty plus FrequencyPenalty times how often it was
+	// generated. Unlike RepeatPenalty they count only generated tokens
+	// (those accepted after the first Sample), as OpenAI describes them.
+	PresencePenalty  float32
+	FrequencyPenalty float32
+	Seed             uint64 // seeds the random draws
+
+	// OnLogprob, when set, receives for every pick the token's
+	// log-probability under the model's distribution (the softmax of
+	// the raw logits, before penalties and temperature, as OpenAI's
+	// logprobs report it) and the TopLogprobs most likely tokens'. It
+	// costs a pass over the row per token and makes a greedy pick read
+	// the whole row, so it is set only when a caller asks.
+	OnLogprob   func(Logprob) `json:"-"`
+	TopLogprobs int           // alternatives given to OnLogprob, at most 20
+}
+
+// Logprob is one pick's log-probability and the most likely tokens'.
+type Logprob struct {
+	ID      int32
+	Logprob float32
+	Top     []TokenLogprob // most likely first
+}
+
+// TokenLogprob is a token's log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
 }
 
 // Defaults returns llama.cpp's default sampling parameters (common_params).
@@ -43,6 +72,13 @@ func Defaults() Params {
 
 // Greedy reports whether p always picks the most likely token.
 func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
+
+// FullRow reports whether Sample needs the whole row of logits even for
+// a greedy pick (a penalty changes them, or OnLogprob reads them), so
+// that the model's argmax cannot stand in for it.
+func (p Params) FullRow() bool {
+	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil
+}
 
 // candidate is one token still in the running.
 type candidate struct {
@@ -64,6 +100,15 @@ type Sampler struct {
 	// so a token repeated in the window is penalised once, as llama.cpp does.
 	stamp []uint32
 	step  uint32
+
+	// counts[id] is how often id was generated, for the presence and
+	// frequency penalties (nil when both are off); seen lists the ids
+	// with a count, so a step touches only those. sampled marks the end
+	// of the prompt: tokens accepted before the first Sample are not
+	// counted.
+	counts  []int32
+	seen    []int32
+	sampled bool
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -82,6 +127,10 @@ func New(p Params, vocab int) *Sampler {
 	if s.penalty() {
 		s.hist = make([]int32, p.RepeatLastN)
 		s.stamp = make([]uint32, vocab)
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		s.counts = make([]int32, vocab)
+		s.seen = make([]int32, 0, 64)
 	}
 	return s
 }
@@ -102,11 +151,18 @@ func (p Params) clamp() Params {
 	fix(&p.TopP, 1)
 	fix(&p.MinP, 1)
 	fix(&p.RepeatPenalty, maxRepeatPenalty)
+	for _, v := range []*float32{&p.PresencePenalty, &p.FrequencyPenalty} {
+		if math.IsNaN(float64(*v)) {
+			*v = 0
+		}
+		*v = min(max(*v, -maxOpenAIPenalty), maxOpenAIPenalty)
+	}
 	p.TopK = min(max(p.TopK, 0), maxTopK)
 	if p.RepeatLastN <= 0 {
 		p.RepeatLastN = 64
 	}
 	p.RepeatLastN = min(p.RepeatLastN, maxRepeatLastN)
+	p.TopLogprobs = min(max(p.TopLogprobs, 0), maxTopLogprobs)
 	return p
 }
 
@@ -116,8 +172,15 @@ func (s *Sampler) Params() Params { return s.p }
 func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPenalty != 1 }
 
 // Accept records a token of the sequence (prompt or generated) for the
-// repetition penalty.
+// repetition penalty; one accepted after a Sample is a generated token,
+// counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
+	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
+		if s.counts[id] == 0 {
+			s.seen = append(s.seen, id)
+		}
+		s.counts[id]++
+	}
 	if s.hist == nil {
 		return
 	}
@@ -125,17 +188,71 @@ func (s *Sampler) Accept(id int32) {
 	s.nh++
 }
 
-// Reset forgets the accepted tokens (not the random state).
-func (s *Sampler) Reset() { s.nh = 0 }
+// Reset forgets the accepted tokens (not the random state): the next
+// tokens accepted before a Sample are a prompt again.
+func (s *Sampler) Reset() {
+	s.nh = 0
+	for _, id := range s.seen {
+		s.counts[id] = 0
+	}
+	s.seen = s.seen[:0]
+	s.sampled = false
+}
 
 // Sample picks the next token from logits ([vocab] values, left unchanged).
 // A NaN or infinite logit is an error wrapping ErrNonFinite (the model
 // overflowed; no token is picked), an empty row one wrapping ErrNoLogits.
 func (s *Sampler) Sample(logits []float32) (int32, error) {
+	id, err := s.sample(logits)
+	if err == nil && s.p.OnLogprob != nil {
+		s.p.OnLogprob(logprobs(logits[:min(len(logits), s.vocab)], id, s.p.TopLogprobs))
+	}
+	return id, err
+}
+
+// logprobs is the log-softmax of row at id and at the top k tokens.
+func logprobs(row []float32, id int32, k int) Logprob {
+	maxL := row[0]
+	for _, l := range row {
+		maxL = max(maxL, l)
+	}
+	sum := 0.0
+	for _, l := range row {
+		sum += math.Exp(float64(l - maxL))
+	}
+	lse := float64(maxL) + math.Log(sum)
+	lp := Logprob{ID: id, Logprob: float32(float64(row[id]) - lse)}
+	if k <= 0 {
+		return lp
+	}
+	// Insertion into a short sorted list: k is at most 20.
+	top := make([]TokenLogprob, 0, k+1)
+	for i, l := range row {
+		if len(top) == k && l <= top[k-1].Logprob {
+			continue
+		}
+		j := len(top)
+		for j > 0 && top[j-1].Logprob < l {
+			j--
+		}
+		top = slices.Insert(top, j, TokenLogprob{ID: int32(i), Logprob: l})
+		if len(top) > k {
+			top = top[:k]
+		}
+	}
+	for i := range top {
+		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
+	}
+	lp.Top = top
+	return lp
+}
+
+func (s *Sampler) sample(logits []float32) (int32, error) {
 	n := min(len(logits), s.vocab)
 	if n == 0 {
 		return 0, ErrNoLogits
 	}
+	s.sampled = true
 	c := s.cand[:n]
 	for i := range c {
 		l := logits[i]
@@ -146,6 +263,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 		c[i] = candidate{id: int32(i), logit: l}
 	}
 	s.applyPenalty(c)
+	s.applyOpenAIPenalties(c)
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}
@@ -223,6 +341,18 @@ func (s *Sampler) applyPenalty(c []candidate) {
 		}
 		// A tiny penalty can overflow a large logit: keep it the largest
 		// finite value of its sign, so the softmax stays defined.
+		c[id].logit = max(min(l, math.MaxFloat32), -math.MaxFloat32)
+	}
+}
+
+// applyOpenAIPenalties lowers the logit of every generated token by
+// presence + frequency × its count (OpenAI's formula).
+func (s *Sampler) applyOpenAIPenalties(c []candidate) {
+	for _, id := range s.seen {
+		if int(id) >= len(c) {
+			continue
+		}
+		l := c[id].logit - (s.p.PresencePenalty + float32(s.counts[id])*s.p.FrequencyPenalty)
 		c[id].logit = max(min(l, math.MaxFloat32), -math.MaxFloat32)
 	}
 }

@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -211,5 +212,119 @@ func TestSampleDoesNotAllocate(t *testing.T) {
 		}); a != 0 {
 			t.Errorf("%+v: %.1f allocations per token, want 0", p, a)
 		}
+	}
+}
+
+// TestOpenAIPenalties: presence and frequency penalties lower the logits
+// of generated tokens by presence + frequency × count, and leave the
+// prompt's tokens alone.
+func TestOpenAIPenalties(t *testing.T) {
+	// Greedy over [5, 4.5, 4, 0]: token 0 wins until penalised.
+	logits := []float32{5, 4.5, 4, 0}
+	s := New(Params{PresencePenalty: 0.5, FrequencyPenalty: 0.25}, 4)
+	s.Accept(1) // the prompt: not counted
+	s.Accept(1)
+	if id := mustSample(t, s, logits); id != 0 {
+		t.Fatalf("first pick %d, want 0 (no generated token yet)", id)
+	}
+	s.Accept(0) // token 0: 5 - (0.5 + 0.25) = 4.25 < 4.5
+	if id := mustSample(t, s, logits); id != 1 {
+		t.Fatalf("second pick %d, want 1 (token 0 penalised to 4.25; the prompt's 1s are not)", id)
+	}
+	s.Accept(1) // token 1: 4.5 - 0.75 = 3.75; token 0 at 4.25 wins again
+	if id := mustSample(t, s, logits); id != 0 {
+		t.Fatalf("third pick %d, want 0", id)
+	}
+	s.Accept(0) // token 0 twice: 5 - (0.5 + 0.5) = 4.0, equal to token 2; the lower id wins ties
+	if id := mustSample(t, s, logits); id != 0 {
+		t.Fatalf("fourth pick %d, want 0 (tie at 4.0 goes to the lower id)", id)
+	}
+	s.Accept(0) // three times: 5 - 1.25 = 3.75 < 4 (token 2)
+	if id := mustSample(t, s, logits); id != 2 {
+		t.Fatalf("fifth pick %d, want 2", id)
+	}
+	// A negative penalty favours what was generated.
+	s = New(Params{FrequencyPenalty: -2}, 4)
+	mustSample(t, s, logits)
+	s.Accept(3)
+	if id := mustSample(t, s, logits); id != 0 {
+		t.Fatalf("one -2 leaves token 3 at 2: pick %d, want 0", id)
+	}
+	s.Accept(3)
+	s.Accept(3)
+	if id := mustSample(t, s, logits); id != 3 {
+		t.Fatalf("three times -2 lifts token 3 to 6: pick %d, want 3", id)
+	}
+	s.Reset()
+	s.Accept(0) // a prompt again
+	if id := mustSample(t, s, logits); id != 0 {
+		t.Fatalf("after Reset: pick %d, want 0", id)
+	}
+	if !(Params{PresencePenalty: 0.1}).FullRow() || !(Params{FrequencyPenalty: -0.1}).FullRow() || (Params{RepeatPenalty: 1}).FullRow() {
+		t.Error("FullRow disagrees with the penalties")
+	}
+}
+
+// TestOpenAIPenaltyRanges: Validate takes [-2, 2] and names the field;
+// New clamps what it is given.
+func TestOpenAIPenaltyRanges(t *testing.T) {
+	nan := float32(math.NaN())
+	for _, c := range []struct {
+		field string
+		p     Params
+	}{
+		{"presence_penalty", Params{PresencePenalty: 2.01}},
+		{"presence_penalty", Params{PresencePenalty: nan}},
+		{"frequency_penalty", Params{FrequencyPenalty: -2.5}},
+		{"frequency_penalty", Params{FrequencyPenalty: float32(math.Inf(-1))}},
+	} {
+		var fe *FieldError
+		if err := c.p.Validate(); !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%+v: Validate = %v, want a FieldError for %s", c.p, err, c.field)
+		}
+	}
+	if err := (Params{PresencePenalty: -2, FrequencyPenalty: 2}).Validate(); err != nil {
+		t.Errorf("the bounds: %v", err)
+	}
+	if p := New(Params{PresencePenalty: 9, FrequencyPenalty: nan}, 4).Params(); p.PresencePenalty != 2 || p.FrequencyPenalty != 0 {
+		t.Errorf("clamped to %v, %v; want 2, 0", p.PresencePenalty, p.FrequencyPenalty)
+	}
+}
+
+// TestLogprobs: OnLogprob gets the log-softmax of the raw row at the
+// pick and at the most likely tokens, most likely first, whatever the
+// penalties and temperature do to the pick; a greedy pick is the top one.
+func TestLogprobs(t *testing.T) {
+	row := []float32{0, float32(math.Log(2)), float32(math.Log(5)), float32(math.Log(0.5))} // probabilities 1, 2, 5, 0.5 over 8.5
+	var got []Logprob
+	s := New(Params{OnLogprob: func(lp Logprob) { got = append(got, lp) }, TopLogprobs: 2}, 4)
+	if id := mustSample(t, s, row); id != 2 {
+		t.Fatalf("greedy pick %d, want 2", id)
+	}
+	near := func(a float32, b float64) bool { return math.Abs(float64(a)-b) < 1e-5 }
+	if len(got) != 1 || got[0].ID != 2 || !near(got[0].Logprob, math.Log(5/8.5)) {
+		t.Fatalf("logprob %+v, want token 2 at ln(5/8.5)", got)
+	}
+	if top := got[0].Top; len(top) != 2 || top[0].ID != 2 || top[1].ID != 1 || !near(top[1].Logprob, math.Log(2/8.5)) {
+		t.Fatalf("top %+v, want 2 then 1 at ln(2/8.5)", top)
+	}
+	// A sampled pick reports its own log-probability; no alternatives
+	// when none are asked for.
+	got = nil
+	s = New(Params{Temp: 1, Seed: 5, OnLogprob: func(lp Logprob) { got = append(got, lp) }}, 4)
+	probs := []float64{1 / 8.5, 2 / 8.5, 5 / 8.5, 0.5 / 8.5}
+	for range 50 {
+		id := mustSample(t, s, row)
+		lp := got[len(got)-1]
+		if lp.ID != id || !near(lp.Logprob, math.Log(probs[id])) || lp.Top != nil {
+			t.Fatalf("pick %d: %+v, want ln(%v) and no top", id, lp, probs[id])
+		}
+	}
+	if !(Params{OnLogprob: func(Logprob) {}}).FullRow() {
+		t.Error("FullRow is false with OnLogprob: a greedy pick would skip it")
+	}
+	var fe *FieldError
+	if err := (Params{TopLogprobs: 21}).Validate(); !errors.As(err, &fe) || fe.Field != "top_logprobs" {
+		t.Errorf("top_logprobs 21: %v", err)
 	}
 }

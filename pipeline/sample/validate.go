@@ -24,6 +24,8 @@ const (
 	maxTopK          = 1 << 20
 	maxRepeatPenalty = 10
 	maxRepeatLastN   = 1 << 20
+	maxOpenAIPenalty = 2  // presence and frequency penalties: [-2, 2]
+	maxTopLogprobs   = 20 // OpenAI's top_logprobs bound
 )
 
 // finite32 reports whether v is neither NaN nor infinite.
@@ -48,6 +50,12 @@ func (p Params) Validate() error {
 		return &FieldError{"repeat_penalty", p.RepeatPenalty, "must be a number in [0, 10] (0 or 1: off)"}
 	case p.RepeatLastN < 0 || p.RepeatLastN > maxRepeatLastN:
 		return &FieldError{"repeat_last_n", p.RepeatLastN, "must be in [0, 1048576]"}
+	case !finite32(p.PresencePenalty) || p.PresencePenalty < -maxOpenAIPenalty || p.PresencePenalty > maxOpenAIPenalty:
+		return &FieldError{"presence_penalty", p.PresencePenalty, "must be a number in [-2, 2]"}
+	case !finite32(p.FrequencyPenalty) || p.FrequencyPenalty < -maxOpenAIPenalty || p.FrequencyPenalty > maxOpenAIPenalty:
+		return &FieldError{"frequency_penalty", p.FrequencyPenalty, "must be a number in [-2, 2]"}
+	case p.TopLogprobs < 0 || p.TopLogprobs > maxTopLogprobs:
+		return &FieldError{"top_logprobs", p.TopLogprobs, "must be in [0, 20]"}
 	}
 	return nil
 }
