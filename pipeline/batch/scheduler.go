@@ -688,9 +688,8 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	return out, preempted
 }
 
-// register puts q's newly completed full blocks in the prefix cache.
 // argmaxOnly says that q's next token is the most likely one whatever
-// the logits (greedy with no repetition penalty): the step may reduce its
+// the logits (greedy, no penalty, no log-probabilities asked): the step may reduce its
 // row on the device. (Its logits are then not checked for NaN, as the
 // single-sequence path's greedy decode does not check them either.)
 func (q *seq) argmaxOnly() bool {
@@ -698,6 +697,7 @@ func (q *seq) argmaxOnly() bool {
 	return p.Temp <= 0 && !p.FullRow()
 }
 
+// register puts q's newly completed full blocks in the prefix cache.
 func (s *Scheduler) register(q *seq) {
 	bs := s.cfg.BlockSize
 	for ; q.hashed < q.done/bs; q.hashed++ {
