@@ -361,19 +361,10 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	if !ok || kp.base == 0 {
 		return fmt.Errorf("gpu: paged attention: kv pool was not made by this backend (or was freed)")
 	}
-	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
-		return fmt.Errorf("gpu: paged attention: bad heads=%d kvHeads=%d headDim=%d", at.Heads, at.KVHeads, at.HeadDim)
-	}
-	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
-		return fmt.Errorf("gpu: paged attention: head dimension %d: only even sizes up to 256 are supported", at.HeadDim)
+	if err := checkAttn("paged attention", "pool", at, p.KVDim, p.Layers, layer); err != nil {
+		return err
 	}
 	kvDim := at.KVHeads * at.HeadDim
-	if kvDim != p.KVDim {
-		return fmt.Errorf("gpu: paged attention: kvHeads·headDim = %d but the pool holds rows of %d", kvDim, p.KVDim)
-	}
-	if layer < 0 || layer >= p.Layers {
-		return fmt.Errorf("gpu: paged attention: layer %d out of range [0,%d)", layer, p.Layers)
-	}
 	qDim := at.Heads * at.HeadDim
 	for _, c := range []struct {
 		what string

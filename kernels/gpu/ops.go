@@ -571,6 +571,25 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 	})
 }
 
+// checkAttn checks what Attention and PagedAttention share: the heads
+// (even head sizes up to 256, which the kernels are built for) against the
+// store's row width and layers.
+func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) error {
+	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
+		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
+	}
+	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
+		return fmt.Errorf("gpu: %s: head dimension %d: only even sizes up to 256 are supported", op, at.HeadDim)
+	}
+	if d := at.KVHeads * at.HeadDim; d != kvDim {
+		return fmt.Errorf("gpu: %s: kvHeads·headDim = %d but the %s holds rows of %d", op, d, store, kvDim)
+	}
+	if layer < 0 || layer >= layers {
+		return fmt.Errorf("gpu: %s: layer %d out of range [0,%d)", op, layer, layers)
+	}
+	return nil
+}
+
 // Attention stores the n new keys and values of one layer in the cache and
 // computes causal grouped-query attention for the n queries. One or two
 // tokens take the decode kernel (a block per head and token); more take the
@@ -584,19 +603,10 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	if !ok || kb.base == 0 {
 		return fmt.Errorf("gpu: attention: kv cache was not made by this backend (or was freed)")
 	}
-	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
-		return fmt.Errorf("gpu: attention: bad heads=%d kvHeads=%d headDim=%d", at.Heads, at.KVHeads, at.HeadDim)
-	}
-	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
-		return fmt.Errorf("gpu: attention: head dimension %d: only even sizes up to 256 are supported", at.HeadDim)
+	if err := checkAttn("attention", "cache", at, kc.KVDim, kc.Layers, layer); err != nil {
+		return err
 	}
 	kvDim := at.KVHeads * at.HeadDim
-	if kvDim != kc.KVDim {
-		return fmt.Errorf("gpu: attention: kvHeads·headDim = %d but the cache holds rows of %d", kvDim, kc.KVDim)
-	}
-	if layer < 0 || layer >= kc.Layers {
-		return fmt.Errorf("gpu: attention: layer %d out of range [0,%d)", layer, kc.Layers)
-	}
 	if pos0 < 0 || n < 0 || pos0+n > kc.Ctx {
 		return fmt.Errorf("gpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, kc.Ctx)
 	}
