@@ -52,6 +52,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
+			&cli.StringFlag{Name: "chat-template", Usage: "chat template for every model: chatml, llama2, llama3, mistral, or a FILE holding a template (default: each model's own, else chatml)"},
 			&cli.BoolFlag{Name: "deterministic", Usage: "no KV prefix shared between requests, so that a request gives the same tokens alone or among others on a GPU too"},
 		},
 		Action: serveAction,
@@ -69,6 +70,8 @@ type serveConfig struct {
 	allowOrigins []string
 	allowPaths   []string
 	maxPrompt    int64 // 0: DefaultMaxPrompt
+	// chatTemplate is --chat-template ("": each model's own).
+	chatTemplate string
 	// Timeouts; 0 takes the flags' defaults.
 	readTimeout, writeTimeout, idleTimeout time.Duration
 }
@@ -123,7 +126,8 @@ func serveAction(c *cli.Context) error {
 	cfg := serveConfig{
 		addr: addr, grace: c.Duration("grace"),
 		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
-		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
+		chatTemplate: c.String("chat-template"),
+		readTimeout:  c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
 	}
 	mp, err := humanize.ParseBytes(c.String("max-prompt-bytes"))
 	if err != nil || mp == 0 || mp > 1<<30 {
@@ -193,6 +197,13 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	eng := pipeline.NewEngine(cfg.engine)
 	s := newServer(eng, log, cfg.maxPrompt)
 	s.writeTimeout = cmpDur(cfg.writeTimeout, time.Minute)
+	if cfg.chatTemplate != "" {
+		if s.template, err = loadChatTemplate(cfg.chatTemplate); err != nil {
+			eng.Close()
+			ln.Close()
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 	for _, m := range cfg.models {
 		if err := eng.Add(m.id, m.name); err != nil {
 			eng.Close()
