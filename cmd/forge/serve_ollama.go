@@ -225,7 +225,7 @@ func (s *server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 func (s *server) ollamaPS(w http.ResponseWriter, r *http.Request) {
 	models := []map[string]any{}
 	for _, st := range s.eng.Status() {
-		if st.State != pipeline.StateReady && st.State != pipeline.StateLoading {
+		if st.State != pipeline.StateLoading && st.State != pipeline.StateReady && st.State != pipeline.StateResident {
 			continue
 		}
 		m := map[string]any{"name": st.ID, "model": st.ID, "size": st.MemoryBytes, "size_vram": 0, "expires_at": nil}
