@@ -25,7 +25,8 @@ func init() {
 		Usage: "serve models over an OpenAI-compatible HTTP API",
 		Description: `Serves /v1/chat/completions, /v1/completions and /v1/models (streaming with
 server-sent events when "stream": true), POST /forge/load (load progress as
-server-sent events), /forge/status and /health. Models named with -m are
+server-sent events), /forge/status and /health, and Ollama's /api/* routes
+(version, tags, show, ps, generate, chat). Models named with -m are
 opened at start (serve exits if one cannot be); a request may also name a
 model of the Ollama store or the Hugging Face cache, loaded on first use, and
 a file path only under an --allow-paths directory. Listens on loopback unless
@@ -236,7 +237,7 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	}
 
 	hs := &http.Server{
-		Handler:           s.wrap(acc, s.handler()),
+		Handler:           ollamaShape(s.wrap(acc, s.handler())),
 		ReadHeaderTimeout: min(10*time.Second, cmpDur(cfg.readTimeout, time.Minute)),
 		ReadTimeout:       cmpDur(cfg.readTimeout, time.Minute),
 		IdleTimeout:       cmpDur(cfg.idleTimeout, 2*time.Minute),

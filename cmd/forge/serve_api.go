@@ -73,13 +73,8 @@ func (s *server) handler() http.Handler {
 	s.ollamaRoutes(mux)
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
-	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics",
-		"/api/version", "/api/tags", "/api/show", "/api/ps", "/api/generate", "/api/chat"} {
+	for _, p := range append([]string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"}, ollamaPaths...) {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			if strings.HasPrefix(r.URL.Path, "/api/") {
-				writeOllamaError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
-				return
-			}
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
 		})
 	}

@@ -33,6 +33,12 @@ func (s *server) ollamaRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/chat", func(w http.ResponseWriter, r *http.Request) { s.ollamaGenerate(w, r, true) })
 }
 
+// ollamaPaths are the Ollama routes, counted by GET /metrics under their
+// own route label.
+var ollamaPaths = []string{"/api/version", "/api/tags", "/api/show", "/api/ps", "/api/generate", "/api/chat"}
+
+func init() { routes = append(routes, ollamaPaths...) }
+
 // ollamaVersion is the Ollama API version forge answers as: clients check
 // it against their minimum.
 const ollamaVersion = "0.5.0"
@@ -510,4 +516,63 @@ func (s *server) ollamaStream(ctx context.Context, w http.ResponseWriter, r *htt
 			return
 		}
 	}
+}
+
+// ollamaShape gives the /api/* errors written outside the Ollama handlers
+// (the access checks' 401, 403 and 415, routing's 404 and 405) Ollama's
+// shape, {"error": "…"}, with their status; every other answer passes
+// through untouched, streams included.
+func ollamaShape(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/api/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ow := &ollamaErrWriter{ResponseWriter: w}
+		next.ServeHTTP(ow, r)
+		ow.finish()
+	})
+}
+
+// ollamaErrWriter holds back an error answer's body to reshape it.
+type ollamaErrWriter struct {
+	http.ResponseWriter
+	status int // ≥ 400 once an error answer began
+	body   bytes.Buffer
+}
+
+func (w *ollamaErrWriter) WriteHeader(code int) {
+	if code >= 400 {
+		w.status = code
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *ollamaErrWriter) Write(b []byte) (int, error) {
+	if w.status != 0 {
+		return w.body.Write(b)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (flushes,
+// deadlines).
+func (w *ollamaErrWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *ollamaErrWriter) finish() {
+	if w.status == 0 {
+		return
+	}
+	msg := strings.TrimSpace(w.body.String())
+	var e apiError
+	var o struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(w.body.Bytes(), &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	} else if json.Unmarshal(w.body.Bytes(), &o) == nil && o.Error != "" {
+		msg = o.Error
+	}
+	writeOllamaError(w.ResponseWriter, w.status, msg)
 }

@@ -289,24 +289,41 @@ func TestServeOllamaErrorsAndAccess(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	// ollamaErr says whether b is Ollama's error body: {"error": "…"}.
+	ollamaErr := func(b string) bool {
+		var e map[string]any
+		if json.Unmarshal([]byte(b), &e) != nil || len(e) != 1 {
+			return false
+		}
+		s, ok := e["error"].(string)
+		return ok && s != ""
+	}
 	for _, p := range []string{"/api/version", "/api/tags", "/api/ps"} {
-		if st, _ := do("GET", p, "", "", ""); st != 401 {
-			t.Errorf("GET %s without the key: %d, want 401", p, st)
+		if st, b := do("GET", p, "", "", ""); st != 401 || !ollamaErr(b) {
+			t.Errorf("GET %s without the key: %d %s, want 401 {\"error\"}", p, st, b)
 		}
 		if st, _ := do("GET", p, "k3y", "", ""); st != 200 {
 			t.Errorf("GET %s with the key: %d", p, st)
 		}
 	}
 	for _, p := range []string{"/api/show", "/api/generate", "/api/chat"} {
-		if st, _ := do("POST", p, "", "application/json", `{"model":"stories"}`); st != 401 {
-			t.Errorf("POST %s without the key: %d, want 401", p, st)
+		if st, b := do("POST", p, "", "application/json", `{"model":"stories"}`); st != 401 || !ollamaErr(b) {
+			t.Errorf("POST %s without the key: %d %s, want 401", p, st, b)
 		}
-		if st, _ := do("POST", p, "k3y", "text/plain", `{"model":"stories"}`); st != 415 {
-			t.Errorf("POST %s as text/plain: %d, want 415", p, st)
+		if st, b := do("POST", p, "k3y", "text/plain", `{"model":"stories"}`); st != 415 || !ollamaErr(b) {
+			t.Errorf("POST %s as text/plain: %d %s, want 415", p, st, b)
 		}
 	}
-	if st, _ := do("DELETE", "/api/generate", "k3y", "", ""); st != 405 {
-		t.Errorf("DELETE /api/generate: %d, want 405", st)
+	if st, b := do("DELETE", "/api/generate", "k3y", "", ""); st != 405 || !ollamaErr(b) {
+		t.Errorf("DELETE /api/generate: %d %s, want 405", st, b)
+	}
+	// Not supported: pull, push, create, copy, delete, embeddings.
+	if st, b := do("POST", "/api/pull", "k3y", "application/json", `{"model":"x"}`); st != 404 || !ollamaErr(b) {
+		t.Errorf("POST /api/pull: %d %s, want 404", st, b)
+	}
+	// The OpenAI routes keep OpenAI's shape.
+	if st, b := do("GET", "/v1/models", "", "", ""); st != 401 || ollamaErr(b) || !strings.Contains(b, `"invalid_api_key"`) {
+		t.Errorf("GET /v1/models without the key: %d %s", st, b)
 	}
 	for _, c := range []struct{ path, opts, field string }{
 		{"/api/generate", `{"temperature":-1}`, "temperature"},
@@ -317,10 +334,7 @@ func TestServeOllamaErrorsAndAccess(t *testing.T) {
 	} {
 		body := `{"model":"stories","prompt":"Hi","messages":[{"role":"user","content":"Hi"}],"stream":false,"options":` + c.opts + `}`
 		st, b := do("POST", c.path, "k3y", "application/json", body)
-		var e map[string]any
-		json.Unmarshal([]byte(b), &e)
-		msg, _ := e["error"].(string)
-		if st != 400 || len(e) != 1 || !strings.Contains(msg, c.field) {
+		if st != 400 || !ollamaErr(b) || !strings.Contains(b, c.field) {
 			t.Errorf("%s options %s: %d %s; want 400 {\"error\"} naming %s", c.path, c.opts, st, b, c.field)
 		}
 	}
@@ -334,8 +348,7 @@ func TestServeOllamaErrorsAndAccess(t *testing.T) {
 		{"/api/generate", `{"model":"stories","prompt":`, 400},
 	} {
 		st, b := do("POST", c.path, "k3y", "application/json", c.body)
-		var e map[string]any
-		if json.Unmarshal([]byte(b), &e) != nil || st != c.status || len(e) != 1 || e["error"] == nil {
+		if st != c.status || !ollamaErr(b) {
 			t.Errorf("%s %s: %d %s; want %d {\"error\"}", c.path, c.body, st, b, c.status)
 		}
 	}

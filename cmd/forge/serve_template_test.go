@@ -101,7 +101,7 @@ func TestServeChatTemplateFlag(t *testing.T) {
 func TestServeChatTemplateWarnOnce(t *testing.T) {
 	leakCheck(t)
 	var buf syncBuffer
-	eng := pipeline.NewEngine(pipeline.EngineOptions{Open: pipeline.Options{Threads: 1}})
+	eng := pipeline.NewEngine(pipeline.EngineOptions{Open: pipeline.Options{Threads: 1}, Logger: slog.New(slog.DiscardHandler)})
 	defer eng.Close()
 	if err := eng.Add("s", testmodels.Path(t, "stories260K-F32.gguf")); err != nil {
 		t.Fatal(err)
