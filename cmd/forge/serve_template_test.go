@@ -117,3 +117,15 @@ func TestServeChatTemplateWarnOnce(t *testing.T) {
 		t.Errorf("%d warnings, want 1:\n%s", n, buf.String())
 	}
 }
+
+// The flag reaches serve: an unusable --chat-template stops it at start
+// with the reason, before it serves anything.
+func TestServeChatTemplateFlagCommand(t *testing.T) {
+	leakCheck(t)
+	var stdout, stderr syncBuffer
+	err := newApp(&stdout, &stderr).RunContext(t.Context(), []string{"forge", "serve", "--addr", "127.0.0.1:0", "--threads", "1",
+		"-m", "s=" + testmodels.Path(t, "stories260K-F32.gguf"), "--chat-template", "vicuna-nonesuch"})
+	if err == nil || !strings.Contains(err.Error(), "--chat-template") {
+		t.Errorf("serve with an unknown --chat-template: %v", err)
+	}
+}
