@@ -18,7 +18,11 @@ type EngineRequest struct {
 	Prompt string
 	// Messages is a conversation, rendered with the model's chat template
 	// (ending with the opening of an assistant turn).
-	Messages  []chat.Message
+	Messages []chat.Message
+	// Template renders Messages in place of the model's own template
+	// (nil: the model's tokenizer.chat_template), for a server that
+	// overrides it or falls back to a default.
+	Template  *chat.Template
 	MaxTokens int // ≤ 0: until end of generation or a full context
 	Sampling  sample.Params
 	// Stop ends the output before the first occurrence of any of these
@@ -79,7 +83,7 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	// the queue nor touches the KV cache only to be refused.
 	var ids []int32
 	if r.Messages != nil {
-		ids, err = chatPrompt(ctx, m, r.Messages)
+		ids, err = chatPrompt(ctx, m, r.Messages, r.Template)
 	} else {
 		ids, err = textPrompt(ctx, m, r.Prompt)
 	}
@@ -146,10 +150,12 @@ func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
 // tokenizes it: special tokens are parsed in the template's text only,
 // never in the messages' content. BOS comes from the template when it
 // writes one, else as the vocabulary asks.
-func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message) ([]int32, error) {
-	tmpl, err := chat.Parse(m.ChatTemplate())
-	if err != nil {
-		return nil, err
+func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.Template) ([]int32, error) {
+	if tmpl == nil {
+		var err error
+		if tmpl, err = chat.Parse(m.ChatTemplate()); err != nil {
+			return nil, err
+		}
 	}
 	tok, err := m.Tokenizer(ctx)
 	if err != nil {

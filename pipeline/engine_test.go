@@ -330,7 +330,7 @@ func TestEngineChat(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lease.Release()
-	ids, err := chatPrompt(t.Context(), lease.Model(), msgs)
+	ids, err := chatPrompt(t.Context(), lease.Model(), msgs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,8 @@ func init() {
 		Usage: "serve models over an OpenAI-compatible HTTP API",
 		Description: `Serves /v1/chat/completions, /v1/completions and /v1/models (streaming with
 server-sent events when "stream": true), POST /forge/load (load progress as
-server-sent events), /forge/status and /health. Models named with -m are
+server-sent events), /forge/status and /health, and Ollama's /api/* routes
+(version, tags, show, ps, generate, chat). Models named with -m are
 opened at start (serve exits if one cannot be); a request may also name a
 model of the Ollama store or the Hugging Face cache, loaded on first use, and
 a file path only under an --allow-paths directory. Listens on loopback unless
@@ -52,6 +53,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
+			&cli.StringFlag{Name: "chat-template", Usage: "chat template for every model: chatml, llama2, llama3, mistral, or a FILE holding a template (default: each model's own, else chatml)"},
 			&cli.BoolFlag{Name: "deterministic", Usage: "no KV prefix shared between requests, so that a request gives the same tokens alone or among others on a GPU too"},
 		},
 		Action: serveAction,
@@ -69,6 +71,8 @@ type serveConfig struct {
 	allowOrigins []string
 	allowPaths   []string
 	maxPrompt    int64 // 0: DefaultMaxPrompt
+	// chatTemplate is --chat-template ("": each model's own).
+	chatTemplate string
 	// Timeouts; 0 takes the flags' defaults.
 	readTimeout, writeTimeout, idleTimeout time.Duration
 }
@@ -123,7 +127,8 @@ func serveAction(c *cli.Context) error {
 	cfg := serveConfig{
 		addr: addr, grace: c.Duration("grace"),
 		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
-		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
+		chatTemplate: c.String("chat-template"),
+		readTimeout:  c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
 	}
 	mp, err := humanize.ParseBytes(c.String("max-prompt-bytes"))
 	if err != nil || mp == 0 || mp > 1<<30 {
@@ -193,6 +198,13 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	eng := pipeline.NewEngine(cfg.engine)
 	s := newServer(eng, log, cfg.maxPrompt)
 	s.writeTimeout = cmpDur(cfg.writeTimeout, time.Minute)
+	if cfg.chatTemplate != "" {
+		if s.template, err = loadChatTemplate(cfg.chatTemplate); err != nil {
+			eng.Close()
+			ln.Close()
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 	for _, m := range cfg.models {
 		if err := eng.Add(m.id, m.name); err != nil {
 			eng.Close()
@@ -225,7 +237,7 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	}
 
 	hs := &http.Server{
-		Handler:           s.wrap(acc, s.handler()),
+		Handler:           ollamaShape(s.wrap(acc, s.handler())),
 		ReadHeaderTimeout: min(10*time.Second, cmpDur(cfg.readTimeout, time.Minute)),
 		ReadTimeout:       cmpDur(cfg.readTimeout, time.Minute),
 		IdleTimeout:       cmpDur(cfg.idleTimeout, 2*time.Minute),

@@ -40,6 +40,10 @@ type server struct {
 	nextID   atomic.Uint64
 	// met counts requests and tokens for GET /metrics.
 	met *metrics
+	// template is --chat-template (nil: each model's own, else ChatML);
+	// templateWarned holds the models already warned about.
+	template       *chat.Template
+	templateWarned sync.Map
 }
 
 // DefaultMaxPrompt is --max-prompt-bytes' default.
@@ -66,9 +70,10 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("GET /metrics", s.metricsHandler)
+	s.ollamaRoutes(mux)
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
-	for _, p := range []string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"} {
+	for _, p := range append([]string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"}, ollamaPaths...) {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s does not take %s", r.URL.Path, r.Method))
 		})
@@ -566,6 +571,10 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 	object, prefix := "text_completion", "cmpl-"
 	if chatReq {
 		object, prefix = "chat.completion", "chatcmpl-"
+		if er.Template, err = s.chatTemplate(r.Context(), er.Model); err != nil {
+			s.engineError(w, r, er.Model, err)
+			return
+		}
 	}
 	id := fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
 	created := time.Now().Unix()

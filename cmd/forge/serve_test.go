@@ -345,8 +345,10 @@ func TestServeMalformed(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"chat",` + msgs + `,"stop":[1,2]}`, 400},
 		{"/v1/chat/completions", `{"model":"chat",` + msgs + `} {"x":1}`, 400},
 		{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}`, 400},
-		{"/v1/chat/completions", `{"model":"plain",` + msgs + `}`, 400}, // no chat template
-		{"/v1/chat/completions", `{"model":"plain",` + msgs + `,"stream":true}`, 400},
+		// A conversation the template rejects (Llama 2: user first). A
+		// model with no template gets ChatML (serve_template_test.go).
+		{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"assistant","content":"hi"}]}`, 400},
+		{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"assistant","content":"hi"}],"stream":true}`, 400},
 		{"/v1/chat/completions", `{"model":"no-such-model",` + msgs + `}`, 404},
 		{"/v1/completions", `{"model":"plain"}`, 400},
 		{"/v1/completions", `{"model":"plain","prompt":["a",""]}`, 400},
