@@ -102,6 +102,25 @@ func TestMetrics(t *testing.T) {
 	plain := testmodels.Path(t, "stories260K-Q8_0.gguf")
 	ts := startServer(t, serveConfig{models: []modelArg{{id: "plain", name: plain}, {id: "single", name: testmodels.Path(t, "stories260K-F32.gguf")}},
 		engine: pipeline.EngineOptions{KeepAlive: new(time.Duration(-1))}})
+	// The load time is known once every weight is resident (the model's
+	// AllResident event), which may come after serve starts listening.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var st struct{ Models []pipeline.ModelStatus }
+		ts.getJSON(t, "/forge/status", &st)
+		resident := 0
+		for _, m := range st.Models {
+			if m.State == pipeline.StateResident {
+				resident++
+			}
+		}
+		if resident == len(st.Models) && resident == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the models never became resident: %+v", st.Models)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	before := ts.metrics(t)
 	for _, k := range []string{`forge_memory_bytes`, `forge_model_memory_bytes{model="plain"}`, `forge_model_load_seconds{model="plain"}`,
 		`forge_model_requests_active{model="plain"}`} {
