@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/pipeline"
 	"github.com/urfave/cli/v2"
 )
@@ -174,6 +175,12 @@ func checkServeFlags(c *cli.Context) error {
 		return fmt.Errorf("--ctx %d: want 0 (the model's) to %d", c.Int("ctx"), 1<<24)
 	case c.Duration("grace") < 0:
 		return fmt.Errorf("--grace %s: must not be negative", c.Duration("grace"))
+	case c.Int("batch-seqs") < 0 || c.Int("batch-seqs") > kernels.MaxBatchRows:
+		return fmt.Errorf("--batch-seqs %d: want 0 (the default, 16) to %d", c.Int("batch-seqs"), kernels.MaxBatchRows)
+	case c.IsSet("batch-seqs") && c.Bool("single-sequence"):
+		return fmt.Errorf("--batch-seqs and --single-sequence exclude each other")
+	case c.Int("kv-blocks") < 0 || c.Int("kv-blocks") > 1<<24:
+		return fmt.Errorf("--kv-blocks %d: want 0 (sized from --batch-seqs) to %d", c.Int("kv-blocks"), 1<<24)
 	}
 	for _, f := range []string{"read-timeout", "write-timeout", "idle-timeout"} {
 		if c.Duration(f) <= 0 {

@@ -432,6 +432,8 @@ func TestServeBadStart(t *testing.T) {
 		{[]string{"--device", "tpu"}, "--device"}, {[]string{"--threads", "-1"}, "--threads"}, {[]string{"--ctx", "-5"}, "--ctx"},
 		{[]string{"--read-timeout", "0s"}, "--read-timeout"}, {[]string{"--max-prompt-bytes", "0"}, "--max-prompt-bytes"},
 		{[]string{"--allow-paths", "/no/such/dir"}, "--allow-paths"},
+		{[]string{"--batch-seqs", "-1"}, "--batch-seqs"}, {[]string{"--batch-seqs", "65"}, "--batch-seqs"},
+		{[]string{"--batch-seqs", "4", "--single-sequence"}, "exclude each other"}, {[]string{"--kv-blocks", "-3"}, "--kv-blocks"},
 	} {
 		var stdout, stderr syncBuffer
 		err := newApp(&stdout, &stderr).RunContext(t.Context(), append([]string{"forge", "serve", "--addr", "127.0.0.1:0"}, c.args...))
