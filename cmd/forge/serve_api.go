@@ -703,6 +703,32 @@ func (d *deltas) take() []string {
 	return q
 }
 
+// outcome is how a streamed generation ended.
+type outcome struct {
+	res pipeline.EngineResult
+	err error
+}
+
+// follow streams a generation's text pieces to the client through flush
+// as they come, until the generation ends, and returns how it ended
+// (counted in the metrics). ok is false when the client went away (flush
+// failed): the generation is then cancelled and its end awaited.
+func (s *server) follow(d *deltas, done <-chan outcome, cancel func(), flush func() bool, model string) (o outcome, ok bool) {
+	for {
+		select {
+		case <-d.wake:
+			if !flush() {
+				cancel()
+				<-done
+				return outcome{}, false
+			}
+		case o := <-done:
+			s.met.tokens(model, o.res.PromptTokens, len(o.res.Tokens))
+			return o, true
+		}
+	}
+}
+
 // stream answers with server-sent events: one chunk per piece of text,
 // a last chunk with the finish reason (and usage when asked), then
 // "data: [DONE]". The request is cancelled as soon as the client goes.
@@ -711,10 +737,6 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 	defer cancel()
 	d := &deltas{wake: make(chan struct{}, 1)}
 	er.OnText = func(t string) error { d.push(t); return nil }
-	type outcome struct {
-		res pipeline.EngineResult
-		err error
-	}
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := s.eng.Generate(ctx, er)
@@ -756,39 +778,30 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 		}
 		return true
 	}
-	for {
-		select {
-		case <-d.wake:
-			if !flush() {
-				cancel()
-				<-done
-				return
-			}
-		case o := <-done:
-			s.met.tokens(er.Model, o.res.PromptTokens, len(o.res.Tokens))
-			if o.err != nil && sse == nil {
-				s.engineError(w, r, er.Model, o.err)
-				return
-			}
-			flush()
-			if o.err != nil {
-				var e apiError
-				e.Error.Message, e.Error.Type = redactPaths(o.err.Error()), "server_error"
-				if errors.Is(o.err, pipeline.ErrEngineClosed) {
-					e.Error.Message, e.Error.Code = "the server is shutting down", "shutting_down"
-				}
-				sse.event("", e)
-				return
-			}
-			start()
-			sse.event("", chunk("", false, o.res.FinishReason))
-			if withUsage {
-				// OpenAI's usage chunk: after the finish reason, with no
-				// choices, before [DONE].
-				sse.event("", map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{}, "usage": usageOf(o.res)})
-			}
-			sse.raw("", []byte("[DONE]"))
-			return
-		}
+	o, ok := s.follow(d, done, cancel, flush, er.Model)
+	if !ok {
+		return
 	}
+	if o.err != nil && sse == nil {
+		s.engineError(w, r, er.Model, o.err)
+		return
+	}
+	flush()
+	if o.err != nil {
+		var e apiError
+		e.Error.Message, e.Error.Type = redactPaths(o.err.Error()), "server_error"
+		if errors.Is(o.err, pipeline.ErrEngineClosed) {
+			e.Error.Message, e.Error.Code = "the server is shutting down", "shutting_down"
+		}
+		sse.event("", e)
+		return
+	}
+	start()
+	sse.event("", chunk("", false, o.res.FinishReason))
+	if withUsage {
+		// OpenAI's usage chunk: after the finish reason, with no
+		// choices, before [DONE].
+		sse.event("", map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{}, "usage": usageOf(o.res)})
+	}
+	sse.raw("", []byte("[DONE]"))
 }

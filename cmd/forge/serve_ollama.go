@@ -448,10 +448,6 @@ func (s *server) ollamaStream(ctx context.Context, w http.ResponseWriter, r *htt
 	line func(map[string]any) map[string]any, text func(string) map[string]any, start, loaded time.Time, first *time.Time) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type outcome struct {
-		res pipeline.EngineResult
-		err error
-	}
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := s.eng.Generate(ctx, er)
@@ -483,39 +479,30 @@ func (s *server) ollamaStream(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 		return true
 	}
-	for {
-		select {
-		case <-d.wake:
-			if !flush() {
-				cancel()
-				<-done
-				return
-			}
-		case o := <-done:
-			s.met.tokens(er.Model, o.res.PromptTokens, len(o.res.Tokens))
-			if o.err != nil && !started {
-				s.ollamaError(w, r, er.Model, o.err)
-				return
-			}
-			if !flush() {
-				return
-			}
-			if o.err != nil {
-				msg := redactPaths(o.err.Error())
-				if strings.Contains(msg, pipeline.ErrEngineClosed.Error()) {
-					msg = "the server is shutting down"
-				}
-				send(map[string]any{"error": msg})
-				return
-			}
-			m := text("")
-			for k, v := range ollamaStats(o.res, start, loaded, *first, time.Now()) {
-				m[k] = v
-			}
-			send(m)
-			return
-		}
+	o, ok := s.follow(d, done, cancel, flush, er.Model)
+	if !ok {
+		return
 	}
+	if o.err != nil && !started {
+		s.ollamaError(w, r, er.Model, o.err)
+		return
+	}
+	if !flush() {
+		return
+	}
+	if o.err != nil {
+		msg := redactPaths(o.err.Error())
+		if strings.Contains(msg, pipeline.ErrEngineClosed.Error()) {
+			msg = "the server is shutting down"
+		}
+		send(map[string]any{"error": msg})
+		return
+	}
+	m := text("")
+	for k, v := range ollamaStats(o.res, start, loaded, *first, time.Now()) {
+		m[k] = v
+	}
+	send(m)
 }
 
 // ollamaShape gives the /api/* errors written outside the Ollama handlers

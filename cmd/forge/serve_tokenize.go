@@ -51,6 +51,29 @@ func (s *server) decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// requestTokenizer is what /tokenize and /detokenize share: the model
+// asked for (default: the first -m), the size of what they send checked
+// against --max-prompt-bytes (size formatted by what), and that model's
+// tokenizer. On failure it has answered the request and ok is false.
+func (s *server) requestTokenizer(w http.ResponseWriter, r *http.Request, model string, size int, what string) (tok *tokenizer.Tokenizer, release func(), id string, ok bool) {
+	id = cmp(model, s.defaultModel)
+	setModel(r, id)
+	if id == "" {
+		s.engineError(w, r, id, badRequest("model is required"))
+		return nil, nil, id, false
+	}
+	if int64(size) > s.maxPrompt {
+		s.engineError(w, r, id, fmt.Errorf("%w: "+what+", over %d (--max-prompt-bytes)", errPromptTooLarge, size, s.maxPrompt))
+		return nil, nil, id, false
+	}
+	tok, release, err := s.tokenizer(r, id)
+	if err != nil {
+		s.engineError(w, r, id, err)
+		return nil, nil, id, false
+	}
+	return tok, release, id, true
+}
+
 // tokenizer acquires a model and waits for its tokenizer; release ends
 // the use.
 func (s *server) tokenizer(r *http.Request, id string) (tok *tokenizer.Tokenizer, release func(), err error) {
@@ -74,19 +97,8 @@ func (s *server) tokenize(w http.ResponseWriter, r *http.Request) {
 		s.engineError(w, r, "", err)
 		return
 	}
-	id := cmp(req.Model, s.defaultModel)
-	setModel(r, id)
-	if id == "" {
-		s.engineError(w, r, id, badRequest("model is required"))
-		return
-	}
-	if int64(len(req.Content)) > s.maxPrompt {
-		s.engineError(w, r, id, fmt.Errorf("%w: content of %d bytes, over %d (--max-prompt-bytes)", errPromptTooLarge, len(req.Content), s.maxPrompt))
-		return
-	}
-	tok, release, err := s.tokenizer(r, id)
-	if err != nil {
-		s.engineError(w, r, id, err)
+	tok, release, id, ok := s.requestTokenizer(w, r, req.Model, len(req.Content), "content of %d bytes")
+	if !ok {
 		return
 	}
 	defer release()
@@ -130,19 +142,8 @@ func (s *server) detokenize(w http.ResponseWriter, r *http.Request) {
 		s.engineError(w, r, "", err)
 		return
 	}
-	id := cmp(req.Model, s.defaultModel)
-	setModel(r, id)
-	if id == "" {
-		s.engineError(w, r, id, badRequest("model is required"))
-		return
-	}
-	if int64(len(req.Tokens)) > s.maxPrompt {
-		s.engineError(w, r, id, fmt.Errorf("%w: %d tokens, over %d (--max-prompt-bytes)", errPromptTooLarge, len(req.Tokens), s.maxPrompt))
-		return
-	}
-	tok, release, err := s.tokenizer(r, id)
-	if err != nil {
-		s.engineError(w, r, id, err)
+	tok, release, _, ok := s.requestTokenizer(w, r, req.Model, len(req.Tokens), "%d tokens")
+	if !ok {
 		return
 	}
 	defer release()

@@ -74,17 +74,7 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 	if !ok || kp.base == 0 {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	err := b.do(func(c *rocm.Ctx) error {
-		if err := c.SyncStream(b.stream); err != nil {
-			return err
-		}
-		return c.Free(kp.base, kp.size)
-	})
-	if err != nil {
-		slog.Error("gpu: free kv pool", "err", err)
-	}
+	b.freeAfterQueue("kv pool", kp.base, kp.size)
 	kp.base = 0
 	p.Impl = nil
 }
@@ -302,41 +292,21 @@ func (b *Backend) checkLayout(op string, n int) error {
 // RoPEAt rotates n rows of heads×headDim values in place, row i at
 // position Layout.Pos[i] (the same arithmetic as RoPE).
 func (b *Backend) RoPEAt(x kernels.Tensor, n, heads, headDim int, r kernels.Rope) error {
-	dim := r.Dim
-	if dim == 0 {
-		dim = headDim
-	}
-	if dim <= 0 || dim%2 != 0 || dim > headDim {
-		return fmt.Errorf("gpu: rope at: rotated dimension %d must be even and within the head dimension %d", dim, headDim)
-	}
 	if heads <= 0 {
 		return fmt.Errorf("gpu: rope at: %d heads", heads)
 	}
-	if err := checkTensor("rope at: x", x, n*heads*headDim); err != nil {
+	dim, scale, neox, err := ropeArgs("rope at", "rope at: x", x, n, heads, headDim, r)
+	if err != nil || n <= 0 {
 		return err
-	}
-	if n <= 0 {
-		return nil
-	}
-	scale := r.Scale
-	if scale == 0 {
-		scale = 1
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.checkLayout("rope at", n); err != nil {
 		return err
 	}
-	var fp rocm.DevPtr
-	if r.Freqs != nil {
-		var err error
-		if fp, err = b.normWeight("rope freqs", r.Freqs, dim/2); err != nil {
-			return err
-		}
-	}
-	neox := int32(0)
-	if r.NeoX {
-		neox = 1
+	fp, err := b.ropeFreqs(r, dim)
+	if err != nil {
+		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()

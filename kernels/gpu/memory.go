@@ -166,19 +166,26 @@ func (b *Backend) FreeKVCache(kc *kernels.KVCache) {
 	if !ok || kb.base == 0 {
 		return
 	}
+	b.freeAfterQueue("kv cache", kb.base, kb.size)
+	kb.base = 0
+	kc.Impl = nil
+}
+
+// freeAfterQueue frees device memory once the work queued on the stream
+// (which may still read it) is done; a failure is logged, as a free has
+// no caller to report to.
+func (b *Backend) freeAfterQueue(what string, p rocm.DevPtr, size int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	err := b.do(func(c *rocm.Ctx) error {
 		if err := c.SyncStream(b.stream); err != nil {
 			return err
 		}
-		return c.Free(kb.base, kb.size)
+		return c.Free(p, size)
 	})
 	if err != nil {
-		slog.Error("gpu: free kv cache", "err", err)
+		slog.Error("gpu: free "+what, "err", err)
 	}
-	kb.base = 0
-	kc.Impl = nil
 }
 
 // weightBytes is the size of w's blocks, checking its shape against its type.

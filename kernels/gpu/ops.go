@@ -529,38 +529,18 @@ func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
 // RoPE rotates n tokens of heads×headDim values in place (token i at
 // position pos0+i).
 func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.Rope) error {
-	dim := r.Dim
-	if dim == 0 {
-		dim = headDim
-	}
-	if dim <= 0 || dim%2 != 0 || dim > headDim {
-		return fmt.Errorf("gpu: rope: rotated dimension %d must be even and within the head dimension %d", dim, headDim)
-	}
 	if heads <= 0 || pos0 < 0 {
 		return fmt.Errorf("gpu: rope: %d heads at position %d", heads, pos0)
 	}
-	if err := checkTensor("rope: x", x, n*heads*headDim); err != nil {
+	dim, scale, neox, err := ropeArgs("rope", "rope: x", x, n, heads, headDim, r)
+	if err != nil || n <= 0 {
 		return err
-	}
-	if n <= 0 {
-		return nil
-	}
-	scale := r.Scale
-	if scale == 0 {
-		scale = 1
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var fp rocm.DevPtr
-	if r.Freqs != nil {
-		var err error
-		if fp, err = b.normWeight("rope freqs", r.Freqs, dim/2); err != nil {
-			return err
-		}
-	}
-	neox := int32(0)
-	if r.NeoX {
-		neox = 1
+	fp, err := b.ropeFreqs(r, dim)
+	if err != nil {
+		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
@@ -569,6 +549,39 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 			F32(r.Base).F32(scale).Ptr(fp).I32(neox).Ptr(b.stepPos())
 		return b.launch(c, "rope", grid1(n*heads*dim/2), rocm.D1(256), &a)
 	})
+}
+
+// ropeArgs checks what RoPE and RoPEAt share (xName names x in an error) and returns the rotated
+// dimensions, the position scale and the NeoX flag as the kernels take
+// them.
+func ropeArgs(op, xName string, x kernels.Tensor, n, heads, headDim int, r kernels.Rope) (dim int, scale float32, neox int32, err error) {
+	dim = r.Dim
+	if dim == 0 {
+		dim = headDim
+	}
+	if dim <= 0 || dim%2 != 0 || dim > headDim {
+		return 0, 0, 0, fmt.Errorf("gpu: %s: rotated dimension %d must be even and within the head dimension %d", op, dim, headDim)
+	}
+	if err := checkTensor(xName, x, n*heads*headDim); err != nil {
+		return 0, 0, 0, err
+	}
+	scale = r.Scale
+	if scale == 0 {
+		scale = 1
+	}
+	if r.NeoX {
+		neox = 1
+	}
+	return dim, scale, neox, nil
+}
+
+// ropeFreqs is the device address of r's frequency divisors (dim/2 F32
+// values), 0 for none. Call with b.mu held.
+func (b *Backend) ropeFreqs(r kernels.Rope, dim int) (rocm.DevPtr, error) {
+	if r.Freqs == nil {
+		return 0, nil
+	}
+	return b.normWeight("rope freqs", r.Freqs, dim/2)
 }
 
 // checkAttn checks what Attention and PagedAttention share: the heads
