@@ -214,3 +214,33 @@ func TestSchedule(t *testing.T) {
 		t.Errorf("one strategy: %v", got)
 	}
 }
+
+// TestFirstTokenBound checks issue 19's bound: the median context time,
+// plus the file at 55 GB/s, plus 40 ms, judged against the median first
+// token in the table; runs without a GPU context get no bound.
+func TestFirstTokenBound(t *testing.T) {
+	const file = 5.5e9 // 100 ms at 55 GB/s
+	rs := []Result{
+		{Model: "m", Strategy: "prefetch", Cache: "warm", PromptTokens: 8, ContextMs: 100, FirstTokenMs: 230, FileBytes: file},
+		{Model: "m", Strategy: "prefetch", Cache: "warm", PromptTokens: 8, ContextMs: 110, FirstTokenMs: 235, FileBytes: file},
+		{Model: "m", Strategy: "prefetch", Cache: "warm", PromptTokens: 512, ContextMs: 100, FirstTokenMs: 300, FileBytes: file},
+		{Model: "m", Strategy: "eager", Cache: "warm", PromptTokens: 8, FirstTokenMs: 50, FileBytes: file}, // CPU: no context
+	}
+	gs := Summarize(rs)
+	if len(gs) != 3 {
+		t.Fatalf("%d groups, want 3 (prefetch at 8 and 512 tokens, eager)", len(gs))
+	}
+	if b := gs[0].BoundMs; b < 244.99 || b > 245.01 {
+		t.Errorf("bound at 8 tokens %.2f ms, want 105 + 100 + 40 = 245", b)
+	}
+	if gs[2].BoundMs != 0 {
+		t.Errorf("CPU group has a bound of %.1f ms", gs[2].BoundMs)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, gs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "245 ok") || !strings.Contains(b.String(), "240 OVER") {
+		t.Errorf("table lacks the verdicts:\n%s", b.String())
+	}
+}

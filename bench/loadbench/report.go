@@ -25,10 +25,11 @@ func WriteTable(w io.Writer, groups []Group) error {
 		}
 		fmt.Fprintf(w, "%s (min/median/max; times from the fork of the process)\n", model)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		head := []string{"strategy", "cache", "runs"}
+		head := []string{"strategy", "cache", "prompt", "runs"}
 		for _, m := range Metrics {
 			head = append(head, m.Name+" "+m.Unit)
 		}
+		head = append(head, "bound ms")
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
 		for _, g := range groups {
 			if g.Model != model {
@@ -38,10 +39,15 @@ func WriteTable(w io.Writer, groups []Group) error {
 			if g.Failed > 0 {
 				runs = fmt.Sprintf("%d (%d failed)", g.Runs, g.Failed)
 			}
-			row := []string{g.Strategy, g.Cache, runs}
+			prompt := "–"
+			if g.Prompt > 0 {
+				prompt = fmt.Sprint(g.Prompt)
+			}
+			row := []string{g.Strategy, g.Cache, prompt, runs}
 			for _, m := range Metrics {
 				row = append(row, fmtStat(g.Stats[m.Name], m.Unit))
 			}
+			row = append(row, fmtBound(g))
 			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 		}
 		if err := tw.Flush(); err != nil {
@@ -49,6 +55,20 @@ func WriteTable(w io.Writer, groups []Group) error {
 		}
 	}
 	return nil
+}
+
+// fmtBound is the first-token bound with whether the median met it
+// ("371 ok", "371 OVER"), "–" where there is none.
+func fmtBound(g Group) string {
+	ft, ok := g.Stats["first token"]
+	if g.BoundMs <= 0 || !ok {
+		return "–"
+	}
+	verdict := "ok"
+	if ft.Median > g.BoundMs {
+		verdict = "OVER"
+	}
+	return fmt.Sprintf("%.0f %s", g.BoundMs, verdict)
 }
 
 // fmtStat is "min/median/max" with a precision that suits the unit, "–"

@@ -109,16 +109,24 @@ var Metrics = []Metric{
 	{"device", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.DevicePeak) / (1 << 20)) }},
 }
 
-// Group is the runs of one model, strategy and cache mode with their
+// Group is the runs of one model, prompt length, strategy and cache mode with their
 // summary per metric (keyed by Metric.Name; absent when no run reached
 // it, such as a peer's ready time).
 type Group struct {
-	Model    string          `json:"model"`
-	Strategy string          `json:"strategy"`
-	Cache    string          `json:"cache"`
-	Runs     int             `json:"runs"`
-	Failed   int             `json:"failed"`
-	Stats    map[string]Stat `json:"stats"`
+	Model    string `json:"model"`
+	Prompt   int    `json:"prompt_tokens"` // 0 for the peer
+	Strategy string `json:"strategy"`
+	Cache    string `json:"cache"`
+	Runs     int    `json:"runs"`
+	// FileBytes is the model file's size, for the first-token bound.
+	FileBytes int64           `json:"file_bytes"`
+	Failed    int             `json:"failed"`
+	Stats     map[string]Stat `json:"stats"`
+	// BoundMs is what issue 19 allows the median first token on a GPU
+	// with the page cache warm: the median time the context became
+	// current, plus the file at 55 GB/s, plus 40 ms for the prompt. 0
+	// where no run made a GPU context (CPU runs, the peer).
+	BoundMs float64 `json:"first_token_bound_ms,omitempty"`
 }
 
 // Summarize groups results by model, strategy and cache mode, in the order
@@ -126,16 +134,27 @@ type Group struct {
 // runs without an error.
 func Summarize(rs []Result) []Group {
 	var groups []Group
-	idx := map[[3]string]int{}
+	type key struct {
+		model, strategy, cache string
+		prompt                 int
+	}
+	idx := map[key]int{}
 	members := map[int][]*Result{}
 	for i := range rs {
 		r := &rs[i]
-		k := [3]string{r.Model, r.Strategy, r.Cache}
+		prompt := r.PromptTokens
+		if r.Strategy == "peer" {
+			prompt = 0
+		}
+		k := key{r.Model, r.Strategy, r.Cache, prompt}
 		g, ok := idx[k]
 		if !ok {
 			g = len(groups)
 			idx[k] = g
-			groups = append(groups, Group{Model: r.Model, Strategy: r.Strategy, Cache: r.Cache, Stats: map[string]Stat{}})
+			groups = append(groups, Group{Model: r.Model, Prompt: prompt, Strategy: r.Strategy, Cache: r.Cache, Stats: map[string]Stat{}})
+		}
+		if r.FileBytes > groups[g].FileBytes {
+			groups[g].FileBytes = r.FileBytes
 		}
 		groups[g].Runs++
 		if r.Err != "" {
@@ -154,6 +173,9 @@ func Summarize(rs []Result) []Group {
 			if st := stat(xs); st.N > 0 {
 				groups[g].Stats[m.Name] = st
 			}
+		}
+		if ctx, ok := groups[g].Stats["context"]; ok && groups[g].FileBytes > 0 {
+			groups[g].BoundMs = ctx.Median + float64(groups[g].FileBytes)/55e9*1000 + 40
 		}
 	}
 	return groups

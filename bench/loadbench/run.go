@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -24,13 +25,17 @@ import (
 // results/2026-11-25-gpu-h100.md), which would otherwise land on whichever
 // strategy follows it.
 type Config struct {
-	Models       []string
-	Strategies   []string
-	Caches       []string // "warm", "cold"
-	Runs         int
-	PromptTokens int
-	Device       string
-	Threads      int
+	Models     []string
+	Strategies []string
+	Caches     []string // "warm", "cold"
+	Runs       int
+	// PromptLengths are the prompt lengths in tokens, each measured with
+	// every strategy (a sweep such as 1,8,32,128,512 finds length cliffs).
+	// The peer runs with the first length only: its command has no prompt
+	// length to vary.
+	PromptLengths []int
+	Device        string
+	Threads       int
 	// Self is the command that runs one load and prints its Result as one
 	// JSON line: the forge binary and its hidden subcommand
 	// ("/path/forge", "bench", "load-once"). Run adds the flags.
@@ -40,6 +45,10 @@ type Config struct {
 	Peer string
 	// Trace asks each run for its per-layer spans.
 	Trace bool
+	// FreshKernelCache gives every forge run an empty kernel cache folder
+	// of its own (FORGE_CACHE_DIR), as on a machine that never ran forge:
+	// what a first run costs when no shipped object fits the device.
+	FreshKernelCache bool
 	// Log reports progress (one line per run); nil: none.
 	Log io.Writer
 }
@@ -50,40 +59,59 @@ func Run(ctx context.Context, c Config) ([]Result, error) {
 	if c.Runs <= 0 {
 		c.Runs = 1
 	}
+	if len(c.PromptLengths) == 0 {
+		c.PromptLengths = []int{32}
+	}
 	var out []Result
 	for _, model := range c.Models {
-		ids, err := PromptIDs(model, c.PromptTokens)
-		if err != nil {
-			return out, err
-		}
-		for _, cache := range c.Caches {
-			for _, sl := range schedule(c.Strategies, c.Peer != "", c.Runs) {
-				if err := ctx.Err(); err != nil {
-					return out, err
-				}
-				if err := prepare(model, cache); err != nil {
-					return out, err
-				}
-				frac, _ := CachedFraction(model)
-				var r Result
-				if sl.kind == "peer" {
-					r = runPeer(ctx, c.Peer, model)
-				} else {
-					r = runSelf(ctx, c, model, sl.kind, ids)
-				}
-				r.Model, r.Strategy, r.Cache, r.Run, r.CachedBefore = model, sl.kind, cache, sl.run, frac
-				if c.Log != nil {
-					status := fmt.Sprintf("first token %.1f ms, resident %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ResidentMs, r.ExitMs)
-					if sl.kind == "peer" {
-						status = fmt.Sprintf("first output %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ExitMs)
-					}
-					if r.Err != "" {
-						status = "error: " + r.Err
-					}
-					fmt.Fprintf(c.Log, "%s %s %s run %d (cached %.0f%%): %s\n", model, sl.kind, cache, sl.run, 100*frac, status)
-				}
-				out = append(out, r)
+		for li, n := range c.PromptLengths {
+			ids, err := PromptIDs(model, n)
+			if err != nil {
+				return out, err
 			}
+			rs, err := runLength(ctx, c, model, ids, li == 0)
+			out = append(out, rs...)
+			if err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// runLength runs every cache mode's schedule for one model and prompt.
+func runLength(ctx context.Context, c Config, model string, ids []int32, withPeer bool) ([]Result, error) {
+	var out []Result
+	for _, cache := range c.Caches {
+		for _, sl := range schedule(c.Strategies, withPeer && c.Peer != "", c.Runs) {
+			if err := ctx.Err(); err != nil {
+				return out, err
+			}
+			if err := prepare(model, cache); err != nil {
+				return out, err
+			}
+			frac, _ := CachedFraction(model)
+			var r Result
+			if sl.kind == "peer" {
+				r = runPeer(ctx, c.Peer, model)
+			} else {
+				r = runSelf(ctx, c, model, sl.kind, ids)
+			}
+			r.Model, r.Strategy, r.Cache, r.Run, r.CachedBefore = model, sl.kind, cache, sl.run, frac
+			if sl.kind != "peer" && r.PromptTokens == 0 {
+				r.PromptTokens = len(ids)
+			}
+			if c.Log != nil {
+				status := fmt.Sprintf("first token %.1f ms, resident %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ResidentMs, r.ExitMs)
+				if sl.kind == "peer" {
+					status = fmt.Sprintf("first output %.1f ms, exit %.1f ms", r.FirstTokenMs, r.ExitMs)
+				}
+				if r.Err != "" {
+					status = "error: " + r.Err
+				}
+				fmt.Fprintf(c.Log, "%s %s %s prompt %d run %d (cached %.0f%%): %s\n", model, sl.kind, cache, len(ids), sl.run, 100*frac, status)
+			}
+			out = append(out, r)
 		}
 	}
 	return out, nil
@@ -143,6 +171,14 @@ func runSelf(ctx context.Context, c Config, model, strategy string, ids []int32)
 		args = append(args, "--trace")
 	}
 	cmd := exec.CommandContext(ctx, c.Self[0], args...)
+	if c.FreshKernelCache {
+		dir, err := os.MkdirTemp("", "forge-bench-kernels-")
+		if err != nil {
+			return Result{Err: fmt.Sprintf("fresh kernel cache: %v", err)}
+		}
+		defer os.RemoveAll(dir)
+		cmd.Env = append(os.Environ(), "FORGE_CACHE_DIR="+dir)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	fork := time.Now()

@@ -34,7 +34,8 @@ func init() {
 					&cli.StringFlag{Name: "strategies", Value: "prefetch,eager,lazy,host-f32", Usage: "load strategies, comma-separated"},
 					&cli.IntFlag{Name: "runs", Value: 3, Usage: "runs per strategy and cache mode"},
 					&cli.StringFlag{Name: "cache", Value: "both", Usage: "page cache before each run: warm, cold or both"},
-					&cli.IntFlag{Name: "prompt-tokens", Value: 32, Usage: "prompt length (tokens drawn from the vocabulary)"},
+					&cli.StringFlag{Name: "prompt-tokens", Value: "32", Usage: "prompt lengths in tokens drawn from the vocabulary, comma-separated (a sweep: 1,8,32,128,512)"},
+					&cli.BoolFlag{Name: "fresh-kernel-cache", Usage: "give every run an empty kernel cache folder, as on a machine that never ran forge"},
 					&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
 					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
@@ -101,10 +102,20 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 	}
 	if err := checkInts(c,
 		intRange{"runs", 1, 10000, "runs per strategy and cache mode"},
-		intRange{"prompt-tokens", 1, 1 << 20, "prompt length"},
 		intRange{"threads", 0, maxThreads, "0: all cores"},
 	); err != nil {
 		return err
+	}
+	var lengths []int
+	for _, f := range splitList(c.String("prompt-tokens")) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1<<20 {
+			return usageErrorf("--prompt-tokens %q: want prompt lengths from 1 to %d, comma-separated", c.String("prompt-tokens"), 1<<20)
+		}
+		lengths = append(lengths, n)
+	}
+	if len(lengths) == 0 {
+		return usageErrorf("--prompt-tokens: none given")
 	}
 	var caches []string
 	switch cm := c.String("cache"); cm {
@@ -132,8 +143,9 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 	}
 	cfg := loadbench.Config{
 		Models: models, Strategies: strategies, Caches: caches, Runs: c.Int("runs"),
-		PromptTokens: c.Int("prompt-tokens"), Device: c.String("device"), Threads: c.Int("threads"),
+		PromptLengths: lengths, Device: c.String("device"), Threads: c.Int("threads"),
 		Self: []string{exe, "bench", "load-once"}, Peer: c.String("peer"), Trace: c.String("svg") != "", Log: stderr,
+		FreshKernelCache: c.Bool("fresh-kernel-cache"),
 	}
 	results, err := loadbench.Run(ctx, cfg)
 	if err != nil {
@@ -142,7 +154,13 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 	failed := runsFailed(results)
 	groups := loadbench.Summarize(results)
 	if c.String("svg") != "" {
-		r := loadbench.Pick(results, models[0], strategies[0], caches[0])
+		var first []loadbench.Result // the first prompt length's runs
+		for _, r := range results {
+			if r.PromptTokens == lengths[0] {
+				first = append(first, r)
+			}
+		}
+		r := loadbench.Pick(first, models[0], strategies[0], caches[0])
 		if r == nil {
 			return fmt.Errorf("--svg: no successful %s %s run of %s to draw", strategies[0], caches[0], models[0])
 		}
@@ -164,7 +182,7 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(map[string]any{"runs": results, "summary": groups, "prompt_tokens": cfg.PromptTokens,
+		if err := enc.Encode(map[string]any{"runs": results, "summary": groups, "prompt_tokens": cfg.PromptLengths,
 			"device": cfg.Device, "peer": cfg.Peer}); err != nil {
 			return err
 		}

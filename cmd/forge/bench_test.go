@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -180,14 +181,14 @@ func TestBenchLoadTable(t *testing.T) {
 	if len(lines) != 4 || !strings.HasPrefix(lines[0], model+" (min/median/max") {
 		t.Fatalf("table:\n%s", stdout.String())
 	}
-	for _, col := range []string{"strategy", "open ms", "ready ms", "resident ms", "first token ms", "load GB/s", "peak RSS MiB", "RssAnon MiB", "device MiB"} {
+	for _, col := range []string{"strategy", "prompt", "bound ms", "open ms", "ready ms", "resident ms", "first token ms", "load GB/s", "peak RSS MiB", "RssAnon MiB", "device MiB"} {
 		if !strings.Contains(lines[1], col) {
 			t.Errorf("header lacks %q: %s", col, lines[1])
 		}
 	}
 	for i, s := range []string{"eager", "lazy"} {
 		f := strings.Fields(lines[2+i])
-		if f[0] != s || f[1] != "warm" || f[2] != "1" || strings.Count(f[3], "/") != 2 {
+		if f[0] != s || f[1] != "warm" || f[2] != "4" || f[3] != "1" || strings.Count(f[4], "/") != 2 || f[len(f)-1] != "–" {
 			t.Errorf("row %q", lines[2+i])
 		}
 	}
@@ -204,5 +205,48 @@ func TestBenchLoadErrors(t *testing.T) {
 		if err := newApp(&stdout, &stderr).Run(append([]string{"forge", "bench", "load", "-m", m}, bad...)); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+}
+
+// TestBenchLoadPromptSweep runs `forge bench load --prompt-tokens 3,9`:
+// every strategy runs at each length, the peer once, and the summary has
+// a group per length; --fresh-kernel-cache runs each child with a kernel
+// cache folder of its own (on the CPU there is nothing to compile, so
+// this checks the plumbing only).
+func TestBenchLoadPromptSweep(t *testing.T) {
+	t.Setenv(asMainEnv, "1")
+	model := copyModel(t, "stories260K-Q8_0.gguf")
+	var stdout, stderr bytes.Buffer
+	args := []string{"forge", "bench", "load", "-m", model, "--strategies", "eager", "--runs", "1", "--cache", "warm",
+		"--prompt-tokens", "3,9", "--fresh-kernel-cache", "--threads", "2", "--json", "--peer", "printf x"}
+	if err := newApp(&stdout, &stderr).Run(args); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var out struct {
+		Runs    []loadbench.Result
+		Summary []loadbench.Group
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	var got []string
+	for _, r := range out.Runs {
+		if r.Err != "" {
+			t.Errorf("%s prompt %d: %s", r.Strategy, r.PromptTokens, r.Err)
+		}
+		got = append(got, fmt.Sprintf("%s/%d", r.Strategy, r.PromptTokens))
+	}
+	if want := "eager/3 peer/0 eager/9"; strings.Join(got, " ") != want {
+		t.Errorf("runs %q, want %q", strings.Join(got, " "), want)
+	}
+	var groups []string
+	for _, g := range out.Summary {
+		groups = append(groups, fmt.Sprintf("%s/%d", g.Strategy, g.Prompt))
+	}
+	if want := "eager/3 peer/0 eager/9"; strings.Join(groups, " ") != want {
+		t.Errorf("groups %q, want %q", strings.Join(groups, " "), want)
+	}
+	if err := newApp(&stdout, &stderr).Run([]string{"forge", "bench", "load", "-m", model, "--prompt-tokens", "3,x"}); err == nil || !strings.Contains(err.Error(), "--prompt-tokens") {
+		t.Errorf("--prompt-tokens 3,x: %v, want a usage error naming the flag", err)
 	}
 }
