@@ -50,7 +50,7 @@ func openRTC(b Backend) (*rtc, error) {
 	case CUDA:
 		r.lib, err = openLibrary(EnvNVRTCLib, "libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2")
 	case HIP:
-		r.lib, err = openLibrary(EnvHIPRTC, "libhiprtc.so", "libhiprtc.so.6", "libhiprtc.so.5", "libamdhip64.so", "libamdhip64.so.5")
+		r.lib, err = openLibrary(EnvHIPRTC, hiprtcLibNames...)
 	default:
 		err = fmt.Errorf("rocm: unknown backend %d", b)
 	}

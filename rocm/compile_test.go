@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -168,5 +170,45 @@ func TestNoDriverNamesWhatWasLookedFor(t *testing.T) {
 	_, err = openLibrary("", "libforge-does-not-exist.so.1")
 	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libforge-does-not-exist.so.1") || !strings.Contains(err.Error(), "/usr/lib/x86_64-linux-gnu") {
 		t.Fatalf("error should list the name and folders searched: %v", err)
+	}
+}
+
+// TestROCmSonames checks the HIP runtime and hiprtc are looked for under
+// the sonames of ROCm 5, 6 and 7, and that an install holding only a
+// versioned file (no development symlink) is found in a library folder.
+func TestROCmSonames(t *testing.T) {
+	for _, v := range []string{"5", "6", "7"} {
+		if !slices.Contains(hipLibNames, "libamdhip64.so."+v) {
+			t.Errorf("libamdhip64.so.%s is not among %v", v, hipLibNames)
+		}
+		if v != "5" && !slices.Contains(hiprtcLibNames, "libhiprtc.so."+v) {
+			t.Errorf("libhiprtc.so.%s is not among %v", v, hiprtcLibNames)
+		}
+	}
+	// A folder with only "libhiprtc.so.7" (here a link to the C library,
+	// which loads anywhere) stands for a runtime-only ROCm 7 install.
+	libc := ""
+	for _, p := range []string{"/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6", "/lib64/libc.so.6"} {
+		if _, err := os.Stat(p); err == nil {
+			libc = p
+			break
+		}
+	}
+	if libc == "" {
+		t.Fatal("no C library found to stand in for a ROCm library")
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(libc, filepath.Join(dir, "libhiprtc.so.7")); err != nil {
+		t.Fatal(err)
+	}
+	saveDirs, saveGlobs := libDirs, libGlobs
+	t.Cleanup(func() { libDirs, libGlobs = saveDirs, saveGlobs })
+	libDirs, libGlobs = []string{dir}, nil
+	l, err := openLibrary("", "libhiprtc-forge-absent.so", "libhiprtc.so.7")
+	if err != nil {
+		t.Fatalf("versioned-only install not found: %v", err)
+	}
+	if l.path != filepath.Join(dir, "libhiprtc.so.7") && l.path != "libhiprtc.so.7" {
+		t.Errorf("opened %s", l.path)
 	}
 }

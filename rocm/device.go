@@ -75,7 +75,7 @@ func openDriverLibrary(b Backend) (*library, error) {
 	case CUDA:
 		return openLibrary(EnvCUDALib, "libcuda.so.1", "libcuda.so")
 	case HIP:
-		return openLibrary(EnvHIPLib, "libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5")
+		return openLibrary(EnvHIPLib, hipLibNames...)
 	}
 	return nil, fmt.Errorf("rocm: unknown backend %d", b)
 }

@@ -53,6 +53,16 @@ type library struct {
 	handle uintptr
 }
 
+// The HIP libraries' names, unversioned first (a development install's
+// symlink), then the sonames of ROCm 7, 6 and 5: a runtime-only install
+// (a container with just the ROCm runtime packages) has only the versioned
+// file, and forge must find it rather than fall back to the CPU silently.
+// Up to ROCm 5.2 hiprtc lives inside libamdhip64, hence its names last.
+var (
+	hipLibNames    = []string{"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"}
+	hiprtcLibNames = []string{"libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so.5", "libamdhip64.so", "libamdhip64.so.5"}
+)
+
 // openLibrary tries, in order: the file named by env (only that, if set),
 // then each name through the dynamic loader, then each name in libDirs and
 // libGlobs. The error lists every place looked at, so a user without a
