@@ -49,7 +49,7 @@ type api struct {
 	eventQuery, eventSync, eventElapsed             uintptr
 	beginCapture, endCapture                        uintptr
 	graphInstantiate, graphLaunch, graphExecDestroy uintptr
-	graphDestroy                                    uintptr
+	graphDestroy, graphGetNodes                     uintptr
 	moduleLoadData, moduleUnload, moduleGetFunction uintptr
 	launchKernel                                    uintptr
 	// CUDA 12.4 and later (absent: 0): a module's functions, loaded now.
@@ -107,6 +107,7 @@ func (a *api) symbols() []symbol {
 		{&a.graphLaunch, "cuGraphLaunch", "hipGraphLaunch", false},
 		{&a.graphExecDestroy, "cuGraphExecDestroy", "hipGraphExecDestroy", false},
 		{&a.graphDestroy, "cuGraphDestroy", "hipGraphDestroy", false},
+		{&a.graphGetNodes, "cuGraphGetNodes", "hipGraphGetNodes", false},
 		{&a.moduleLoadData, "cuModuleLoadData", "hipModuleLoadData", false},
 		{&a.moduleUnload, "cuModuleUnload", "hipModuleUnload", false},
 		{&a.moduleGetFunction, "cuModuleGetFunction", "hipModuleGetFunction", false},

@@ -19,7 +19,14 @@ type Event uintptr
 type Graph struct {
 	graph uintptr // CUgraph
 	exec  uintptr // CUgraphExec
+	nodes int     // nodes the capture recorded
 }
+
+// Nodes is how many nodes (kernels, copies, sets) the capture recorded. A
+// runtime that runs the work during capture instead of recording it (some
+// HIP implementations do) leaves fewer nodes than the work queued: the
+// caller compares and falls back to running the work op by op.
+func (g *Graph) Nodes() int { return g.nodes }
 
 // NewStream creates a non-blocking stream (it does not synchronise with the
 // legacy default stream).
@@ -146,12 +153,18 @@ func (c *Ctx) EndCapture(s Stream) (*Graph, error) {
 		return nil, err
 	}
 	live.graphs.Add(1)
+	var n uintptr // with a NULL node array, the call reports the count only
+	if err := c.call(c.name("cuGraphGetNodes", "hipGraphGetNodes"), c.graphGetNodes, g, 0, uintptr(unsafe.Pointer(&n))); err != nil {
+		_ = c.call("GraphDestroy", c.graphDestroy, g)
+		live.graphs.Add(-1)
+		return nil, fmt.Errorf("rocm: counting the captured graph's nodes: %w", err)
+	}
 	if err := c.call(c.name("cuGraphInstantiateWithFlags", "hipGraphInstantiateWithFlags"), c.graphInstantiate, uintptr(unsafe.Pointer(&x)), g, 0); err != nil {
 		_ = c.call("GraphDestroy", c.graphDestroy, g)
 		live.graphs.Add(-1)
 		return nil, fmt.Errorf("rocm: instantiating captured graph: %w", err)
 	}
-	return &Graph{graph: g, exec: x}, nil
+	return &Graph{graph: g, exec: x, nodes: int(n)}, nil
 }
 
 // LaunchGraph replays the graph on s.

@@ -345,6 +345,9 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 	if err != nil {
 		return err
 	}
+	if b.step.capturing {
+		b.step.launches++
+	}
 	if b.prof != nil && !b.step.capturing {
 		return b.prof.launch(c, name, func() error { return c.Launch(f, grid, block, 0, b.stream, a) }, b.stream)
 	}

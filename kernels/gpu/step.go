@@ -22,6 +22,19 @@ type stepState struct {
 	slots rocm.DevPtr
 	// used collects the scratch buffers the ops being captured use.
 	used map[string]rocm.DevPtr
+	// launches counts the kernels queued while capturing, to check the
+	// graph recorded them all (see checkCaptured).
+	launches int
+}
+
+// checkCaptured is the check after a capture: a graph with fewer nodes
+// than the kernels launched into it was (partly) run instead of recorded,
+// and replaying it would silently repeat a stale step.
+func checkCaptured(nodes, launches int) error {
+	if nodes < launches {
+		return fmt.Errorf("gpu: the captured step graph has %d nodes for %d kernel launches: the runtime ran work during capture instead of recording it", nodes, launches)
+	}
+	return nil
 }
 
 // stepGraph is the kernels.StepGraph of this backend.
@@ -102,6 +115,7 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 	}
 	b.step.on, b.step.capturing = true, true
 	b.step.used = map[string]rocm.DevPtr{}
+	b.step.launches = 0
 	b.mu.Unlock()
 	ferr := step()
 	b.mu.Lock()
@@ -115,6 +129,9 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 		g, err = c.EndCapture(b.stream) // always, so the stream leaves capture mode
 		return err
 	})
+	if ferr == nil && gerr == nil {
+		gerr = checkCaptured(g.Nodes(), b.step.launches)
+	}
 	if ferr != nil || gerr != nil {
 		if g != nil {
 			_ = b.do(func(c *rocm.Ctx) error { return c.DestroyGraph(g) })

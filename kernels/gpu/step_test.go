@@ -3,6 +3,7 @@ package gpu
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -120,6 +121,12 @@ func TestStepGraphMatchesOps(t *testing.T) {
 		case g == nil:
 			if g, err = b.CaptureStep(tok, pos, func() error { return step(b, sg, tok, pos) }); err != nil {
 				t.Fatal(err)
+			}
+			// The driver recorded every kernel (the check CaptureStep
+			// makes, which a HIP runtime that runs work during capture
+			// fails): one node per launch, none missing.
+			if n, want := g.(*stepGraph).g.Nodes(), b.step.launches; n < want || want == 0 {
+				t.Fatalf("captured graph has %d nodes for %d launches", n, want)
 			}
 		default:
 			if err := b.RunStep(g, tok, pos); err != nil {
@@ -294,5 +301,21 @@ func TestMatMulsEqualsMatMul(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCheckCaptured is the capture check on its own: a graph with fewer
+// nodes than launches (an empty one, from a runtime that ran the kernels
+// during capture) is refused, naming both counts.
+func TestCheckCaptured(t *testing.T) {
+	if err := checkCaptured(12, 12); err != nil {
+		t.Errorf("12 nodes for 12 launches: %v", err)
+	}
+	if err := checkCaptured(14, 12); err != nil { // copies and sets are nodes too
+		t.Errorf("14 nodes for 12 launches: %v", err)
+	}
+	err := checkCaptured(0, 12)
+	if err == nil || !strings.Contains(err.Error(), "0 nodes for 12 kernel launches") {
+		t.Errorf("empty graph: %v", err)
 	}
 }
