@@ -85,10 +85,19 @@ DEV float u2f_small(u32 q) { return __uint_as_float(0x4B000000u | q) - 8388608.0
 #endif
 
 // WARP_SYNC orders shared-memory writes of one warp before its later reads.
+// On AMD a wavefront runs in lock step, but the compiler may still move
+// loads and stores across a bare wave barrier: the release fence before it
+// and the acquire fence after it, both of wavefront scope, forbid that
+// (they cost no instruction at that scope; they only bind the compiler).
 #if defined(FORGE_CUDA)
 #define WARP_SYNC() __syncwarp()
 #else
-#define WARP_SYNC() __builtin_amdgcn_wave_barrier()
+#define WARP_SYNC()                                                                                        \
+  do {                                                                                                     \
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");                                                 \
+    __builtin_amdgcn_wave_barrier();                                                                       \
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");                                                 \
+  } while (0)
 #endif
 
 DEV float warp_sum(float v) {
