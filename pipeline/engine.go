@@ -657,14 +657,19 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 				v.m.fileGate = resident
 			}
 		}
-		e.closing.Add(1)
-		closed := make(chan struct{})
-		go func() {
-			defer e.closing.Done()
-			defer close(closed)
-			e.closeAll(victims)
-		}()
-		defer func() { <-closed }()
+		// One goroutine a victim: each one's Close waits for resident,
+		// which needs every victim's uploader released first.
+		var closed sync.WaitGroup
+		for _, v := range victims {
+			closed.Add(1)
+			e.closing.Add(1)
+			go func() {
+				defer e.closing.Done()
+				defer closed.Done()
+				e.closeAll([]*instance{v})
+			}()
+		}
+		defer closed.Wait()
 	}
 	defer markResident() // first of the deferred calls: before waiting for the victims
 	if !overlap {
