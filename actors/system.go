@@ -25,8 +25,12 @@ var ErrClosed = errors.New("actors: pipeline closed")
 // Config describes one model's load pipeline.
 type Config struct {
 	// File is the opened model. The system owns it from Start on and
-	// closes it in Close.
+	// closes it in Close, unless KeepFile.
 	File *gguf.File
+	// KeepFile leaves File open at Close: the caller closes it (an
+	// Engine unmaps an evicted model's file once the next model's
+	// weights are in, not while they are being read).
+	KeepFile bool
 	// Layers is the number of blocks the architecture runs.
 	Layers   int
 	Strategy Strategy
@@ -336,6 +340,7 @@ func (s *System) Close() error {
 	close(s.closing)
 	s.closeMu.Unlock()
 
+	t0 := time.Now()
 	s.cancel()
 	s.failAllQuiet(ErrClosed)
 	if s.exec != nil {
@@ -348,8 +353,16 @@ func (s *System) Close() error {
 	s.wg.Wait()
 	s.bus.Close()
 	s.as.Shutdown()
+	tStop := time.Since(t0)
 	s.cfg.Uploader.Release()
-	return s.cfg.File.Close()
+	tRel := time.Since(t0)
+	var err error
+	if !s.cfg.KeepFile {
+		err = s.cfg.File.Close()
+	}
+	// Where an eviction's time goes (a swap's next load waits on parts).
+	slog.Debug("actors: system closed", "actors", tStop, "uploader release", tRel-tStop, "file close", time.Since(t0)-tRel)
+	return err
 }
 
 // failAllQuiet fails what is unresolved without publishing (closing).

@@ -54,9 +54,9 @@ for phase in "$@"; do
       echo "rc=$?" >>"$o/load.txt"
       llama_down
     } ;;
-  turns)
+  turns) # batching on: a GPU server without --batch-seqs runs one sequence at a time, with no prefix cache
     llama_up && {
-      $F bench serve -m l8=$L8 --device gpu --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 \
+      $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=16 --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 \
         --peer-url llama=http://127.0.0.1:8090 >"$o/turns.txt" 2>&1
       echo "rc=$?" >>"$o/turns.txt"
       llama_down

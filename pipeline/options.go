@@ -75,6 +75,10 @@ type Options struct {
 	// shared is the Engine's GPU, opened once for all its models (nil:
 	// the model opens its own; see sharedGPU).
 	shared *sharedGPU
+	// afterRelease holds the device's weight reservation until each
+	// channel is closed: the released uploaders of the models an Engine
+	// evicted for this one, whose other teardown runs beside the load.
+	afterRelease []<-chan struct{}
 }
 
 // UploadTuning sizes the GPU uploader's helpers (see

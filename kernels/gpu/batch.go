@@ -370,6 +370,7 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		maxPos = max(maxPos, pos)
 	}
 	splits := ceilDiv(int(maxPos)+1, pagedSplit)
+	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
@@ -390,6 +391,11 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 			return err
 		}
 		a.Reset()
+		if prefill { // a prompt piece: tiles of rows read each chunk of the prefix once (prefill.cu)
+			a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+			return b.launch(c, pfName, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, prefillRows)), Z: 1}, rocm.D1(128), &a)
+		}
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
 		grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}

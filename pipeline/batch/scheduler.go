@@ -574,9 +574,14 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 		q := plan[i]
 		n := len(q.tokens) - q.done // 1 for a decode step
 		if n > 1 {
-			// The prompt piece ends at the next multiple of Chunk: a
-			// function of the sequence alone, as in the single path.
-			end := min(len(q.tokens), (q.done/s.cfg.Chunk+1)*s.cfg.Chunk)
+			// A prompt piece is Chunk tokens from where the sequence
+			// stands: from 0 that cuts a prompt at multiples of Chunk, as
+			// the single path does; after a prefix-cache hit (done at a
+			// block boundary) the rest of a conversation's next turn runs
+			// in one piece, not one piece to the next multiple of Chunk
+			// and another. Either way a function of the sequence and its
+			// cached prefix alone.
+			end := min(len(q.tokens), q.done+s.cfg.Chunk)
 			n = end - q.done
 			if n > budget && budget < s.cfg.Chunk {
 				alive = append(alive, q) // next step
