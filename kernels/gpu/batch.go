@@ -478,6 +478,9 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	if err != nil {
 		return err
 	}
+	if b.mmqUse(w, wp, n) {
+		return b.mmqRows(c, kt, w, wp, xq, xd, dst, n)
+	}
 	name, group, r := b.mxKernel(kt, w, n)
 	grid := ceilDiv(w.Rows, wpb*r)
 	if perSM := 8; b.w.Device.SMs > 0 { // a grid-strided wave, as the one-row Q4_K kernel

@@ -83,11 +83,14 @@ func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 		if variants == nil {
 			variants = []string{""}
 		}
+		b.mmqOff = true // the matrix-vector kernels; mmq_test.go checks the tensor-core ones
 		for _, mv := range variants {
 			b.mxVariant = mv
 			checkRows(t, b, w, x, alone, mv)
 		}
 		b.mxVariant = ""
+		b.mmqOff = false
+		checkRows(t, b, w, x, alone, "default")
 		t.Logf("%s %d×%d (%s kernel for n > 1, variants %q): rows bit-identical to n = 1", tc.typ, tc.rows, tc.cols,
 			map[string]string{"x8": "8-bit x", "": "generic"}[b.rowKernel(w, rocm.DevPtr(w.Dev))], variants)
 		b.FreeWeight(w)
@@ -418,7 +421,8 @@ func BenchmarkBatchMatMul(b *testing.B) {
 				kt, _ := kernelType(sh.typ)
 				if rn.variant != "gemm" {
 					bk.mxVariant = rn.variant
-					defer func() { bk.mxVariant = "" }()
+					bk.mmqOff = true // the matrix-vector kernels (BenchmarkMMQ times mmq)
+					defer func() { bk.mxVariant, bk.mmqOff = "", false }()
 				}
 				var ms float32
 				err := bk.do(func(c *rocm.Ctx) error {

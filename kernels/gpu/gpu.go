@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -96,7 +97,13 @@ type Backend struct {
 	// mxVariant forces the Q4_K/Q6_K multi-row kernel ("x{NX}r{R}", see
 	// mxKernel); "" is mxKernel's choice. For tests and benchmarks.
 	mxVariant string
-	lay       layoutState // the step layout of the Batcher ops (batch.go)
+	// mmqOff keeps MatMul off the tensor-core kernels (mmq.go), mmqMin,
+	// when > 0, replaces mmqMinRows, and mmqNoPrompt keeps MatMulPrompt's
+	// pieces on the GEMM path. For tests and benchmarks.
+	mmqOff      bool
+	mmqMin      int
+	mmqNoPrompt bool
+	lay         layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	q8     q8Cache             // the 8-bit copy of the last quantized vector
@@ -212,6 +219,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		allocs:  map[uintptr]int64{},
 		weights: map[*kernels.Weight]devBuf{},
 		scratch: map[string]devBuf{},
+		mmqOff:  os.Getenv(EnvNoMMQ) == "1",
 	}
 	if b.warp <= 0 {
 		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)

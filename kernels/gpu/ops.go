@@ -147,6 +147,9 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// stale afterwards (the copy of x itself stays good for the next
 		// product on the same input, as Q, K and V or gate and up are).
 		defer b.q8Written(dst)
+		if gemm && n <= b.batchRows() && !b.mmqNoPrompt && b.mmqUse(w, wp, n) {
+			gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
+		}
 		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}
