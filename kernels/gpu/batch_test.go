@@ -29,7 +29,8 @@ func sameBits(got, want []float32) int {
 // that take the generic kernel (Q5_K, F16): the batch invariance of
 // kernels.Batcher. Q6_K at 9000 rows checks the one-row kernel the
 // backend picks for many rows (c2); Q4_K also against MatMuls (its
-// grouped one-row kernel).
+// grouped one-row kernel). The multi-row matrix-vector variants run with
+// the mmq kernels off, then MatMul's default path (mmq where it fits).
 func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 18))

@@ -4,9 +4,15 @@ package gpu
 // kernels.MaxBatchRows rows of 8-bit x (cu/mmq.cu). It gives every row the
 // bits of the one-row matrix-vector kernels (the same exact integer sums of
 // 16 products, the same float steps in the same order, see mmq.cu), so
-// MatMul may use it for any row count from 2 on and stay row-invariant.
+// MatMul may use it for any row count and stay row-invariant: it takes it
+// from mmqMinRows rows on, and MatMulPrompt for pieces of up to
+// kernels.MaxBatchRows rows (instead of dequantizing the weight for a GEMM).
 
 import (
+	"maps"
+	"slices"
+	"strings"
+
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
@@ -17,10 +23,47 @@ import (
 // comparisons in one build.
 const EnvNoMMQ = "FORGE_GPU_NO_MMQ"
 
+// EnvMMQVariant overrides mmqDefault: "q4_k=p,q6_k=-" (a type without an
+// entry keeps its default), for comparisons in one build.
+const EnvMMQVariant = "FORGE_GPU_MMQ_VARIANT"
+
+// mmqVariantsFromEnv returns mmqDefault with the choices of EnvMMQVariant.
+func mmqVariantsFromEnv(spec string) map[gguf.Type]string {
+	out := maps.Clone(mmqDefault)
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			continue
+		}
+		for typ, vs := range mmqVariants {
+			if strings.EqualFold(k, typ.String()) && slices.Contains(vs, v) {
+				out[typ] = v
+			}
+		}
+	}
+	return out
+}
+
 // mmqMinRows is the fewest rows MatMul sends to the mmq kernels (fewer go
 // to the multi-row matrix-vector kernels). Both give the same bits, so the
-// choice is one of speed only.
-const mmqMinRows = 2
+// choice is one of speed only: on the H100 at the 8B shapes the matrix-
+// vector kernels were ahead at 2 rows for Q4_K (12 µs against 16 at
+// 4096×4096), mmq from 4 rows on for every shape
+// (bench/results/2026-11-25-mmq-h100.md).
+const mmqMinRows = 3
+
+// mmqVariants lists the kernel variants of each type (mmq.cu): "-" loads
+// a super-block's weights, then does its arithmetic; "p" loads the next
+// one's first. Both give the same bits.
+var mmqVariants = map[gguf.Type][]string{
+	gguf.TypeQ4_K: {"-", "p"},
+	gguf.TypeQ6_K: {"-", "p"},
+}
+
+// mmqDefault is the variant MatMul uses: "-", a few per cent ahead of "p"
+// on the H100 in the batched step of the 8B shape
+// (bench/results/2026-11-25-mmq-h100.md).
+var mmqDefault = map[gguf.Type]string{gguf.TypeQ4_K: "-", gguf.TypeQ6_K: "-"}
 
 // mmqFits reports whether the mmq kernels can multiply w with rows of x:
 // a CUDA device with mma.sync on 8-bit integers (sm_80 on), 32-lane warps,
@@ -62,8 +105,15 @@ func (b *Backend) mmqRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp, xq, xd 
 	if w.Type == gguf.TypeQ6_K {
 		threads = 256 // 8 for Q6_K
 	}
+	v := b.mmqVariant
+	if v == "" {
+		v = b.mmqChoice[w.Type]
+	}
+	if v == "-" {
+		v = ""
+	}
 	var a rocm.Args
 	a.Ptr(wp).Ptr(xq).Ptr(xd).Ptr(dptr(dst)).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(n))
 	grid := rocm.Dim3{X: uint32(ceilDiv(n, tile)), Y: uint32(ceilDiv(w.Rows, 16)), Z: 1}
-	return b.launch(c, "mmq_"+kt+sfx, grid, rocm.D1(threads), &a)
+	return b.launch(c, "mmq_"+kt+sfx+v, grid, rocm.D1(threads), &a)
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -39,7 +40,7 @@ var mmqShapes = []struct {
 // one-row matrix-vector kernel) and among 15 or 63 random other rows, at
 // a random place among them (MatMul n = 16 and 64, the mmq kernels), comes
 // out bit for bit the same; also at n = 2…9 (the 8-row tile and the first
-// 16-row one).
+// 16-row one); every kernel variant.
 func TestMMQBatchInvariant(t *testing.T) {
 	b := mmqBackend(t)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 25))
@@ -60,9 +61,10 @@ func TestMMQBatchInvariant(t *testing.T) {
 		alone := download(t, b, y1)
 		b.Free(y1)
 		for _, n := range []int{2, 3, 8, 9, 16, 64} {
-			for trial := range 2 {
+			for trial := range 2 * len(mmqVariants[sh.typ]) {
+				b.mmqVariant = mmqVariants[sh.typ][trial/2] // every variant
 				at := rng.IntN(n)
-				xs := randVec(rng, n*sh.cols, 1+float64(trial)) // other rows at another scale too
+				xs := randVec(rng, n*sh.cols, 1+float64(trial%2)) // other rows at another scale too
 				copy(xs[at*sh.cols:], target)
 				x := upload(t, b, xs)
 				y, _ := b.Alloc(n * sh.rows)
@@ -74,8 +76,8 @@ func TestMMQBatchInvariant(t *testing.T) {
 				}
 				got := download(t, b, y)
 				if i := sameBits(got[at*sh.rows:(at+1)*sh.rows], alone); i >= 0 {
-					t.Errorf("%s %d×%d: the row at %d of %d differs from it alone at output %d: %g vs %g",
-						sh.typ, sh.rows, sh.cols, at, n, i, got[at*sh.rows+i], alone[i])
+					t.Errorf("%s %d×%d variant %q: the row at %d of %d differs from it alone at output %d: %g vs %g",
+						sh.typ, sh.rows, sh.cols, b.mmqVariant, at, n, i, got[at*sh.rows+i], alone[i])
 				}
 				for k := range got {
 					if got[k] != got[k] {
@@ -86,6 +88,7 @@ func TestMMQBatchInvariant(t *testing.T) {
 				b.Free(x)
 			}
 		}
+		b.mmqVariant = ""
 		b.FreeWeight(w)
 	}
 }
@@ -146,7 +149,7 @@ func TestMMQMatchesCPU(t *testing.T) {
 }
 
 // BenchmarkMMQ: the 8B shapes at 1…64 rows of x, the multi-row matrix-
-// vector kernels ("mv") against the mmq kernels ("mmq"), each timing
+// vector kernels ("mv") against the mmq kernels ("mmq{variant}"), each timing
 // including the quantization of x as a step does; at 16…64 rows also the
 // prompt path's dequantize + GEMM ("gemm"). n = 1 is the one-row kernel.
 func BenchmarkMMQ(b *testing.B) {
@@ -162,9 +165,11 @@ func BenchmarkMMQ(b *testing.B) {
 		x := upload(b, bk, conformance.RandomVector(rng, kernels.MaxBatchRows*cols, 1))
 		kt, _ := kernelType(sh.typ)
 		for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
-			paths := []string{"mv", "mmq"}
-			if n == 1 {
-				paths = []string{"mv"}
+			paths := []string{"mv"}
+			if n > 1 {
+				for _, v := range mmqVariants[sh.typ] {
+					paths = append(paths, "mmq"+v)
+				}
 			}
 			if n >= 16 {
 				paths = append(paths, "gemm")
@@ -173,8 +178,9 @@ func BenchmarkMMQ(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%dx%d/n=%d/%s", sh.typ, rows, cols, n, path), func(b *testing.B) {
 					y, _ := bk.Alloc(n * rows)
 					defer bk.Free(y)
-					bk.mmqOff = path != "mmq"
-					defer func() { bk.mmqOff = false }()
+					bk.mmqOff = !strings.HasPrefix(path, "mmq")
+					bk.mmqVariant = strings.TrimPrefix(path, "mmq")
+					defer func() { bk.mmqOff, bk.mmqVariant = false, "" }()
 					var ms float32
 					err := bk.do(func(c *rocm.Ctx) error {
 						var err error

@@ -53,6 +53,13 @@ DEV void mma_s8(int (&c)[4], u32 a0, u32 a1, u32 b) {
 
 DEV u32 ld_w32(const u8* p) { return *(const u32*)p; }
 
+// i2f: the float of an integer |i| < 2^22, exactly as a conversion gives
+// it, with an integer add and a float add (full rate) instead of a
+// conversion instruction (a quarter rate or less), which the epilogue would
+// otherwise be bound by: 1.5·2^23 has a unit last place, so adding i to
+// its bits adds i.
+DEV float i2f(int i) { return __fadd_rn(__int_as_float(0x4B400000 + i), -12582912.0f); }
+
 // ---- Q4_K ----------------------------------------------------------------
 //
 // One-row lane 8r+j (j = 2c+h) takes qs[32c+16h … +15] of super-blocks
@@ -61,10 +68,27 @@ DEV u32 ld_w32(const u8* p) { return *(const u32*)p; }
 // 16 values of qs[32c + 16(s&1) …], low nibbles for s < 2, high for s ≥ 2:
 // j = 2c+h has il from group h and ih from group 2+h. Thread (g, q) holds
 // bytes 4q…4q+3 of each group's 16 (the mma's k).
-template <int NT>
+
+// q4k_ld: the header and this thread's code words (bytes 4q…4q+3 of each
+// 16) of one super-block of rows g (pa) and g+8 (pb).
+DEV void q4k_ld(const u8* pa, const u8* pb, int q, uint4& ha, uint4& hb, u32 (&qa)[8], u32 (&qb)[8]) {
+  ha = *(const uint4*)pa;
+  hb = *(const uint4*)pb;
+#pragma unroll
+  for (int m = 0; m < 8; m++) {
+    qa[m] = ld_w32(pa + 16 + 16 * m + 4 * q);
+    qb[m] = ld_w32(pb + 16 + 16 * m + 4 * q);
+  }
+}
+
+// NT: 8-row tiles of x per block; PF: the next super-block's weights are
+// loaded before this one's arithmetic.
+template <int NT, bool PF>
 DEV void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                        float* __restrict__ y, int rows, int cols, int nx) {
-  __shared__ float red[4][16][8 * NT][9];  // [warp = residue][weight row][x row][j], padded
+  // the warps' running sums at the end: [warp = residue][t][p][j][lane]
+  // (lane-minor: a warp's stores hit 32 banks)
+  __shared__ float red[4][NT][4][8][32];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int g = lane >> 2, q = lane & 3;
   int nsb = cols / 256, nbx = cols / 32;
@@ -88,15 +112,23 @@ DEV void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
       for (int j = 0; j < 8; j++) acc[t][p][j] = 0.0f;
 
+  uint4 nha, nhb;
+  u32 nqa[8], nqb[8];
+  if (PF) q4k_ld(wa + (size_t)min(warp, nsb - 1) * 144, wb + (size_t)min(warp, nsb - 1) * 144, q, nha, nhb, nqa, nqb);
   for (int sb = warp; sb < nsb; sb += 4) {
-    const u8* pa = wa + (size_t)sb * 144;
-    const u8* pb = wb + (size_t)sb * 144;
-    uint4 ha = *(const uint4*)pa, hb = *(const uint4*)pb;
+    uint4 ha, hb;
     u32 qa[8], qb[8];
+    if (PF) {
+      ha = nha;
+      hb = nhb;
 #pragma unroll
-    for (int m = 0; m < 8; m++) {
-      qa[m] = ld_w32(pa + 16 + 16 * m + 4 * q);
-      qb[m] = ld_w32(pb + 16 + 16 * m + 4 * q);
+      for (int m = 0; m < 8; m++) {
+        qa[m] = nqa[m];
+        qb[m] = nqb[m];
+      }
+      if (sb + 4 < nsb) q4k_ld(wa + (size_t)(sb + 4) * 144, wb + (size_t)(sb + 4) * 144, q, nha, nhb, nqa, nqb);
+    } else {
+      q4k_ld(wa + (size_t)sb * 144, wb + (size_t)sb * 144, q, ha, hb, qa, qb);
     }
     float da = h2f(ha.x & 0xFFFF), dmina = h2f(ha.x >> 16);
     float db = h2f(hb.x & 0xFFFF), dminb = h2f(hb.x >> 16);
@@ -126,11 +158,13 @@ DEV void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
           for (int h = 0; h < 2; h++) {
             int j = 2 * c + h;
-            acc[t][e][j] = fadd_x(acc[t][e][j], q4k_q8_float(da, dmina, sca1, ma1, sca2, ma2, dx1, dx2, ci[h][e],
-                                                             ci[2 + h][e], cs[h][e], cs[2 + h][e]));
-            acc[t][2 + e][j] =
-                fadd_x(acc[t][2 + e][j], q4k_q8_float(db, dminb, scb1, mb1, scb2, mb2, dx1, dx2, ci[h][2 + e],
-                                                      ci[2 + h][2 + e], cs[h][e], cs[2 + h][e]));
+            float sxl = i2f(cs[h][e]), sxh = i2f(cs[2 + h][e]);
+            float& a = acc[t][e][j];
+            a = fadd_x(a, q4k_q8_floatf(da, dmina, sca1, ma1, sca2, ma2, dx1, dx2, i2f(ci[h][e]), i2f(ci[2 + h][e]),
+                                        sxl, sxh));
+            float& b = acc[t][2 + e][j];
+            b = fadd_x(b, q4k_q8_floatf(db, dminb, scb1, mb1, scb2, mb2, dx1, dx2, i2f(ci[h][2 + e]),
+                                        i2f(ci[2 + h][2 + e]), sxl, sxh));
           }
         }
       }
@@ -141,16 +175,18 @@ DEV void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
     for (int p = 0; p < 4; p++)
 #pragma unroll
-      for (int j = 0; j < 8; j++) red[warp][g + 8 * (p >> 1)][8 * t + 2 * q + (p & 1)][j] = acc[t][p][j];
+      for (int j = 0; j < 8; j++) red[warp][t][p][j][lane] = acc[t][p][j];
   __syncthreads();
   // warp_sum's order: lanes 8r+j and 8(r^2)+j first, then r^1, then j^4,
-  // j^2, j^1
+  // j^2, j^1. Output (weight row wr, x row xr) was thread (g, q) = (wr&7,
+  // (xr&7)/2) of tile t = xr/8 at fragment position p.
   for (int o = threadIdx.x; o < 16 * 8 * NT; o += blockDim.x) {
     int wr = o & 15, xr = o >> 4;
+    int t = xr >> 3, p = 2 * (wr >> 3) + (xr & 1), ln = 4 * (wr & 7) + ((xr & 7) >> 1);
     float v[8];
 #pragma unroll
     for (int j = 0; j < 8; j++)
-      v[j] = (red[0][wr][xr][j] + red[2][wr][xr][j]) + (red[1][wr][xr][j] + red[3][wr][xr][j]);
+      v[j] = (red[0][t][p][j][ln] + red[2][t][p][j][ln]) + (red[1][t][p][j][ln] + red[3][t][p][j][ln]);
     float s = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
     if (row0 + wr < rows && x0 + xr < nx) y[(size_t)(x0 + xr) * rows + row0 + wr] = s;
   }
@@ -169,7 +205,42 @@ DEV u32 ld_h32(const u8* p) {
   return (u32)h[0] | ((u32)h[1] << 16);
 }
 
-template <int NT>
+// q6w: one weight row's share of one super-block for thread q: the
+// ql words l[n][m&1][t], the qh words h[n][t], the 16 scales and d.
+struct Q6W {
+  u32 l[2][2][2], h[2][2], s[4];
+  u32 d;
+};
+DEV void q6_ld(const u8* p, int q, Q6W& r) {
+#pragma unroll
+  for (int n = 0; n < 2; n++)
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+#pragma unroll
+      for (int m1 = 0; m1 < 2; m1++) r.l[n][m1][t] = ld_h32(p + 64 * n + 32 * m1 + 16 * t + 4 * q);
+      r.h[n][t] = ld_h32(p + 128 + 32 * n + 16 * t + 4 * q);
+    }
+#pragma unroll
+  for (int i = 0; i < 4; i++) r.s[i] = ld_h32(p + 192 + 4 * i);
+  r.d = *(const u16*)(p + 208);
+}
+
+// q6_a: the A word of group 8n+2k+t (codes less 32, as signed bytes).
+DEV u32 q6_a(const Q6W& r, int n, int k, int t) {
+  u32 a = r.l[n][k & 1][t];
+  if (k >= 2) a >>= 4;
+  a = (a & 0x0F0F0F0Fu) | (((r.h[n][t] >> (2 * k)) & 0x03030303u) << 4);
+  return __vsub4(a, 0x20202020u);
+}
+
+// q6_sc: scale i of 16 as a float (the signed byte b is 2^23+128+b less
+// 2^23+128, as in q6_q8_term).
+DEV float q6_sc(const Q6W& r, int i) {
+  u32 b = ((r.s[i >> 2] >> (8 * (i & 3))) & 0xFFu) ^ 0x80u;
+  return __fadd_rn(__uint_as_float(0x4B000000u | b), -(8388608.0f + 128.0f));
+}
+
+template <int NT, bool PF>
 DEV void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                        float* __restrict__ y, int rows, int cols, int nx) {
   __shared__ float red[8][16][8 * NT][5];  // [warp = residue][weight row][x row][v], padded
@@ -196,30 +267,27 @@ DEV void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
       for (int v = 0; v < 4; v++) acc[t][p][v] = 0.0f;
 
+  Q6W na, nb;
+  if (PF) {
+    q6_ld(wa + (size_t)min(warp, nsb - 1) * 210, q, na);
+    q6_ld(wb + (size_t)min(warp, nsb - 1) * 210, q, nb);
+  }
   for (int sb = warp; sb < nsb; sb += 8) {
-    const u8* pa = wa + (size_t)sb * 210;
-    const u8* pb = wb + (size_t)sb * 210;
-    float da = h2f(*(const u16*)(pa + 208)), db = h2f(*(const u16*)(pb + 208));
+    Q6W ra, rbw;
+    if (PF) {
+      ra = na;
+      rbw = nb;
+      if (sb + 8 < nsb) {
+        q6_ld(wa + (size_t)(sb + 8) * 210, q, na);
+        q6_ld(wb + (size_t)(sb + 8) * 210, q, nb);
+      }
+    } else {
+      q6_ld(wa + (size_t)sb * 210, q, ra);
+      q6_ld(wb + (size_t)sb * 210, q, rbw);
+    }
+    float da = h2f((u16)ra.d), db = h2f((u16)rbw.d);
 #pragma unroll
     for (int n = 0; n < 2; n++) {
-      // the A words of groups 8n…8n+7, rows g and g+8
-      u32 la[2][2], lb[2][2], ha[2], hb[2];  // [m&1][t], [t]
-#pragma unroll
-      for (int t = 0; t < 2; t++) {
-#pragma unroll
-        for (int m1 = 0; m1 < 2; m1++) {
-          la[m1][t] = ld_h32(pa + 64 * n + 32 * m1 + 16 * t + 4 * q);
-          lb[m1][t] = ld_h32(pb + 64 * n + 32 * m1 + 16 * t + 4 * q);
-        }
-        ha[t] = ld_h32(pa + 128 + 32 * n + 16 * t + 4 * q);
-        hb[t] = ld_h32(pb + 128 + 32 * n + 16 * t + 4 * q);
-      }
-      float sca[8], scb[8];  // scales of groups 8n + i
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        sca[i] = (float)(int)(i8)pa[192 + 8 * n + i];
-        scb[i] = (float)(int)(i8)pb[192 + 8 * n + i];
-      }
 #pragma unroll
       for (int tt = 0; tt < NT; tt++) {
         int ci[8][4];  // group 8n + 2k + t at [2k + t]
@@ -228,14 +296,7 @@ DEV void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
           for (int t = 0; t < 2; t++) {
             u32 bx = *(const u32*)(xb[tt] + (size_t)sb * 256 + 128 * n + 32 * k + 16 * t + 4 * q);
-            u32 A0 = la[k & 1][t], A1 = lb[k & 1][t];
-            if (k >= 2) {
-              A0 >>= 4;
-              A1 >>= 4;
-            }
-            A0 = (A0 & 0x0F0F0F0Fu) | (((ha[t] >> (2 * k)) & 0x03030303u) << 4);
-            A1 = (A1 & 0x0F0F0F0Fu) | (((hb[t] >> (2 * k)) & 0x03030303u) << 4);
-            mma_s8(ci[2 * k + t], __vsub4(A0, 0x20202020u), __vsub4(A1, 0x20202020u), bx);
+            mma_s8(ci[2 * k + t], q6_a(ra, n, k, t), q6_a(rbw, n, k, t), bx);
           }
         }
 #pragma unroll
@@ -246,12 +307,17 @@ DEV void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 #pragma unroll
           for (int t = 0; t < 2; t++) {
             int v = 2 * n + t;
-            float ska[4] = {sca[t], sca[2 + t], sca[4 + t], sca[6 + t]};
-            float skb[4] = {scb[t], scb[2 + t], scb[4 + t], scb[6 + t]};
-            int sa[4] = {ci[t][e], ci[2 + t][e], ci[4 + t][e], ci[6 + t][e]};
-            int sbb[4] = {ci[t][2 + e], ci[2 + t][2 + e], ci[4 + t][2 + e], ci[6 + t][2 + e]};
-            acc[tt][e][v] = fadd_x(acc[tt][e][v], q6_q8_float(da, ska, dxk, sa));
-            acc[tt][2 + e][v] = fadd_x(acc[tt][2 + e][v], q6_q8_float(db, skb, dxk, sbb));
+            float ska[4], skb[4];
+            float sa[4], sbb[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+              ska[k] = q6_sc(ra, 8 * n + 2 * k + t);
+              skb[k] = q6_sc(rbw, 8 * n + 2 * k + t);
+              sa[k] = i2f(ci[2 * k + t][e]);
+              sbb[k] = i2f(ci[2 * k + t][2 + e]);
+            }
+            acc[tt][e][v] = fadd_x(acc[tt][e][v], q6_q8_floatf(da, ska, dxk, sa));
+            acc[tt][2 + e][v] = fadd_x(acc[tt][2 + e][v], q6_q8_floatf(db, skb, dxk, sbb));
           }
         }
       }
@@ -279,27 +345,25 @@ DEV void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ xq, cons
 }
 #endif  // MMQ_MMA
 
-// mmq_{type}_n{8·NT}: 8·NT rows of x per block. Where there are no mma
+// mmq_{type}_n{8·NT}{variant}: 8·NT rows of x per block; variant "" loads
+// a super-block's weights, then does its arithmetic; "p" loads the next
+// one's first (the H100 measured both about the same, "" ahead by a few
+// per cent; variants with the running sums in shared memory for more
+// resident warps, or capped at 128 registers, spilled and were slower:
+// bench/results/2026-11-25-mmq-h100.md). Where there are no mma
 // instructions (HIP, CUDA before sm_80) the kernels exist but do nothing:
 // the backend never launches them there.
 #if MMQ_MMA
-#define MMQ_CALL(body, NT) body<NT>(w, xq, xd, y, rows, cols, nx)
+#define MMQ_CALL(...) __VA_ARGS__(w, xq, xd, y, rows, cols, nx)
 #else
-#define MMQ_CALL(body, NT) (void)0
+#define MMQ_CALL(...) (void)0
 #endif
-KERNEL void __launch_bounds__(128)
-    mmq_q4_k_n8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  MMQ_CALL(mmq_q4_k_body, 1);
-}
-KERNEL void __launch_bounds__(128)
-    mmq_q4_k_n16(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  MMQ_CALL(mmq_q4_k_body, 2);
-}
-KERNEL void __launch_bounds__(256)
-    mmq_q6_k_n8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  MMQ_CALL(mmq_q6_k_body, 1);
-}
-KERNEL void __launch_bounds__(256)
-    mmq_q6_k_n16(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  MMQ_CALL(mmq_q6_k_body, 2);
-}
+#define MMQ_ARGS const u8 *w, const i8 *xq, const float *xd, float *y, int rows, int cols, int nx
+KERNEL void __launch_bounds__(128) mmq_q4_k_n8(MMQ_ARGS) { MMQ_CALL(mmq_q4_k_body<1, false>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n8p(MMQ_ARGS) { MMQ_CALL(mmq_q4_k_body<1, true>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n16(MMQ_ARGS) { MMQ_CALL(mmq_q4_k_body<2, false>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n16p(MMQ_ARGS) { MMQ_CALL(mmq_q4_k_body<2, true>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n8(MMQ_ARGS) { MMQ_CALL(mmq_q6_k_body<1, false>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n8p(MMQ_ARGS) { MMQ_CALL(mmq_q6_k_body<1, true>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n16(MMQ_ARGS) { MMQ_CALL(mmq_q6_k_body<2, false>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n16p(MMQ_ARGS) { MMQ_CALL(mmq_q6_k_body<2, true>); }

@@ -43,22 +43,34 @@ DEV void q4k_scales(uint4 hd, int p0, int sh, u32& sc1, u32& m1, u32& sc2, u32& 
 
 // q4k_q8_float is one lane's term of a Q4_K super-block from its integer
 // sums: il = Σ q·qx over its 16 values of sub-block p0, ih over its 16 of
-// p0+1, sxl and sxh the sums of those qx.
+// p0+1, sxl and sxh the sums of those qx, here as floats (exact: they are
+// integers below 2^15).
 //   d·(sc1·dx1·il + sc2·dx2·ih) − dmin·(m1·dx1·sxl + m2·dx2·sxh)
-DEV float q4k_q8_float(float d, float dmin, u32 sc1, u32 m1, u32 sc2, u32 m2, float dx1, float dx2, int il, int ih,
-                       int sxl, int sxh) {
-  float fl = fmul_x(dx1, (float)sxl), fh = fmul_x(dx2, (float)sxh);
-  float x = fma_x(fmul_x(u2f_small(sc2), dx2), (float)ih, fmul_x(fmul_x(u2f_small(sc1), dx1), (float)il));
+DEV float q4k_q8_floatf(float d, float dmin, u32 sc1, u32 m1, u32 sc2, u32 m2, float dx1, float dx2, float il,
+                        float ih, float sxl, float sxh) {
+  float fl = fmul_x(dx1, sxl), fh = fmul_x(dx2, sxh);
+  float x = fma_x(fmul_x(u2f_small(sc2), dx2), ih, fmul_x(fmul_x(u2f_small(sc1), dx1), il));
   float y = fma_x(u2f_small(m2), fh, fmul_x(u2f_small(m1), fl));
   return fma_x(d, x, -fmul_x(dmin, y));
 }
+DEV float q4k_q8_float(float d, float dmin, u32 sc1, u32 m1, u32 sc2, u32 m2, float dx1, float dx2, int il, int ih,
+                       int sxl, int sxh) {
+  return q4k_q8_floatf(d, dmin, sc1, m1, sc2, m2, dx1, dx2, (float)il, (float)ih, (float)sxl, (float)sxh);
+}
 
 // q6_q8_float is one lane's term of a Q6_K super-block from its four
-// integer sums s[k] = Σ (q−32)·qx over 16 values, their scales sck and the
-// scales dxk of their blocks of x: d·Σ_k sck·dxk·s[k], k in order.
-DEV float q6_q8_float(float d, const float* sck, const float* dxk, const int* s) {
+// integer sums s[k] = Σ (q−32)·qx over 16 values (as floats, exact below
+// 2^17), their scales sck and the scales dxk of their blocks of x:
+// d·Σ_k sck·dxk·s[k], k in order.
+DEV float q6_q8_floatf(float d, const float* sck, const float* dxk, const float* s) {
   float a = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 4; k++) a = fma_x(fmul_x(sck[k], dxk[k]), (float)s[k], a);
+  for (int k = 0; k < 4; k++) a = fma_x(fmul_x(sck[k], dxk[k]), s[k], a);
   return fmul_x(d, a);
+}
+DEV float q6_q8_float(float d, const float* sck, const float* dxk, const int* s) {
+  float f[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) f[k] = (float)s[k];
+  return q6_q8_floatf(d, sck, dxk, f);
 }
