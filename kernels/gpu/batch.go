@@ -463,9 +463,10 @@ func (b *Backend) mxKernel(kt string, w *kernels.Weight, n int) (name string, nx
 }
 
 // matvecRows queues dst [n][rows] = x [n][cols] · wᵀ for 2 ≤ n ≤
-// kernels.MaxBatchRows through the multi-row matvec kernels, 8 or 16 rows
-// per launch: each row bit for bit what MatMul gives it alone (see
-// rowKernel), the weight read once per launch.
+// kernels.MaxBatchRows through the tensor-core kernels (mmq.go) where they
+// fit, else the multi-row matvec kernels, 8 or 16 rows per launch: each row
+// bit for bit what MatMul gives it alone (see rowKernel), the weight read
+// once per launch.
 func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
 	const block = 128
 	wpb := block / b.warp
@@ -483,6 +484,9 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	xq, xd, err := b.quantizeX(c, dptr(x), n*w.Cols) // row by row as for one row: groups of 32 within a row
 	if err != nil {
 		return err
+	}
+	if b.mmqUse(w, wp, n) {
+		return b.mmqRows(c, kt, w, wp, xq, xd, dst, n)
 	}
 	name, group, r := b.mxKernel(kt, w, n)
 	grid := ceilDiv(w.Rows, wpb*r)

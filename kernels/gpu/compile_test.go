@@ -15,7 +15,7 @@ import (
 func kernelNames(t *testing.T, module, src string) []string {
 	t.Helper()
 	var names []string
-	for _, m := range regexp.MustCompile(`KERNEL void (?:__launch_bounds__\(\d+\) )?([a-z0-9_]+)\(`).FindAllStringSubmatch(src, -1) {
+	for _, m := range regexp.MustCompile(`KERNEL void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?([a-z0-9_]+)\(`).FindAllStringSubmatch(src, -1) {
 		if !strings.HasPrefix(m[1], "__") {
 			names = append(names, m[1])
 		}
