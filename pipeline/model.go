@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,9 @@ type Model struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// split is set on a model split over several devices (split.go).
+	split *splitModel
+
 	// Continuous batching (batching.go), with opts.Batching.On.
 	opts      Options
 	batch     batched
@@ -80,6 +84,12 @@ const gpuReaders = 8
 // only: cancelling it stops loading and fails the readiness futures still
 // pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
+	if ok, ords, err := isSplit(o); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return openSplit(ctx, path, o, ords)
+	}
 	start := time.Now()
 	mem := o.Memory
 	if mem == nil {
@@ -316,6 +326,9 @@ func (m *Model) String() string {
 			}
 		default:
 		}
+	}
+	if m.split != nil {
+		name = strings.Join(m.split.names, "+")
 	}
 	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.sys.Strategy())
 }
