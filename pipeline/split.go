@@ -576,3 +576,14 @@ func (m *Model) deviceInUse() int64 {
 	}
 	return n
 }
+
+// perDevice is a whole model's estimate as the most one device of o's
+// split holds (the share of the layers, evenly; the first device's
+// globals make it a little more, which the measured use corrects).
+func perDevice(total int64, o Options) int64 {
+	n := 1
+	if ok, ords, err := isSplit(o); err == nil && ok {
+		n = max(len(ords), len(o.Backends))
+	}
+	return (total + int64(n) - 1) / int64(n)
+}

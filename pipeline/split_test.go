@@ -241,3 +241,43 @@ func TestSplitFaults(t *testing.T) {
 		}
 	})
 }
+
+// TestEngineSplitBudget: an Engine over two devices counts a split model
+// by what it holds on its fullest device: a budget below the whole model
+// but above each half loads it, and its requests run (one at a time).
+func TestEngineSplitBudget(t *testing.T) {
+	path := testmodels.Path(t, "stories260K-F32.gguf")
+	whole, _, err := estimate(path, Options{Batching: Batching{On: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bes := twoCPUs(t)
+	o := Options{Backends: bes, Split: []float64{1, 1}, Batching: Batching{On: true}}
+	half, _, err := estimate(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if 2*half < whole || half >= whole {
+		t.Fatalf("per-device estimate %d of a whole %d", half, whole)
+	}
+	budget := half + (whole-half)/4
+	e := newTestEngine(t, EngineOptions{Budget: budget, Open: Options{Backends: bes, Split: []float64{1, 1}}, KeepAlive: new(time.Duration(-1))})
+	useModel(t, e, path)
+	l, err := e.Acquire(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	m := l.Model()
+	if len(m.Devices()) != 2 {
+		t.Fatalf("devices %+v", m.Devices())
+	}
+	if n := m.deviceInUse(); n > budget || n >= m.Devices()[0].Memory.InUse()+m.Devices()[1].Memory.InUse() {
+		t.Fatalf("device use %d, budget %d", n, budget)
+	}
+	// The same budget refuses the model on one device.
+	one := newTestEngine(t, EngineOptions{Budget: budget})
+	if _, err := one.Acquire(t.Context(), path); !errors.Is(err, ErrBudget) {
+		t.Fatalf("whole model within a per-device budget: %v", err)
+	}
+}
