@@ -27,10 +27,20 @@ func twoCPUs(t *testing.T) []kernels.Backend {
 
 // synthModel writes one of synth's shapes as a Q4_K_M file (stories260K
 // has no K-quant mix of several layers with biases; synth-kq one layer).
+// "tiny-freqs" is tiny with Llama 3.1's rope_freqs (a global every
+// device needs).
 func synthModel(t *testing.T, preset string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), preset+".gguf")
-	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets[preset], Mix: synth.MixQ4_KM, Seed: 9}); err != nil {
+	shape, ok := synth.Presets[preset]
+	if preset == "tiny-freqs" {
+		shape, ok = synth.Presets["tiny"], true
+		shape.RopeFreqs = true
+	}
+	if !ok {
+		t.Fatalf("no synth shape %q", preset)
+	}
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Mix: synth.MixQ4_KM, Seed: 9}); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -56,7 +66,7 @@ func splitGenerate(t *testing.T, path string, o Options, prompt []int32) ([]int3
 // strategy and split, with each device's memory accounted on its own.
 func TestSplitOpen(t *testing.T) {
 	prompt := []int32{1, 403, 407, 261, 378}
-	for _, file := range []string{"stories260K-Q4_K_M.gguf", "tiny", "tiny-qwen2"} {
+	for _, file := range []string{"stories260K-Q4_K_M.gguf", "tiny", "tiny-qwen2", "tiny-freqs"} {
 		t.Run(file, func(t *testing.T) {
 			path := synthOrBundled(t, file)
 			for _, st := range []Strategy{Prefetch, Eager, Lazy, HostF32} {
