@@ -35,7 +35,7 @@ func init() {
 					&cli.IntFlag{Name: "runs", Value: 3, Usage: "runs per strategy and cache mode"},
 					&cli.StringFlag{Name: "cache", Value: "both", Usage: "page cache before each run: warm, cold or both"},
 					&cli.IntFlag{Name: "prompt-tokens", Value: 32, Usage: "prompt length (tokens drawn from the vocabulary)"},
-					&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
+					&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage},
 					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
 					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},
