@@ -2,14 +2,15 @@
 # Issue 25 on a machine with two GPUs (the run tool's nvidia-h100-x2), in
 # one call of under 9 minutes. Nothing is built there: build here first,
 #
-#   bench/multigpu.sh build     # CGO_ENABLED=0 forge, pipeline.test, model.test → bin/multigpu.tar.xz
+#   bench/multigpu.sh build     # CGO_ENABLED=0 forge, pipeline.test, model.test, rocm.test → bin/multigpu.tar.xz
 #
 # then, carrying bin/multigpu.tar.xz (and .carry/llama-bin.* for llama.cpp's
 # `-sm layer` decode, when present), from the repository root there:
 #
 #   bench/multigpu.sh           # summary on stdout and in $OUT/summary, logs in $OUT/logs
 #
-# 1. The split tests on the GPUs: model.test TestGPUSplit (two contexts of
+# 1. The split tests on the GPUs: rocm.test TestPeerCopy (two contexts of
+#    card 0, and card 0 to card 1), model.test TestGPUSplit (two contexts of
 #    card 0: logits of a split equal the single backend's, op by op and
 #    with recorded stages) and pipeline.test TestGPUSplit* over gpu:0,1
 #    (greedy tokens equal one GPU's: stories260K, K-quant synth with
@@ -39,8 +40,9 @@ if [ "${1:-}" = build ]; then
   CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$d/forge" ./cmd/forge
   CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$d/pipeline.test" ./pipeline
   CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$d/model.test" ./pipeline/model
+  CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$d/rocm.test" ./rocm
   mkdir -p bin
-  tar -C "$d" -cf - forge pipeline.test model.test | xz -T0 -6 >bin/multigpu.tar.xz
+  tar -C "$d" -cf - forge pipeline.test model.test rocm.test | xz -T0 -6 >bin/multigpu.tar.xz
   rm -rf "$d"
   ls -la bin/multigpu.tar.xz
   exit 0
@@ -93,6 +95,7 @@ test_run() { # label binary pattern env…
   say "test $label: exit $rc ($(grep -cE '^\s*--- PASS' "$logs/$label.txt") passed, $(grep -cE '^\s*--- FAIL' "$logs/$label.txt") failed, $(grep -cE '^\s*--- SKIP' "$logs/$label.txt") skipped)"
   grep -E '^\s*--- FAIL|^panic' "$logs/$label.txt" | head -5 | tee -a "$sum"
 }
+test_run rocm-peer rocm.test '^TestPeerCopy$' FORGE_X=
 test_run model-split model.test '^TestGPUSplit$' FORGE_X=
 test_run pipeline-split-2gpu pipeline.test '^TestGPUSplit' FORGE_SPLIT_DEVICE=gpu:0,1
 test_run pipeline-split-1card pipeline.test '^TestGPUSplitTokens$' FORGE_SPLIT_DEVICE=gpu:0,0

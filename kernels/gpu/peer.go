@@ -22,7 +22,9 @@ type peerState struct {
 // device, or another context of the same one), into dst, after the work
 // queued on src so far. The first copy from a peer opens b's context to
 // it where the driver allows a direct link (cuCtxEnablePeerAccess); else
-// the driver stages the copy through pinned host memory. It reports false
+// the driver stages the copy through pinned host memory. src's stream
+// then waits for the copy, so that src's next writes into s (the next
+// step) cannot overtake it; neither stream blocks the host. It reports false
 // for a src that is not such a Backend (the caller copies through the
 // host).
 func (b *Backend) CopyPeer(dst kernels.Tensor, src kernels.Backend, s kernels.Tensor) (bool, error) {
@@ -47,12 +49,29 @@ func (b *Backend) CopyPeer(dst kernels.Tensor, src kernels.Backend, s kernels.Te
 		return false, err
 	}
 	from := sb.w.Peer()
+	done, err := b.copyPeer(dst, sb, s, ev, from)
+	if err != nil {
+		return false, err
+	}
+	// src's later work (the next step's writes into s) waits for the copy.
+	if err := sb.waitPeer(done); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// copyPeer queues the copy on b's stream behind ev and records b's peer
+// event after it.
+func (b *Backend) copyPeer(dst kernels.Tensor, sb *Backend, s kernels.Tensor, ev rocm.Event, from rocm.Peer) (rocm.Event, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.step.capturing {
-		return false, fmt.Errorf("gpu: peer copy while capturing a decode step")
+	if b.closed {
+		return 0, fmt.Errorf("gpu: peer copy into a closed backend")
 	}
-	return true, b.do(func(c *rocm.Ctx) error {
+	if b.step.capturing {
+		return 0, fmt.Errorf("gpu: peer copy while capturing a decode step")
+	}
+	err := b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		if _, asked := b.peer.opened[sb]; !asked {
 			direct, err := c.EnablePeer(from)
@@ -71,8 +90,37 @@ func (b *Backend) CopyPeer(dst kernels.Tensor, src kernels.Backend, s kernels.Te
 		if err := c.CopyPeerAsync(rocm.DevPtr(dst.Dev), rocm.DevPtr(s.Dev), from, 4*dst.Len, b.stream); err != nil {
 			return fmt.Errorf("gpu: peer copy from %s: %w", sb.name, err)
 		}
+		return b.recordPeer(c)
+	})
+	return b.peer.ev, err
+}
+
+// waitPeer makes b's stream wait for ev (a peer's copy out of b).
+func (b *Backend) waitPeer(ev rocm.Event) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("gpu: peer copy from a closed backend")
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		if err := c.WaitEvent(b.stream, ev); err != nil {
+			return fmt.Errorf("gpu: waiting for a peer's copy: %w", err)
+		}
 		return nil
 	})
+}
+
+// recordPeer records b's peer event on its stream, making it the first
+// time (on the worker, under b.mu).
+func (b *Backend) recordPeer(c *rocm.Ctx) error {
+	if b.peer.ev == 0 {
+		ev, err := c.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		b.peer.ev = ev
+	}
+	return c.Record(b.peer.ev, b.stream)
 }
 
 // markPeer records b's peer event after the work queued on its stream.
@@ -85,17 +133,7 @@ func (b *Backend) markPeer() (rocm.Event, error) {
 	if b.step.capturing {
 		return 0, fmt.Errorf("gpu: peer copy from a backend capturing a decode step")
 	}
-	err := b.do(func(c *rocm.Ctx) error {
-		if b.peer.ev == 0 {
-			ev, err := c.NewEvent(false)
-			if err != nil {
-				return err
-			}
-			b.peer.ev = ev
-		}
-		return c.Record(b.peer.ev, b.stream)
-	})
-	if err != nil {
+	if err := b.do(b.recordPeer); err != nil {
 		return 0, fmt.Errorf("gpu: peer copy: marking %s: %w", b.name, err)
 	}
 	return b.peer.ev, nil
