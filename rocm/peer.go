@@ -19,7 +19,9 @@ type Peer struct {
 // Peer returns what a copy from w's memory, made on another worker, needs.
 // The context was set up before NewWorker (or Sibling) returned and is
 // read-only since.
-func (w *Worker) Peer() Peer { return Peer{cuCtx: w.ctx.cuCtx, dev: w.ctx.dev, Ordinal: w.Device.Ordinal} }
+func (w *Worker) Peer() Peer {
+	return Peer{cuCtx: w.ctx.cuCtx, dev: w.ctx.dev, Ordinal: w.Device.Ordinal}
+}
 
 // ErrNoPeerCopy: the driver has no peer copy (an old library).
 var ErrNoPeerCopy = errors.New("rocm: the driver has no peer copy")
