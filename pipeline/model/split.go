@@ -147,12 +147,30 @@ func (sp *splitState) freeStages() {
 	}
 }
 
-// cross copies rows [row, row+rows) of the residual stream from src to
-// dst: a peer copy where dst's backend can reach src's, else through the
-// host (Read waits for src's queue; Write lands before dst's next op).
-func (sp *splitState) cross(src, dst *Model, row, rows int) error {
+// cross hands rows [row, row+rows) of the residual stream from src to
+// dst: x, and with pending the last sub-block's output xb2 not yet added
+// to it, which dst's next norm adds (fused where the backend can), as a
+// single-device model does: the split runs exactly the ops of the whole
+// model.
+func (sp *splitState) cross(src, dst *Model, row, rows int, pending bool) error {
 	e := src.Cfg.Embd
-	from, to := src.s.x.View(row*e, rows*e), dst.s.x.View(row*e, rows*e)
+	if err := sp.copyRows(src, dst, src.s.x.View(row*e, rows*e), dst.s.x.View(row*e, rows*e)); err != nil {
+		return err
+	}
+	if pending {
+		if err := sp.copyRows(src, dst, src.s.xb2.View(row*e, rows*e), dst.s.xb2.View(row*e, rows*e)); err != nil {
+			return err
+		}
+	}
+	dst.pending = pending
+	return nil
+}
+
+// copyRows copies from, of src, into to, of dst: a peer copy where dst's
+// backend can reach src's, else through the host (Read waits for src's
+// queue; Write lands before dst's next op).
+func (sp *splitState) copyRows(src, dst *Model, from, to kernels.Tensor) error {
+	e := to.Len
 	if pc, ok := kernels.As[PeerCopier](dst.be); ok {
 		done, err := pc.CopyPeer(to, src.be, from)
 		if err != nil {
@@ -162,7 +180,7 @@ func (sp *splitState) cross(src, dst *Model, row, rows int) error {
 			return nil
 		}
 	}
-	buf := sp.host[:rows*e]
+	buf := sp.host[:e]
 	if err := src.be.Read(buf, from, 0); err != nil {
 		return fmt.Errorf("model: activations from %s: %w", src.be.Name(), err)
 	}
@@ -211,7 +229,8 @@ func (m *Model) stepSplit(ctx context.Context, tokens []int32, pos0, nOut int) e
 	}
 	for k, p := range sp.parts {
 		if k > 0 {
-			if err := sp.cross(sp.parts[k-1], p, 0, n); err != nil {
+			prev := sp.parts[k-1]
+			if err := sp.cross(prev, p, 0, n, prev.pending); err != nil {
 				return err
 			}
 		}
@@ -222,7 +241,8 @@ func (m *Model) stepSplit(ctx context.Context, tokens []int32, pos0, nOut int) e
 	if nOut == 0 {
 		return nil
 	}
-	if err := sp.cross(sp.parts[len(sp.parts)-1], m, n-nOut, nOut); err != nil {
+	last := sp.parts[len(sp.parts)-1]
+	if err := sp.cross(last, m, n-nOut, nOut, last.pending); err != nil {
 		return err
 	}
 	return m.head(n, nOut)
@@ -237,14 +257,13 @@ func (m *Model) embedTokens(tokens []int32) error {
 	return nil
 }
 
-// runSpan runs layers [lo, hi) of a step on this part, then adds the
-// pending residual so that x is whole when it crosses to the next device
-// (the rows that go on: all n, or after the model's last layer the last
-// nOut). With fetch the layers' weights are asked of Weights, else the
-// ones kept from an earlier step are used (a recorded step).
+// runSpan runs layers [lo, hi) of a step on this part, from the residual
+// stream as the previous part left it (m.pending set by the crossing;
+// false after the embedding). With fetch the layers' weights are asked of
+// Weights, else the ones kept from an earlier step are used (a recorded
+// step).
 func (m *Model) runSpan(ctx context.Context, lo, hi, pos0, n, nOut int, fetch bool) error {
 	c := m.Cfg
-	m.pending = false
 	for l := lo; l < hi; l++ {
 		if fetch {
 			lw, err := m.w.Layer(ctx, l)
@@ -262,27 +281,13 @@ func (m *Model) runSpan(ctx context.Context, lo, hi, pos0, n, nOut int, fetch bo
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
-	if m.pending {
-		rows := n
-		if hi == c.Layers {
-			rows = nOut
-		}
-		a := m.s.rows(n-rows, rows, c)
-		m.pending = false
-		m.err = nil
-		m.add(a.x, a.x, a.xb2, rows*c.Embd)
-		if m.err != nil {
-			return fmt.Errorf("model: layer %d: %w", hi-1, m.err)
-		}
-	}
 	return nil
 }
 
-// head runs the output norm and head on the last nOut of n rows of x
-// (whole: the last part added its residual).
+// head runs the output norm and head on the last nOut of n rows of x (the
+// last block's output still pending, as the crossing left it).
 func (m *Model) head(n, nOut int) error {
 	c := m.Cfg
-	m.pending = false
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
 	m.preNorm(a, m.g.OutputNorm, nOut)
@@ -307,16 +312,22 @@ func (sp *splitState) known() bool {
 }
 
 // stage queues the ops of stage s of a one-token step at pos (see
-// splitState.stages), with the kept weights.
+// splitState.stages), with the kept weights. A stage after the first
+// starts with the last block's output pending (every block of a
+// one-token step leaves it so): set here, not left from the previous call,
+// since a capture runs the stage twice.
 func (m *Model) stage(ctx context.Context, s, pos int) error {
 	sp := m.split
 	if s == len(sp.parts) {
+		m.pending = true
 		return m.head(1, 1)
 	}
 	if s == 0 {
 		if err := m.embedTokens(m.tok1[:]); err != nil {
 			return err
 		}
+	} else {
+		sp.parts[s].pending = true
 	}
 	return sp.parts[s].runSpan(ctx, sp.bounds[s], sp.bounds[s+1], pos, 1, 1, false)
 }
@@ -341,7 +352,7 @@ func (m *Model) decodeSplit(ctx context.Context, tok int32, pos int) error {
 	for s := 0; s <= len(sp.parts); s++ {
 		p := sp.stagePart(s)
 		if s > 0 {
-			if err := sp.cross(sp.stagePart(min(s-1, last)), p, 0, 1); err != nil {
+			if err := sp.cross(sp.stagePart(min(s-1, last)), p, 0, 1, true); err != nil {
 				return err
 			}
 		}
@@ -376,7 +387,7 @@ func (m *Model) decodeSplit(ctx context.Context, tok int32, pos int) error {
 		// The stage may have run part way in place: start it again from
 		// its input.
 		if s > 0 {
-			if err := sp.cross(sp.stagePart(min(s-1, last)), p, 0, 1); err != nil {
+			if err := sp.cross(sp.stagePart(min(s-1, last)), p, 0, 1, true); err != nil {
 				return err
 			}
 		}
