@@ -84,6 +84,9 @@ const gpuReaders = 8
 // only: cancelling it stops loading and fails the readiness futures still
 // pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
+	if o.Backend == nil && len(o.Backends) == 1 {
+		o.Backend = o.Backends[0] // a split over one backend is that backend
+	}
 	if ok, ords, err := isSplit(o); err != nil || ok {
 		if err != nil {
 			return nil, err
