@@ -26,12 +26,10 @@ func (w *Worker) Peer() Peer {
 // ErrNoPeerCopy: the driver has no peer copy (an old library).
 var ErrNoPeerCopy = errors.New("rocm: the driver has no peer copy")
 
-// Result codes of cuCtxEnablePeerAccess / hipDeviceEnablePeerAccess that
-// mean "nothing to do".
-const (
-	resPeerAlreadyEnabled    = 704 // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, hipErrorPeerAccessAlreadyEnabled
-	resHIPPeerAlreadyEnabled = 1051
-)
+// resPeerAlreadyEnabled is CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED (and
+// hipErrorPeerAccessAlreadyEnabled, which copies its number): nothing to
+// do.
+const resPeerAlreadyEnabled = 704
 
 // EnablePeer lets this context's copies and kernels reach p's memory over
 // the link between the two devices (NVLink or PCIe peer-to-peer) where
@@ -60,7 +58,7 @@ func (c *Ctx) EnablePeer(p Peer) (bool, error) {
 		r, _, _ = purego.SyscallN(c.enablePeer, uintptr(p.dev), 0)
 	}
 	switch int32(r) {
-	case resSuccess, resPeerAlreadyEnabled, resHIPPeerAlreadyEnabled:
+	case resSuccess, resPeerAlreadyEnabled:
 		return true, nil
 	}
 	return false, c.err(c.name("cuCtxEnablePeerAccess", "hipDeviceEnablePeerAccess"), int32(r))
