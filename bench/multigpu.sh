@@ -171,7 +171,7 @@ if [ "$q8" = 1 ]; then
   cat $fq >/dev/null
   $bin/forge run --device gpu:0 -m $fq -p "Once upon a time" -n 4 --temp 0 --json --progress plain >"$logs/q8-gpu0.txt" 2>&1
   rc=$?
-  say "Q8_0 $shape on gpu:0 alone: exit $rc: $(grep -oiE '[^:]*out of memory[^"]*' "$logs/q8-gpu0.txt" | head -1 | cut -c1-160)"
+  say "Q8_0 $shape on gpu:0 alone: exit $rc: $(grep -v '^{' "$logs/q8-gpu0.txt" | tail -1 | cut -c1-220)"
   $bin/forge run --device gpu:0,1 -m $fq -p "Once upon a time" -n 32 --temp 0 --json --progress plain >"$logs/q8-split.txt" 2>&1
   rc=$?
   say "Q8_0 $shape on gpu:0,1: exit $rc $(grep -oE '"(first_token_ms|decode_tok_s|ready_ms)":[0-9.]+' "$logs/q8-split.txt" | tr '\n' ' ')"
