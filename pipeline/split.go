@@ -121,6 +121,9 @@ type splitDev struct {
 // openSplitDevices opens every GPU at once (driver contexts, kernels,
 // each device's uploader thread).
 func openSplitDevices(ords []int) ([]*splitDev, error) {
+	if _, err := rocm.OpenAny(); err != nil {
+		return nil, err // the driver: once, not once per device
+	}
 	devs := make([]*splitDev, len(ords))
 	errs := make([]error, len(ords))
 	var wg sync.WaitGroup
