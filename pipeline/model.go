@@ -92,6 +92,8 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 			return nil, err
 		}
 		return openSplit(ctx, path, o, ords)
+	} else if len(ords) == 1 {
+		o.Device = fmt.Sprintf("gpu:%d", ords[0]) // gpu:all on a machine with one GPU
 	}
 	start := time.Now()
 	mem := o.Memory
