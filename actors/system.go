@@ -55,6 +55,11 @@ type Config struct {
 	Hooks       Hooks
 	// Start is when event times count from (default: now).
 	Start time.Time
+	// Order, if set, returns every unit of the plan in the order to load
+	// them (Prefetch, Eager, HostF32): a model split over devices
+	// interleaves the devices' blocks so that every device's copies run
+	// at once. nil: plan order.
+	Order func(p *Plan) []*Unit
 }
 
 // System is the running load pipeline of one model: the actor system with
@@ -123,6 +128,12 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 		return nil, fmt.Errorf("actors: %s: %w", cfg.File.Path, err)
 	}
 
+	first := plan.Units
+	if cfg.Order != nil {
+		if first = cfg.Order(plan); len(first) != len(plan.Units) {
+			return nil, fmt.Errorf("actors: %s: load order of %d units, the plan has %d", cfg.File.Path, len(first), len(plan.Units))
+		}
+	}
 	s := &System{cfg: cfg, plan: plan, all: newFuture("all resident"), closing: make(chan struct{})}
 	s.failFrom.Store(math.MaxInt32)
 	s.ctx, s.cancel = context.WithCancel(ctx)
@@ -135,7 +146,6 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 	s.uploader = root.Spawn(s.props(func() actor.Actor { return &uploader{s: s} }))
 	s.dequant = root.Spawn(s.props(func() actor.Actor { return &dequantizer{s: s} }))
 	s.loader = root.Spawn(s.props(func() actor.Actor { return &loader{s: s} }))
-	first := plan.Units
 	if cfg.Strategy == Lazy {
 		first = plan.Units[:1]
 	}

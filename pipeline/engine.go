@@ -52,7 +52,9 @@ type EngineOptions struct {
 	// Budget caps the bytes all loaded models hold (weights, KV cache,
 	// scratch, as their accountants count them; on the CPU backend the
 	// mapped weights count too). Loading a model that does not fit evicts
-	// idle models, least recently used first. ≤ 0: no budget.
+	// idle models, least recently used first. ≤ 0: no budget. With a
+	// split device ("gpu:0,1") it is each device's: a split model counts
+	// what it holds on its fullest device.
 	Budget int64
 	// Resolve turns a model name into a file path; nil: an existing file,
 	// else Ollama's store, else the Hugging Face cache (store.Default).
@@ -518,7 +520,7 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 		rows, logitRows = int64(batch+seqs), int64(seqs)
 	}
 	scratch := 4 * (rows*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + logitRows*int64(cfg.Vocab) + int64(cfg.QDim()+cfg.KVDim()))
-	return weights + kv + scratch, weights, nil
+	return perDevice(weights+kv+scratch, o), weights, nil
 }
 
 // ctxPositions is the KV cache size Open gives a model of cfg under o
@@ -541,7 +543,7 @@ func (inst *instance) bytes() int64 {
 	select {
 	case <-inst.opened:
 		if inst.m != nil {
-			n = max(n, inst.m.Memory().InUse())
+			n = max(n, inst.m.deviceInUse())
 		}
 	default:
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,9 @@ type Model struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// split is set on a model split over several devices (split.go).
+	split *splitModel
+
 	// Continuous batching (batching.go), with opts.Batching.On.
 	opts      Options
 	batch     batched
@@ -93,6 +97,17 @@ const gpuReaders = 8
 // only: cancelling it stops loading and fails the readiness futures still
 // pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
+	if o.Backend == nil && len(o.Backends) == 1 {
+		o.Backend = o.Backends[0] // a split over one backend is that backend
+	}
+	if ok, ords, err := isSplit(o); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return openSplit(ctx, path, o, ords)
+	} else if len(ords) == 1 {
+		o.Device = fmt.Sprintf("gpu:%d", ords[0]) // gpu:all on a machine with one GPU
+	}
 	start := time.Now()
 	mem := o.Memory
 	if mem == nil {
@@ -341,6 +356,9 @@ func (m *Model) String() string {
 			}
 		default:
 		}
+	}
+	if m.split != nil {
+		name = strings.Join(m.split.names, "+")
 	}
 	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.sys.Strategy())
 }

@@ -49,7 +49,8 @@ func init() {
 			&cli.Int64Flag{Name: "seed", Value: -1, Usage: "random seed (-1: random)"},
 			&cli.IntFlag{Name: "ctx", Aliases: []string{"c", "ctx-size"}, Usage: "context length to allocate (0: the model's, at most 4096)"},
 			&cli.IntFlag{Name: "batch", Value: model.DefaultBatch, Usage: "most prompt tokens per forward step"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N (auto: a GPU if there is one, else cpu)"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage + " (auto: a GPU if there is one, else cpu)"},
+			splitFlag(),
 			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32"},
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "load display on stderr: auto (tty on a terminal, else plain), tty, plain or json"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
@@ -73,8 +74,11 @@ func checkDevice(s string) error {
 		if n, err := strconv.Atoi(s[4:]); err == nil && n >= 0 {
 			return nil
 		}
+		if deviceFlag.MatchString(s) { // gpu:N,M,… or gpu:all: a split
+			return nil
+		}
 	}
-	return usageErrorf("--device %q: want auto, cpu, gpu or gpu:N", s)
+	return usageErrorf("--device %q: want auto, cpu, gpu, gpu:N, gpu:N,M,… or gpu:all", s)
 }
 
 // isTerminal reports whether w is a terminal.
@@ -226,8 +230,12 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	if err := checkGenerate(gopts); err != nil {
 		return err
 	}
+	split, err := splitShares(c)
+	if err != nil {
+		return err
+	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
-		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers")}
+		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split}
 	if s := c.String("throttle"); s != "" {
 		rate, err := parseBytes(s)
 		if err != nil || rate == 0 {

@@ -113,6 +113,7 @@ type Backend struct {
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
 	graphs map[*stepGraph]bool // live recorded steps, destroyed by Close
 	prof   *profiler           // per-kernel timing, when on (step.go)
+	peer   peerState           // copies from other devices (peer.go)
 }
 
 type devBuf struct {
@@ -421,6 +422,7 @@ func (b *Backend) release() error {
 		keep(b.freeLayout(c))
 		keep(b.prof.release(c))
 		b.prof = nil
+		keep(b.releasePeer(c))
 		for _, d := range b.scratch {
 			keep(c.Free(d.ptr, d.size))
 		}
