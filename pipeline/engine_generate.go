@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/forge-llm/forge/pipeline/chat"
 	"github.com/forge-llm/forge/pipeline/sample"
@@ -13,6 +14,9 @@ import (
 
 // EngineRequest is one request to an Engine.
 type EngineRequest struct {
+	// ID names the request in logs and results; empty: one is made up
+	// ("req-N") when it starts.
+	ID    string
 	Model string
 	// Prompt is the text to complete, used when Messages is nil.
 	Prompt string
@@ -35,14 +39,34 @@ type EngineRequest struct {
 	// start of a stop string is held back until it is known not to be.
 	// An error from it ends the request with that error.
 	OnText func(delta string) error
+	// Tools are the functions the model may call: the template renders
+	// them, and the output is parsed back as calls in the model's format
+	// (EngineResult.ToolCalls). See ToolChoice.
+	Tools []chat.Tool
+	// ToolChoice is OpenAI's tool_choice: "" or "auto", "none" (tools are
+	// not offered), "required" (the answer must be a call) or a function's
+	// name (a call of it).
+	ToolChoice string
+	// Constrain, when set, is asked for a token constraint before the
+	// request runs (the hook constrained decoding plugs into, see
+	// Constraint).
+	Constrain ConstraintFactory
 }
 
 // EngineResult is a finished engine request.
 type EngineResult struct {
 	Result
-	// FinishReason is "stop" (end of generation or a stop string) or
-	// "length" (MaxTokens or a full context), as OpenAI's API says it.
-	FinishReason string
+	// RequestID is EngineRequest.ID, or the id made up for the request.
+	RequestID string
+	// FinishReason is "stop" (end of generation or a stop string),
+	// "length" (MaxTokens or a full context) or "tool_calls", as OpenAI's
+	// API says it.
+	FinishReason FinishReason
+	// ToolCalls are the calls parsed from the output, for a request with
+	// Tools; Text is then what the model wrote besides them.
+	ToolCalls []chat.ToolCall
+	// Usage has the request's counts and timings.
+	Usage Usage
 }
 
 // errStopString ends a request whose output reached a stop string.
@@ -70,6 +94,10 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 var ErrContextLength = errors.New("pipeline: prompt longer than the context")
 
 func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, error) {
+	arrived := time.Now()
+	if r.ID == "" {
+		r.ID = newRequestID()
+	}
 	lease, err := e.Acquire(ctx, r.Model)
 	if err != nil {
 		return EngineResult{}, err
@@ -94,8 +122,25 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return EngineResult{}, fmt.Errorf("%w: %d prompt tokens, the context holds %d", ErrContextLength, len(ids), n)
 	}
 	o.PromptIDs = ids
+	if r.Constrain != nil {
+		tok, err := m.Tokenizer(ctx)
+		if err != nil {
+			return EngineResult{}, err
+		}
+		c, err := r.Constrain(tok, &r)
+		if err != nil {
+			return EngineResult{}, err
+		}
+		o.Sampling.Constraint = c
+	}
+	admitted := time.Now()
+	var first, last time.Time
 	st := &stopper{stops: r.Stop}
 	o.OnToken = func(t Token) error {
+		last = time.Now()
+		if first.IsZero() {
+			first = last
+		}
 		delta, hit := st.add(t.Text)
 		if delta != "" && r.OnText != nil {
 			if err := r.OnText(delta); err != nil {
@@ -108,10 +153,15 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return nil
 	}
 	res, err := m.Generate(ctx, r.Prompt, o)
-	out := EngineResult{Result: res}
+	out := EngineResult{Result: res, RequestID: r.ID}
+	out.Usage = Usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens), Queued: admitted.Sub(arrived)}
+	if !first.IsZero() {
+		// OnToken's writes are ordered before Generate's return.
+		out.Usage.FirstToken, out.Usage.Decode = first.Sub(admitted), last.Sub(first)
+	}
 	switch {
 	case errors.Is(err, errStopString):
-		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", "stop"
+		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", FinishStop
 		return out, nil
 	case err != nil:
 		return out, e.fail(lease.ent, lease.inst, err)
@@ -122,9 +172,9 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		}
 	}
 	out.Text = st.text()
-	out.FinishReason = "stop"
+	out.FinishReason = FinishStop
 	if res.Stop == "max_tokens" || res.Stop == "context_full" {
-		out.FinishReason = "length"
+		out.FinishReason = FinishLength
 	}
 	return out, nil
 }
