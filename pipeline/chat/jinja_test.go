@@ -127,3 +127,12 @@ func TestGolden(t *testing.T) {
 		}
 	}
 }
+
+func parseFile(t *testing.T, name string) (*Template, error) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata/templates", name+".jinja"))
+	if err != nil {
+		return nil, err
+	}
+	return Parse(string(b))
+}
