@@ -68,6 +68,11 @@ type EngineOptions struct {
 	// used are forgotten. Models added with Add are always kept. ≤ 0:
 	// DefaultMaxNames.
 	MaxNames int
+	// ToolConstraint constrains the answers of requests with tools and
+	// no Constrain of their own: the hook where constrained decoding holds
+	// the model to its tool-call format and the arguments to the function's
+	// schema (nil: answers are parsed as the model writes them).
+	ToolConstraint ConstraintFactory
 }
 
 // ModelState is where a model is in its life.

@@ -110,8 +110,13 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	// length checked before it is queued: a long prompt neither waits in
 	// the queue nor touches the KV cache only to be refused.
 	var ids []int32
+	var tmpl *chat.Template
+	tools, err := offeredTools(&r)
+	if err != nil {
+		return EngineResult{}, err
+	}
 	if r.Messages != nil {
-		ids, err = chatPrompt(ctx, m, r.Messages, r.Template)
+		ids, tmpl, err = chatPromptTools(ctx, m, r.Messages, r.Template, tools)
 	} else {
 		ids, err = textPrompt(ctx, m, r.Prompt)
 	}
@@ -122,6 +127,14 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return EngineResult{}, fmt.Errorf("%w: %d prompt tokens, the context holds %d", ErrContextLength, len(ids), n)
 	}
 	o.PromptIDs = ids
+	if tools != nil && tmpl == nil {
+		return EngineResult{}, fmt.Errorf("%w: tools need a chat request (messages)", ErrToolChoice)
+	}
+	if r.Constrain == nil && tools != nil {
+		// Where constrained decoding holds a call to its format and
+		// arguments to the function's schema.
+		r.Constrain = e.o.ToolConstraint
+	}
 	if r.Constrain != nil {
 		tok, err := m.Tokenizer(ctx)
 		if err != nil {
@@ -142,7 +155,9 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 			first = last
 		}
 		delta, hit := st.add(t.Text)
-		if delta != "" && r.OnText != nil {
+		// With tools the answer may be a call: it is parsed once whole,
+		// and only its content streamed.
+		if delta != "" && r.OnText != nil && tools == nil {
 			if err := r.OnText(delta); err != nil {
 				return err
 			}
@@ -160,21 +175,33 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		out.Usage.FirstToken, out.Usage.Decode = first.Sub(admitted), last.Sub(first)
 	}
 	switch {
-	case errors.Is(err, errStopString):
+	case errors.Is(err, errStopString) && tools == nil:
 		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", FinishStop
 		return out, nil
+	case errors.Is(err, errStopString):
+		// A stop string with tools: the text up to it is parsed below.
+		out.Stop = "stop_string"
 	case err != nil:
 		return out, e.fail(lease.ent, lease.inst, err)
 	}
-	if rest := st.flush(); rest != "" && r.OnText != nil {
-		if err := r.OnText(rest); err != nil {
-			return out, err
-		}
-	}
+	rest := st.flush()
 	out.Text = st.text()
 	out.FinishReason = FinishStop
 	if res.Stop == "max_tokens" || res.Stop == "context_full" {
 		out.FinishReason = FinishLength
+	}
+	if tools != nil {
+		out.Text, out.ToolCalls = chat.ParseToolCalls(tmpl.Family, out.Text)
+		if out.ToolCalls != nil {
+			toolCallIDs(r.ID, out.ToolCalls)
+			out.FinishReason = FinishToolCalls
+		}
+		rest = out.Text
+	}
+	if rest != "" && r.OnText != nil {
+		if err := r.OnText(rest); err != nil {
+			return out, err
+		}
 	}
 	return out, nil
 }
@@ -201,15 +228,22 @@ func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
 // never in the messages' content. BOS comes from the template when it
 // writes one, else as the vocabulary asks.
 func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.Template) ([]int32, error) {
+	ids, _, err := chatPromptTools(ctx, m, msgs, tmpl, nil)
+	return ids, err
+}
+
+// chatPromptTools is chatPrompt with the tools the template renders; it
+// returns the template used (its Family says how calls are written).
+func chatPromptTools(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.Template, tools []chat.Tool) ([]int32, *chat.Template, error) {
 	if tmpl == nil {
 		var err error
 		if tmpl, err = chat.Parse(m.ChatTemplate()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	tok, err := m.Tokenizer(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var bos, eos string
 	if tok.BOS() >= 0 {
@@ -218,9 +252,9 @@ func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.T
 	if tok.EOS() >= 0 {
 		eos = tok.Token(tok.EOS())
 	}
-	segs, err := tmpl.RenderSegments(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
+	segs, err := tmpl.RenderSegments(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true, Tools: tools})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tsegs := make([]tokenizer.Segment, len(segs))
 	for i, sg := range segs {
@@ -230,9 +264,9 @@ func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.T
 	addBOS := tok.ShouldAddBOS() && (bos == "" || !startsBOS)
 	ids, err := tok.EncodeSegments(ctx, tsegs, tokenizer.EncodeOptions{AddBOS: addBOS})
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
+		return nil, nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
 	}
-	return ids, nil
+	return ids, tmpl, nil
 }
 
 // stopper cuts the output at the first stop string, holding back any
