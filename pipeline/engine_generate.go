@@ -124,7 +124,7 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return EngineResult{}, err
 	}
 	if n := ctxPositions(m.Config(), e.o.Open); len(ids) > n {
-		return EngineResult{}, fmt.Errorf("%w: %d prompt tokens, the context holds %d", ErrContextLength, len(ids), n)
+		return EngineResult{}, &ContextLengthError{Prompt: len(ids), Context: n}
 	}
 	o.PromptIDs = ids
 	if tools != nil && tmpl == nil {
