@@ -24,6 +24,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -115,9 +117,14 @@ var chatmlDefault = regexp.MustCompile(`'<\|im_start\|>system(?:\\n|\n)((?:[^'\\
 
 // Parse compiles a template's source and recognises its family. A source
 // the Jinja engine cannot compile is an error wrapping ErrUnsupported.
+// Templates are cached by source: the one returned may be shared, and is
+// not to be modified.
 func Parse(src string) (*Template, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, ErrNoTemplate
+	}
+	if t, ok := parsed.Load(src); ok {
+		return t.(*Template), nil
 	}
 	c, err := compile(src)
 	if err != nil {
@@ -129,8 +136,22 @@ func Parse(src string) (*Template, error) {
 			t.DefaultSystem = unescape(m[1])
 		}
 	}
+	if parsedN.Add(1) <= maxParsed {
+		parsed.Store(src, t)
+	}
 	return t, nil
 }
+
+// parsed caches compiled templates by source: a server parses its models'
+// templates on every chat request, and a compiled template is read-only
+// (safe for concurrent renders). At most maxParsed are kept, so sources
+// sent by clients (--chat-template files, tests) cannot grow it without
+// bound.
+var (
+	parsed    sync.Map // source → *Template
+	parsedN   atomic.Int64
+	maxParsed int64 = 256
+)
 
 // detect names a template's family by the markers it writes.
 func detect(src string) Family {

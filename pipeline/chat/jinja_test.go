@@ -128,7 +128,7 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-func parseFile(t *testing.T, name string) (*Template, error) {
+func parseFile(t testing.TB, name string) (*Template, error) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata/templates", name+".jinja"))
 	if err != nil {
