@@ -137,6 +137,9 @@ type Engine struct {
 	// closed by Close): a swap costs the model's own memory and copies,
 	// not a context, kernel modules, cuBLAS and a pinned ring.
 	gpu *sharedGPU
+	// subs are the subscriptions taken with Engine.Subscribe, closed by
+	// Close (engine_subscribe.go).
+	subs map[*Subscription]struct{}
 }
 
 // alias is another name of an entry's file.
@@ -924,9 +927,14 @@ func (e *Engine) Close() error {
 			victims = append(victims, e.detach(ent, StateUnloaded))
 		}
 	}
+	subs := e.subs
+	e.subs = nil
 	e.mu.Unlock()
 	e.closeAll(victims)
 	e.wg.Wait()
 	e.gpu.close() // after every model, including victims closed by Acquire
+	for sub := range subs {
+		sub.Close()
+	}
 	return nil
 }
