@@ -128,3 +128,27 @@ func TestEngineToolCalls(t *testing.T) {
 		t.Fatalf("unknown tool choice: %v", err)
 	}
 }
+
+// A Session with tools: the call joins the conversation, the tool's
+// result is added, and Continue has the model answer it.
+func TestSessionTools(t *testing.T) {
+	path := templateModel(t, "Qwen-Qwen2.5-7B-Instruct")
+	e := newTestEngine(t, EngineOptions{Open: Options{Ctx: 4096}, ToolConstraint: scriptedTools(chat.Hermes, "It is sunny in Paris.")})
+	s := e.NewSession(path, SessionOptions{Tools: []chat.Tool{weatherTool}, MaxTokens: 200})
+	res, err := s.Send(t.Context(), "Weather in Paris?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FinishReason != FinishToolCalls || len(res.ToolCalls) != 1 {
+		t.Fatalf("first turn %+v", res)
+	}
+	s.AddToolResult(res.ToolCalls[0].ID, "get_weather", `{"sky":"sunny"}`)
+	final, err := collectStream(s.Continue(t.Context()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := s.Messages()
+	if strings.TrimSpace(final.Text) != "It is sunny in Paris." || len(msgs) != 4 || len(msgs[1].ToolCalls) != 1 || msgs[2].Role != "tool" || msgs[3].Content != final.Text {
+		t.Fatalf("final %q, conversation %+v", final.Text, msgs)
+	}
+}

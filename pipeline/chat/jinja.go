@@ -133,6 +133,8 @@ func templateData(msgs []Message, o Options) (map[string]jinja.Value, error) {
 
 // messageValue is one message as templates read it: the keys a message
 // has in the OpenAI request (a template tests "'tool_calls' in message"),
+// content always a string (OpenAI's null content of a call-only turn is
+// "": several templates concatenate it and fail on None),
 // a call's arguments as the object they encode (templates write them with
 // tojson or iterate over them, as transformers expects).
 func messageValue(m Message) (jinja.Value, error) {
