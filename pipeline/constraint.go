@@ -14,8 +14,12 @@ type Constraint = sample.Constraint
 // tokenizer is known. This is where constrained decoding plugs in: a JSON
 // schema or grammar compiled to a token automaton, or, for a request with
 // tools, the tool-call format of the model with the arguments held to the
-// function's parameters schema (see ToolConstraint). It is called once per
-// request, before the request is queued; an error refuses the request.
+// function's parameters schema (EngineOptions.ToolConstraint). It is
+// called once per request, before the request is queued, with the request
+// as it runs: r.Template is the template its prompt was rendered with (nil
+// for a completion), whose Family gives the call format (chat.ToolCallText
+// writes it; the schema is r.Tools[i].Function.Parameters, the tools
+// offered depend on r.ToolChoice). An error refuses the request.
 type ConstraintFactory func(tok *tokenizer.Tokenizer, r *EngineRequest) (Constraint, error)
 
 // ForceText is a ConstraintFactory whose output is exactly text (encoded

@@ -136,6 +136,9 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		r.Constrain = e.o.ToolConstraint
 	}
 	if r.Constrain != nil {
+		// The factory sees the template the prompt was rendered with:
+		// its Family says how the model writes a call (chat.ToolCallText).
+		r.Template = tmpl
 		tok, err := m.Tokenizer(ctx)
 		if err != nil {
 			return EngineResult{}, err
