@@ -111,6 +111,15 @@ func TestErrors(t *testing.T) {
 	if _, err := tm.Render([]Message{{Role: "robot", Content: "a"}}, Options{}); err == nil || !strings.Contains(err.Error(), "role") {
 		t.Errorf("robot role: %v", err)
 	}
+	// A template that fails at run time (here a filter the engine lacks) is
+	// ErrUnsupported, not the conversation's fault.
+	tb, err := Parse("{{ messages | nosuchfilter }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Render(conversation[:1], Options{}); !errors.Is(err, ErrUnsupported) || errors.Is(err, ErrConversation) {
+		t.Errorf("failing template: %v", err)
+	}
 	// Gemma refuses a system message: its own words, as ErrConversation.
 	tg, err := Parse(tmplGemma)
 	if err != nil || tg.Family != Gemma {

@@ -65,7 +65,9 @@ func renderJinja(t *jinja.Template, msgs []Message, o Options) (string, error) {
 		if i := strings.Index(msg, raised); i >= 0 {
 			return "", fmt.Errorf("%w: the template refuses it: %s", ErrConversation, strings.ReplaceAll(msg[i+len(raised):], raised, ""))
 		}
-		return "", fmt.Errorf("chat: rendering the template: %w", err)
+		// The template itself failed (a construct the engine does not
+		// support, a type error): not the conversation's fault.
+		return "", fmt.Errorf("%w: rendering the template failed: %w", ErrUnsupported, err)
 	}
 	return out, nil
 }
