@@ -41,7 +41,9 @@ type EngineRequest struct {
 	OnText func(delta string) error
 	// Tools are the functions the model may call: the template renders
 	// them, and the output is parsed back as calls in the model's format
-	// (EngineResult.ToolCalls). See ToolChoice.
+	// (EngineResult.ToolCalls). Content streams to OnText as it comes;
+	// text that opens a call in that format is held, parsed once the
+	// answer is whole, and never streamed. See ToolChoice.
 	Tools []chat.Tool
 	// ToolChoice is OpenAI's tool_choice: "" or "auto", "none" (tools are
 	// not offered), "required" (the answer must be a call) or a function's
@@ -152,18 +154,27 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	admitted := time.Now()
 	var first, last time.Time
 	st := &stopper{stops: r.Stop}
+	// With tools the answer may be a call: the streamer holds what may be
+	// one until the answer is whole and parsed; content streams.
+	var ts *toolStreamer
+	sent := 0 // bytes handed to OnText
+	if tools != nil {
+		ts = newToolStreamer(tmpl.Family)
+	}
 	o.OnToken = func(t Token) error {
 		last = time.Now()
 		if first.IsZero() {
 			first = last
 		}
 		delta, hit := st.add(t.Text)
-		// With tools the answer may be a call: it is parsed once whole,
-		// and only its content streamed.
-		if delta != "" && r.OnText != nil && tools == nil {
+		if ts != nil {
+			delta = ts.add(delta)
+		}
+		if delta != "" && r.OnText != nil {
 			if err := r.OnText(delta); err != nil {
 				return err
 			}
+			sent += len(delta)
 		}
 		if hit {
 			return errStopString
@@ -193,13 +204,13 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	if res.Stop == "max_tokens" || res.Stop == "context_full" {
 		out.FinishReason = FinishLength
 	}
-	if tools != nil {
-		out.Text, out.ToolCalls = chat.ParseToolCalls(tmpl.Family, out.Text)
+	if ts != nil {
+		out.Text, out.ToolCalls = ts.finish(tmpl.Family, out.Text, sent)
 		if out.ToolCalls != nil {
 			toolCallIDs(r.ID, out.ToolCalls)
 			out.FinishReason = FinishToolCalls
 		}
-		rest = out.Text
+		rest = out.Text[sent:]
 	}
 	if rest != "" && r.OnText != nil {
 		if err := r.OnText(rest); err != nil {
