@@ -3,6 +3,7 @@ module github.com/forge-llm/forge
 go 1.26.8
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9
 	github.com/creack/pty v1.1.24
 	github.com/dustin/go-humanize v1.1.0

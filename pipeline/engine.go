@@ -70,6 +70,11 @@ type EngineOptions struct {
 	// used are forgotten. Models added with Add are always kept. ≤ 0:
 	// DefaultMaxNames.
 	MaxNames int
+	// ToolConstraint constrains the answers of requests with tools and
+	// no Constrain of their own: the hook where constrained decoding holds
+	// the model to its tool-call format and the arguments to the function's
+	// schema (nil: answers are parsed as the model writes them).
+	ToolConstraint ConstraintFactory
 }
 
 // ModelState is where a model is in its life.
@@ -138,6 +143,9 @@ type Engine struct {
 	// closed by Close): a swap costs the model's own memory and copies,
 	// not a context, kernel modules, cuBLAS and a pinned ring.
 	gpu *sharedGPU
+	// subs are the subscriptions taken with Engine.Subscribe, closed by
+	// Close (engine_subscribe.go).
+	subs map[*Subscription]struct{}
 }
 
 // alias is another name of an entry's file.
@@ -981,9 +989,14 @@ func (e *Engine) Close() error {
 			victims = append(victims, e.detach(ent, StateUnloaded))
 		}
 	}
+	subs := e.subs
+	e.subs = nil
 	e.mu.Unlock()
 	e.closeAll(victims)
 	e.wg.Wait()
 	e.gpu.close() // after every model, including victims closed by Acquire
+	for sub := range subs {
+		sub.Close()
+	}
 	return nil
 }

@@ -265,6 +265,7 @@ type ollamaRequest struct {
 	System   string         `json:"system"`
 	Raw      bool           `json:"raw"`
 	Messages []chat.Message `json:"messages"`
+	Tools    []chat.Tool    `json:"tools"`
 	Stream   *bool          `json:"stream"`
 	Options  ollamaOptions  `json:"options"`
 }
@@ -288,12 +289,16 @@ func (s *server) ollamaDecode(r *http.Request, chatReq bool) (ollamaRequest, pip
 			return req, er, badRequest("messages must be a non-empty array")
 		}
 		for i, m := range req.Messages {
-			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
-				return req, er, badRequest("messages[%d].role %q is not system, user or assistant", i, m.Role)
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" && m.Role != "tool" {
+				return req, er, badRequest("messages[%d].role %q is not system, user, assistant or tool", i, m.Role)
 			}
 			total += int64(len(m.Content))
 		}
 		er.Messages = req.Messages
+		if err := checkTools(req.Tools); err != nil {
+			return req, er, err
+		}
+		er.Tools = req.Tools
 	} else {
 		total = int64(len(req.Prompt) + len(req.System))
 		switch {
@@ -421,7 +426,7 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request, chatReq 
 		s.ollamaError(w, r, er.Model, err)
 		return
 	}
-	m := text(res.Text)
+	m := ollamaWithCalls(text(res.Text), res.ToolCalls)
 	for k, v := range ollamaStats(res, start, loaded, first, time.Now()) {
 		m[k] = v
 	}
@@ -496,6 +501,9 @@ func (s *server) ollamaStream(ctx context.Context, w http.ResponseWriter, r *htt
 			msg = "the server is shutting down"
 		}
 		send(map[string]any{"error": msg})
+		return
+	}
+	if len(o.res.ToolCalls) > 0 && !send(ollamaWithCalls(text(""), o.res.ToolCalls)) {
 		return
 	}
 	m := text("")

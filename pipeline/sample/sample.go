@@ -50,6 +50,11 @@ type Params struct {
 	// the whole row, so it is set only when a caller asks.
 	OnLogprob   func(Logprob) `json:"-"`
 	TopLogprobs int           // alternatives given to OnLogprob, at most 20
+
+	// Constraint, when set, restricts every pick to the tokens it allows
+	// (constrained decoding; see Constraint). It makes a greedy pick read
+	// the whole row.
+	Constraint Constraint `json:"-"`
 }
 
 // Logprob is one pick's log-probability and the most likely tokens'.
@@ -77,7 +82,7 @@ func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
 // a greedy pick (a penalty changes them, or OnLogprob reads them), so
 // that the model's argmax cannot stand in for it.
 func (p Params) FullRow() bool {
-	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil
+	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil || p.Constraint != nil
 }
 
 // candidate is one token still in the running.
@@ -109,6 +114,8 @@ type Sampler struct {
 	counts  []int32
 	seen    []int32
 	sampled bool
+
+	allow []bool // Constraint's mask, reused
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -175,6 +182,9 @@ func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPen
 // repetition penalty; one accepted after a Sample is a generated token,
 // counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
+	if s.p.Constraint != nil && s.sampled {
+		s.p.Constraint.Accept(id)
+	}
 	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
 		if s.counts[id] == 0 {
 			s.seen = append(s.seen, id)
@@ -264,6 +274,11 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 	}
 	s.applyPenalty(c)
 	s.applyOpenAIPenalties(c)
+	if s.p.Constraint != nil {
+		if c = s.constrain(c); len(c) == 0 {
+			return 0, fmt.Errorf("sample: the constraint allows no token: %w", ErrNoLogits)
+		}
+	}
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}
