@@ -52,21 +52,21 @@ for phase in "$@"; do
   load) # N clients x 128 tokens, forge vs llama-server, one run
     llama_up && {
       $F bench serve -m l8=$L8 --device gpu --clients "$CLIENTS" --prompt-tokens 32 --max-tokens 128 \
-        --requests-per-client ${RPC:-2} --peer-url llama=http://127.0.0.1:8090 --svg "$o/load.svg" --json >"$o/load.json" 2>"$o/load.err"
+        --requests-per-client ${RPC:-2} --peer-url llama=http://127.0.0.1:8090 --peer-api llama --svg "$o/load.svg" --json >"$o/load.json" 2>"$o/load.err"
       echo "rc=$?" >>"$o/load.err"
       # the table from the same JSON is not re-run: print the human table from a second, short pass
       $F bench serve -m l8=$L8 --device gpu --clients 1 --prompt-tokens 10 --max-tokens 16 --requests-per-client 8 \
-        --peer-url llama=http://127.0.0.1:8090 >"$o/short.txt" 2>&1
+        --peer-url llama=http://127.0.0.1:8090 --peer-api llama >"$o/short.txt" 2>&1
       llama_down
     } ;;
   table) # the same as load, as a table
     llama_up && {
       $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=64 --clients "$CLIENTS" --prompt-tokens 32 --max-tokens 128 \
-        --requests-per-client ${RPC:-2} --peer-url llama=http://127.0.0.1:8090 --svg "$o/load.svg" >"$o/load.txt" 2>&1
+        --requests-per-client ${RPC:-2} --peer-url llama=http://127.0.0.1:8090 --peer-api llama --svg "$o/load.svg" >"$o/load.txt" 2>&1
       echo "rc=$?" >>"$o/load.txt"
       # a resident model's first token for a 10-token prompt, over HTTP
       $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=64 --clients 1 --prompt-tokens 10 --max-tokens 16 \
-        --requests-per-client 8 --peer-url llama=http://127.0.0.1:8090 >"$o/short.txt" 2>&1
+        --requests-per-client 8 --peer-url llama=http://127.0.0.1:8090 --peer-api llama >"$o/short.txt" 2>&1
       echo "rc=$?" >>"$o/short.txt"
       llama_down
     } ;;
@@ -85,7 +85,7 @@ for phase in "$@"; do
   turns) # batching on: a GPU server without --batch-seqs runs one sequence at a time, with no prefix cache
     llama_up 4 4096 && {
       $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=16 --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 \
-        --peer-url llama=http://127.0.0.1:8090 >"$o/turns.txt" 2>&1
+        --peer-url llama=http://127.0.0.1:8090 --peer-api llama >"$o/turns.txt" 2>&1
       echo "rc=$?" >>"$o/turns.txt"
       llama_down
     } ;;

@@ -19,6 +19,12 @@ type Target struct {
 	// Models are the ids sent as "model"; clients take them in turn
 	// (client i uses Models[i%len]). Empty: no model field.
 	Models []string `json:"models,omitempty"`
+	// API is how requests are sent: "" or "openai" (streaming
+	// /v1/completions), or "llama" for llama-server's own streaming
+	// /completion, whose newer versions refuse to send OpenAI streams of
+	// text their chat parser cannot match (a random-weight model's
+	// output) with "does not match the expected Content-only format".
+	API string `json:"api,omitempty"`
 }
 
 func (t Target) model(i int) string {
@@ -209,6 +215,9 @@ func (c *Config) send(ctx context.Context, t Target, r request) outcome {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.RequestTimeout)
 		defer cancel()
+	}
+	if t.API == "llama" {
+		return completeLlama(ctx, c.Client, t.URL, r)
 	}
 	return complete(ctx, c.Client, t.URL, r)
 }
