@@ -409,9 +409,15 @@ func TestTurns(t *testing.T) {
 			prev = p
 		}
 	}
+	// Alone, a turn sends what it added: turn 1 its whole prompt (history
+	// and 5 words), later turns the reply before them (2 words) and 5 new.
 	for _, r := range rep.Requests {
-		if r.Kind == "alone" && r.PromptWords != 5 {
-			t.Errorf("alone request of %d words", r.PromptWords)
+		want := 7
+		if r.Turn == 1 {
+			want = 45
+		}
+		if r.Kind == "alone" && r.PromptWords != want {
+			t.Errorf("alone request of turn %d: %d words, want %d", r.Turn, r.PromptWords, want)
 		}
 	}
 	for i, ts := range rep.Turns {
