@@ -148,7 +148,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs})
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic})
 	if err != nil {
 		return nil, err
 	}
