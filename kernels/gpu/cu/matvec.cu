@@ -569,8 +569,18 @@ KERNEL void __launch_bounds__(128) mv_q6_k_s2(const u8* w, const float* x, float
 // a dot product of random data (the conformance bound for quantized weights
 // allows 2 %).
 
+// On AMD the four-way int8 dot product is an instruction where the target
+// has one (v_dot4_i32_i8: CDNA and gfx906, RDNA2; v_dot4_i32_iu8 with
+// signed operands: RDNA3/4); elsewhere four multiply-adds.
 #if defined(FORGE_CUDA)
 DEV int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__) || defined(__gfx1030__) || defined(__gfx1031__) ||  \
+    defined(__gfx1032__) || defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+DEV int dp4a(int a, int b, int c) { return __builtin_amdgcn_sdot4(a, b, c, false); }
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+DEV int dp4a(int a, int b, int c) { return __builtin_amdgcn_sudot4(true, a, true, b, c, false); }
 #else
 DEV int dp4a(int a, int b, int c) {
   return c + (int)(i8)a * (int)(i8)b + (int)(i8)(a >> 8) * (int)(i8)(b >> 8) +
