@@ -1,0 +1,175 @@
+package constrain
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrRejected is wrapped by Accept for a token the grammar does not allow.
+var ErrRejected = errors.New("constrain: token not allowed by the grammar")
+
+// Matcher follows one sequence through a grammar. Accept a token, then
+// Allowed gives the mask for the next one; the mask is computed in the
+// background from Accept on, so it overlaps whatever the caller does in
+// between (the model's forward step). A Matcher is used by one goroutine
+// at a time; Close waits for its background work.
+type Matcher struct {
+	g      *Grammar
+	v      *Vocab
+	e      *engine
+	cache  *maskCache
+	state  int32
+	budget int // tokens the sequence may still generate; < 0: unlimited
+	done   bool
+
+	// The background computation: ready is closed when mask and err are
+	// set; nil when nothing is in flight.
+	ready   chan struct{}
+	valid   bool // mask and err are those of the current state
+	mask    []uint64
+	err     error
+	own     []uint64 // this matcher's mask buffer (a cached mask is shared)
+	stk     []int32
+	keyBuf  []byte
+	byState map[int32]*maskEntry
+}
+
+// NewMatcher starts a sequence at the beginning of the grammar and starts
+// computing its first mask. budget is the most tokens the sequence may
+// generate (≤ 0: unlimited); tokens that would leave the output impossible
+// to complete within it are masked.
+func (g *Grammar) NewMatcher(v *Vocab, budget int) *Matcher {
+	if budget <= 0 {
+		budget = -1
+	}
+	m := &Matcher{g: g, v: v, e: newEngine(g), cache: g.caches.of(v), budget: budget,
+		own: make([]uint64, (v.n+63)/64), stk: make([]int32, v.depth+1), byState: map[int32]*maskEntry{}}
+	m.state = m.e.start()
+	m.launch()
+	return m
+}
+
+func (m *Matcher) launch() {
+	ready := make(chan struct{})
+	m.ready = ready
+	go func() {
+		defer close(ready)
+		m.mask, m.err = m.compute()
+	}()
+}
+
+// wait ends the background computation, if any.
+func (m *Matcher) wait() {
+	if m.ready != nil {
+		<-m.ready
+		m.ready = nil
+		m.valid = true
+	}
+}
+
+// compute returns the allowed tokens in the current state: the cached
+// mask when the budget does not bind, else a fresh walk.
+func (m *Matcher) compute() ([]uint64, error) {
+	if m.done {
+		return nil, fmt.Errorf("constrain: the sequence already ended")
+	}
+	ent := m.byState[m.state]
+	if ent == nil {
+		m.keyBuf = m.e.key(m.state, m.keyBuf)
+		ent = m.cache.get(m.keyBuf)
+		if ent == nil {
+			mask := make([]uint64, len(m.own))
+			d := m.e.computeMask(m.v, m.state, -1, mask, m.stk)
+			ent = &maskEntry{mask: mask, maxDist: d}
+			m.cache.put(m.keyBuf, ent)
+		}
+		m.byState[m.state] = ent
+	}
+	if m.budget < 0 || int32(m.budget-1) >= ent.maxDist {
+		return ent.mask, nil
+	}
+	m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk)
+	return m.own, nil
+}
+
+// Allowed returns the tokens that may come next as a bitset (bit id%64 of
+// word id/64), waiting for the background computation. The slice is
+// read-only and valid until the next Accept.
+func (m *Matcher) Allowed() ([]uint64, error) {
+	if m.ready == nil && !m.valid {
+		m.launch()
+	}
+	m.wait()
+	return m.mask, m.err
+}
+
+// Accept advances past token id and starts computing the next mask. An
+// end-of-generation token ends the sequence; it is allowed only when the
+// output is complete. A token the grammar rejects is an error wrapping
+// ErrRejected and leaves the state unchanged.
+func (m *Matcher) Accept(id int32) error {
+	m.wait()
+	if m.done {
+		return fmt.Errorf("constrain: token %d after the end: %w", id, ErrRejected)
+	}
+	if slices.Contains(m.v.eog, id) {
+		if !m.e.states[m.state].complete {
+			return fmt.Errorf("constrain: end of generation before the output is complete: %w", ErrRejected)
+		}
+		m.done = true
+		return nil
+	}
+	p, ok := m.v.piece(id)
+	if !ok {
+		return fmt.Errorf("constrain: token %d has no text: %w", id, ErrRejected)
+	}
+	s := m.state
+	for _, b := range p {
+		if s = m.e.next(s, b); s < 0 {
+			return fmt.Errorf("constrain: token %d (%q): %w", id, p, ErrRejected)
+		}
+	}
+	m.state = s
+	if m.budget > 0 {
+		m.budget--
+	}
+	m.valid = false
+	m.launch()
+	return nil
+}
+
+// Complete reports whether the output so far is a whole sentence of the
+// grammar (an end-of-generation token would be allowed).
+func (m *Matcher) Complete() bool {
+	m.wait()
+	return m.e.states[m.state].complete
+}
+
+// Close waits for the background computation; the Matcher is not used
+// after.
+func (m *Matcher) Close() {
+	m.wait()
+	m.done = true
+}
+
+// piece returns the bytes of token id.
+func (v *Vocab) piece(id int32) ([]byte, bool) {
+	if id < 0 || int(id) >= len(v.pieces) || len(v.pieces[id]) == 0 {
+		return nil, false
+	}
+	return v.pieces[id], true
+}
+
+// Accepts reports whether s is a complete sentence of g (for tests and
+// for checking output after the fact).
+func (g *Grammar) Accepts(s string) bool {
+	e := newEngine(g)
+	st := e.start()
+	for i := 0; i < len(s); i++ {
+		if st = e.next(st, s[i]); st < 0 {
+			return false
+		}
+	}
+	return e.states[st].complete
+}
