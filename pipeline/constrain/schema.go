@@ -62,7 +62,7 @@ type Converter struct {
 	rules  map[string]string // a reserved name maps to ""
 	order  []string
 	listed map[string]bool
-	names map[string]int
+	names  map[string]int
 	// Per AddSchema: the document (for $ref) and the rules of its refs.
 	doc  any
 	refs map[string]string

@@ -14,9 +14,9 @@ type Vocab struct {
 	n      int
 	eog    []int32
 	pieces [][]byte
-	nodes []trieNode // preorder; a node's depth is 1 + its parent's
-	toks  []int32    // tokens ending at a node: toks[nodes[i].tok0:nodes[i].tok1]
-	depth int
+	nodes  []trieNode // preorder; a node's depth is 1 + its parent's
+	toks   []int32    // tokens ending at a node: toks[nodes[i].tok0:nodes[i].tok1]
+	depth  int
 }
 
 type trieNode struct {
