@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/constrain"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
@@ -31,6 +32,8 @@ type EngineRequest struct {
 	// IgnoreEOG generates past end-of-generation tokens (benchmarks,
 	// tests; vLLM's ignore_eos).
 	IgnoreEOG bool
+	// Grammar constrains the output (see GenerateOptions.Grammar).
+	Grammar *constrain.Grammar
 	// OnText streams the output as it is generated. Text that may be the
 	// start of a stop string is held back until it is known not to be.
 	// An error from it ends the request with that error.
@@ -77,7 +80,7 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	defer lease.Release()
 	m := lease.Model()
 
-	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG}
+	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG, Grammar: r.Grammar}
 	// The prompt is tokenized here, under the request's context, and its
 	// length checked before it is queued: a long prompt neither waits in
 	// the queue nor touches the KV cache only to be refused.

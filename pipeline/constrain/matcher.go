@@ -86,7 +86,7 @@ func (m *Matcher) compute() ([]uint64, error) {
 		}
 		m.byState[m.state] = ent
 	}
-	if m.budget < 0 || int32(m.budget-1) >= ent.maxDist {
+	if m.budget < 0 || int32(m.budget-2) >= ent.maxDist {
 		return ent.mask, nil
 	}
 	m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk)

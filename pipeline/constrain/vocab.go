@@ -153,7 +153,7 @@ func (s *cacheSet) of(v *Vocab) *maskCache {
 
 // computeMask walks the trie from state s: a token is allowed when every
 // byte of it is accepted and the output can then be completed within
-// budget-1 more bytes (budget < 0: unlimited). It returns the largest such
+// budget-2 more bytes (budget < 0: unlimited). It returns the largest such
 // distance too.
 func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32) int32 {
 	clear(mask)
@@ -161,7 +161,10 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 	if budget >= 0 {
 		// Past hope of completing in time, still allow the tokens that
 		// get closer: the output ends as near complete as it can.
-		limit = max(int32(min(budget-1, infLen)), e.states[s].dist-1)
+		// One token is kept for the end of generation, so that a complete
+		// output ends as such (OpenAI's finish_reason "stop") rather than
+		// at the token limit.
+		limit = max(int32(min(budget-2, infLen)), e.states[s].dist-1)
 	}
 	maxDist := int32(0)
 	stk[0] = s

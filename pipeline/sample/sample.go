@@ -109,6 +109,11 @@ type Sampler struct {
 	counts  []int32
 	seen    []int32
 	sampled bool
+
+	// con restricts the picks (constrained decoding); conErr is the error
+	// of its last Accept, reported by the next Sample.
+	con    Constraint
+	conErr error
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -175,6 +180,11 @@ func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPen
 // repetition penalty; one accepted after a Sample is a generated token,
 // counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
+	if s.con != nil && s.sampled && s.conErr == nil {
+		if err := s.con.Accept(id); err != nil {
+			s.conErr = fmt.Errorf("sample: constraint: %w", err)
+		}
+	}
 	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
 		if s.counts[id] == 0 {
 			s.seen = append(s.seen, id)
@@ -262,8 +272,15 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 		}
 		c[i] = candidate{id: int32(i), logit: l}
 	}
+
 	s.applyPenalty(c)
 	s.applyOpenAIPenalties(c)
+	if s.con != nil {
+		var err error
+		if c, err = s.allowedCandidates(c); err != nil {
+			return 0, err
+		}
+	}
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}
