@@ -2,6 +2,7 @@ package constrain
 
 import (
 	"fmt"
+	"sync"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -24,9 +25,46 @@ const maxRepeat = 4096
 // sequences, | alternatives, ( groups ), and the repetitions *, +, ?, {m},
 // {m,} and {m,n}. A rule's body may span lines: it ends where the next
 // "name ::=" begins. Left recursion is refused.
+//
+// Compiled grammars are kept by source (the 16 most recently compiled), so
+// that requests with the same grammar or schema share one Grammar and its
+// mask caches: an agent's tool schemas come back request after request.
 func ParseGBNF(src string) (*Grammar, error) {
-	return parseGBNF(src, "root")
+	compiled.Lock()
+	if g, ok := compiled.m[src]; ok {
+		compiled.Unlock()
+		return g, nil
+	}
+	compiled.Unlock()
+	g, err := parseGBNF(src, "root")
+	if err != nil {
+		return nil, err
+	}
+	compiled.Lock()
+	defer compiled.Unlock()
+	if prev, ok := compiled.m[src]; ok { // compiled alongside
+		return prev, nil
+	}
+	if compiled.m == nil {
+		compiled.m = map[string]*Grammar{}
+	}
+	if len(compiled.order) >= maxCompiled {
+		delete(compiled.m, compiled.order[0])
+		compiled.order = compiled.order[1:]
+	}
+	compiled.m[src] = g
+	compiled.order = append(compiled.order, src)
+	return g, nil
 }
+
+// compiled holds the recently compiled grammars by source.
+var compiled struct {
+	sync.Mutex
+	m     map[string]*Grammar
+	order []string
+}
+
+const maxCompiled = 16
 
 func parseGBNF(src, root string) (*Grammar, error) {
 	p := &gbnfParser{src: src, b: newBuilder(), defined: map[string]bool{}}

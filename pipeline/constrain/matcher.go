@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 )
 
 // ErrRejected is wrapped by Accept for a token the grammar does not allow.
 var ErrRejected = errors.New("constrain: token not allowed by the grammar")
+
+var errClosed = errors.New("constrain: matcher closed")
 
 // Matcher follows one sequence through a grammar. Accept a token, then
 // Allowed gives the mask for the next one; the mask is computed in the
@@ -22,6 +25,8 @@ type Matcher struct {
 	state  int32
 	budget int // tokens the sequence may still generate; < 0: unlimited
 	done   bool
+	// stop makes a background walk give up (Close).
+	stop atomic.Bool
 
 	// The background computation: ready is closed when mask and err are
 	// set; nil when nothing is in flight.
@@ -80,7 +85,10 @@ func (m *Matcher) compute() ([]uint64, error) {
 		ent = m.cache.get(m.keyBuf)
 		if ent == nil {
 			mask := make([]uint64, len(m.own))
-			d := m.e.computeMask(m.v, m.state, -1, mask, m.stk)
+			d, ok := m.e.computeMask(m.v, m.state, -1, mask, m.stk, &m.stop)
+			if !ok {
+				return nil, errClosed
+			}
 			ent = &maskEntry{mask: mask, maxDist: d}
 			m.cache.put(m.keyBuf, ent)
 		}
@@ -89,7 +97,9 @@ func (m *Matcher) compute() ([]uint64, error) {
 	if m.budget < 0 || int32(m.budget-2) >= ent.maxDist {
 		return ent.mask, nil
 	}
-	m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk)
+	if _, ok := m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk, &m.stop); !ok {
+		return nil, errClosed
+	}
 	return m.own, nil
 }
 
@@ -135,7 +145,9 @@ func (m *Matcher) Accept(id int32) error {
 		m.budget--
 	}
 	m.valid = false
-	m.launch()
+	if m.budget != 0 { // a spent budget ends the sequence: no mask is read
+		m.launch()
+	}
 	return nil
 }
 
@@ -149,6 +161,7 @@ func (m *Matcher) Complete() bool {
 // Close waits for the background computation; the Matcher is not used
 // after.
 func (m *Matcher) Close() {
+	m.stop.Store(true)
 	m.wait()
 	m.done = true
 }

@@ -208,7 +208,7 @@ func literal(r rune) string {
 var (
 	digitRanges = [][2]rune{{'0', '9'}}
 	wordRanges  = [][2]rune{{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}
-	spaceRanges = [][2]rune{{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x2028, 0x2029}, {0xFEFF, 0xFEFF}}
+	spaceRanges = [][2]rune{{'\t', '\r'}, {' ', ' '}} // ASCII, as Go's regexp (validators) reads \s
 )
 
 func (p *reParser) atom() (string, error) {

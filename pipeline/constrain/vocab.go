@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Vocab is a model's vocabulary as the matcher sees it: each token's bytes
@@ -107,7 +108,7 @@ type maskCache struct {
 
 // maxCacheBytes bounds a cache's masks (they are evicted at random past
 // it: a grammar's hot states come back at once).
-const maxCacheBytes = 64 << 20
+const maxCacheBytes = 16 << 20
 
 func (c *maskCache) get(k []byte) *maskEntry {
 	c.mu.Lock()
@@ -155,7 +156,7 @@ func (s *cacheSet) of(v *Vocab) *maskCache {
 // byte of it is accepted and the output can then be completed within
 // budget-2 more bytes (budget < 0: unlimited). It returns the largest such
 // distance too.
-func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32) int32 {
+func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32, stop *atomic.Bool) (int32, bool) {
 	clear(mask)
 	limit := int32(infLen)
 	if budget >= 0 {
@@ -169,7 +170,10 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 	maxDist := int32(0)
 	stk[0] = s
 	nodes := v.nodes
-	for i := 0; i < len(nodes); {
+	for i, polled := 0, 0; i < len(nodes); {
+		if polled++; polled&4095 == 0 && stop != nil && stop.Load() {
+			return 0, false
+		}
 		nd := &nodes[i]
 		t := e.next(stk[nd.depth-1], nd.b)
 		if t < 0 {
@@ -192,5 +196,5 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 			mask[id>>6] |= 1 << (id & 63)
 		}
 	}
-	return maxDist
+	return maxDist, true
 }

@@ -1,0 +1,208 @@
+package constrain
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// validPrefix reports whether s can be continued to a sentence of g, by
+// running the automaton from scratch.
+func validPrefix(g *Grammar, s []byte) (ok, complete bool) {
+	e := newEngine(g)
+	st := e.start()
+	for _, b := range s {
+		if st = e.next(st, b); st < 0 {
+			return false, false
+		}
+	}
+	return true, e.states[st].complete
+}
+
+func bit(mask []uint64, id int32) bool { return mask[id>>6]&(1<<(id&63)) != 0 }
+
+// TestMaskMatchesBruteForce: at every step of random walks, the mask
+// holds exactly the tokens whose bytes extend the output to a valid prefix
+// (checked token by token from scratch), and EOG exactly when complete.
+func TestMaskMatchesBruteForce(t *testing.T) {
+	v := testVocab()
+	for _, src := range []string{arithmetic, list, jsonGBNF, `root ::= "héllo" | [α-ω]+ | "😀" .`} {
+		g, err := ParseGBNF(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(7, 8))
+		for range 5 {
+			m := g.NewMatcher(v, -1)
+			var out []byte
+			for step := 0; step < 40; step++ {
+				mask, err := m.Allowed()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var allowed []int32
+				for id := int32(0); id < int32(v.Size()); id++ {
+					want := false
+					if id == 0 {
+						_, want = validPrefix(g, out)
+					} else if p, ok := v.piece(id); ok {
+						want, _ = validPrefix(g, append(append([]byte(nil), out...), p...))
+					}
+					if got := bit(mask, id); got != want {
+						t.Fatalf("%q after %q: token %d (%q): mask %v, brute force %v", src, out, id, v.pieces[id], got, want)
+					}
+					if want {
+						allowed = append(allowed, id)
+					}
+				}
+				id := allowed[rng.IntN(len(allowed))]
+				if err := m.Accept(id); err != nil {
+					t.Fatal(err)
+				}
+				if id == 0 {
+					break
+				}
+				out = append(out, v.pieces[id]...)
+			}
+			m.Close()
+		}
+	}
+}
+
+// TestUTF8: characters split across tokens, tokens that end inside a
+// character, and byte sequences that are never valid UTF-8.
+func TestUTF8(t *testing.T) {
+	g, err := ParseGBNF(`root ::= "é" [😀-😂] "x"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pieces := [][]byte{nil, {0xC3}, {0xA9}, {0xC3, 0xA9}, {0xF0, 0x9F}, {0x98, 0x80}, {0x98, 0x83}, []byte("x"), {0xA9, 0xF0}, {0xC0, 0x80}, {0xFF}, []byte("😀x"), {0xED, 0xA0, 0x80}}
+	v := NewVocab(pieces, []int32{0})
+	allowedIDs := func(m *Matcher) []int32 {
+		mask, err := m.Allowed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int32
+		for id := int32(0); id < int32(len(pieces)); id++ {
+			if bit(mask, id) {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	m := g.NewMatcher(v, -1)
+	defer m.Close()
+	if got := allowedIDs(m); !equalIDs(got, []int32{1, 3}) { // C3 alone or é whole
+		t.Fatalf("start: %v, want [1 3]", got)
+	}
+	for _, id := range []int32{1, 8} { // C3, then A9 F0: é and the start of an emoji
+		if err := m.Accept(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// F0 9F 98 80..82 are 😀..😂; 98 83 would be 😃 (out of the class).
+	// After F0 only 9F can follow, and no piece starts with 9F.
+	if got := allowedIDs(m); len(got) != 0 {
+		t.Fatalf("after C3, A9 F0: %v, want none", got)
+	}
+	m2 := g.NewMatcher(v, -1)
+	defer m2.Close()
+	for _, id := range []int32{3, 4} {
+		if err := m2.Accept(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := allowedIDs(m2); !equalIDs(got, []int32{5}) { // 98 80 yes, 98 83 no
+		t.Fatalf("after é F0 9F: %v, want [5]", got)
+	}
+	if err := m2.Accept(6); !errors.Is(err, ErrRejected) {
+		t.Fatalf("😃: %v, want ErrRejected", err)
+	}
+	if err := m2.Accept(5); err != nil {
+		t.Fatal(err)
+	}
+	if m2.Complete() {
+		t.Fatal("complete before the x")
+	}
+	if err := m2.Accept(0); !errors.Is(err, ErrRejected) {
+		t.Fatalf("EOG before complete: %v, want ErrRejected", err)
+	}
+	if err := m2.Accept(7); err != nil {
+		t.Fatal(err)
+	}
+	if got := allowedIDs(m2); !equalIDs(got, []int32{0}) {
+		t.Fatalf("complete: %v, want only EOG", got)
+	}
+	// Overlong, surrogate and invalid bytes are never valid prefixes.
+	any, err := ParseGBNF(`root ::= .*`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range [][]byte{{0xC0, 0x80}, {0xFF}, {0xED, 0xA0, 0x80}, {0x80}, {0xF4, 0x90, 0x80, 0x80}, {0xE0, 0x80}} {
+		if ok, _ := validPrefix(any, s); ok {
+			t.Errorf("% x accepted as UTF-8", s)
+		}
+	}
+	for _, s := range [][]byte{{0xE2}, {0xE2, 0x82}, {0xF0, 0x9F, 0x98}} {
+		if ok, complete := validPrefix(any, s); !ok || complete {
+			t.Errorf("% x: prefix %v complete %v, want a pending character", s, ok, complete)
+		}
+	}
+}
+
+func equalIDs(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestBudget: whatever the walk picks, a sequence given n tokens ends with
+// a complete sentence and an EOG within them.
+func TestBudget(t *testing.T) {
+	g, err := ParseGBNF(`root ::= "[" ( "ab"+ ( "," "ab"+ )* )? "]"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testVocab()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for budget := 3; budget < 40; budget++ {
+		out := walk(t, g, v, rng, budget)
+		if !g.Accepts(out) {
+			t.Fatalf("budget %d: %q", budget, out)
+		}
+	}
+	// Too small a budget: the walk still heads for completion.
+	m := g.NewMatcher(v, 1)
+	defer m.Close()
+	mask, err := m.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bit(mask, int32(1+'[')) {
+		t.Error("budget 1: '[' (towards completion) not allowed")
+	}
+}
+
+func TestJSONObjectGrammar(t *testing.T) {
+	g := JSONObject()
+	for _, s := range []string{`{}`, `{"a":1}`, `{"a":[true,null,-1.5e3,"x"],"b":{"c":{}}}`} {
+		if !g.Accepts(s) {
+			t.Errorf("rejects %s", s)
+		}
+	}
+	for _, s := range []string{`[]`, `"x"`, `{"a":}`, `{a:1}`, `{"a":01}`} {
+		if g.Accepts(s) {
+			t.Errorf("accepts %s", s)
+		}
+	}
+	if JSONObject() != g {
+		t.Error("JSONObject compiled twice: its masks are not shared")
+	}
+}
