@@ -2,9 +2,9 @@ package constrain
 
 import (
 	"fmt"
-	"sync"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
