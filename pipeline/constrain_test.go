@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,18 +87,25 @@ func loadTestSchemas(t testing.TB) []testSchema {
 
 func checkJSON(t *testing.T, s testSchema, text string) {
 	t.Helper()
+	if err := validateJSON(s, text); err != nil {
+		t.Error(err)
+	}
+}
+
+// validateJSON parses text and validates it against s.
+func validateJSON(s testSchema, text string) error {
 	var v any
 	if err := json.Unmarshal([]byte(text), &v); err != nil {
-		t.Errorf("%s: output %q does not parse: %v", s.name, text, err)
-		return
+		return fmt.Errorf("%s: output %q does not parse: %w", s.name, text, err)
 	}
 	inst, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := s.val.Validate(inst); err != nil {
-		t.Errorf("%s: output %q does not validate: %v", s.name, text, err)
+		return fmt.Errorf("%s: output %q does not validate: %w", s.name, text, err)
 	}
+	return nil
 }
 
 // TestConstrainedSchemasBatched: every schema of the suite, all requests

@@ -48,12 +48,13 @@ type engine struct {
 	states   []state
 	stateIdx map[stateKey]int32
 	trans    []*[256]int32
+	masks    map[int32]*maskEntry // masks of states met so far (from the shared cache)
 	buf      []byte
 }
 
 func newEngine(g *Grammar) *engine {
 	e := &engine{g: g, nodeIdx: map[[2]int32]int32{}, memo: map[[2]int32][]int32{},
-		setIdx: map[string]int32{}, stateIdx: map[stateKey]int32{}}
+		setIdx: map[string]int32{}, stateIdx: map[stateKey]int32{}, masks: map[int32]*maskEntry{}}
 	e.nodes = append(e.nodes, stackNode{}) // 0: the empty stack
 	return e
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 )
 
 // ErrRejected is wrapped by Accept for a token the grammar does not allow.
@@ -37,7 +38,6 @@ type Matcher struct {
 	own     []uint64 // this matcher's mask buffer (a cached mask is shared)
 	stk     []int32
 	keyBuf  []byte
-	byState map[int32]*maskEntry
 }
 
 // NewMatcher starts a sequence at the beginning of the grammar and starts
@@ -48,8 +48,9 @@ func (g *Grammar) NewMatcher(v *Vocab, budget int) *Matcher {
 	if budget <= 0 {
 		budget = -1
 	}
-	m := &Matcher{g: g, v: v, e: newEngine(g), cache: g.caches.of(v), budget: budget,
-		own: make([]uint64, (v.n+63)/64), stk: make([]int32, v.depth+1), byState: map[int32]*maskEntry{}}
+	cache := g.caches.of(v)
+	m := &Matcher{g: g, v: v, e: cache.takeEngine(g), cache: cache, budget: budget,
+		own: make([]uint64, (v.n+63)/64), stk: make([]int32, v.depth+1)}
 	m.state = m.e.start()
 	m.launch()
 	return m
@@ -60,7 +61,9 @@ func (m *Matcher) launch() {
 	m.ready = ready
 	go func() {
 		defer close(ready)
+		t0 := time.Now()
 		m.mask, m.err = m.compute()
+		stats.compute.Add(int64(time.Since(t0)))
 	}()
 }
 
@@ -79,7 +82,7 @@ func (m *Matcher) compute() ([]uint64, error) {
 	if m.done {
 		return nil, fmt.Errorf("constrain: the sequence already ended")
 	}
-	ent := m.byState[m.state]
+	ent := m.e.masks[m.state]
 	if ent == nil {
 		m.keyBuf = m.e.key(m.state, m.keyBuf)
 		ent = m.cache.get(m.keyBuf)
@@ -92,7 +95,10 @@ func (m *Matcher) compute() ([]uint64, error) {
 			ent = &maskEntry{mask: mask, maxDist: d}
 			m.cache.put(m.keyBuf, ent)
 		}
-		m.byState[m.state] = ent
+		if len(m.e.masks) >= maxEngineMasks {
+			clear(m.e.masks)
+		}
+		m.e.masks[m.state] = ent
 	}
 	if m.budget < 0 || int32(m.budget-2) >= ent.maxDist {
 		return ent.mask, nil
@@ -110,7 +116,12 @@ func (m *Matcher) Allowed() ([]uint64, error) {
 	if m.ready == nil && !m.valid {
 		m.launch()
 	}
-	m.wait()
+	if m.ready != nil {
+		t0 := time.Now()
+		m.wait()
+		stats.blocked.Add(int64(time.Since(t0)))
+	}
+	stats.masks.Add(1)
 	return m.mask, m.err
 }
 
@@ -155,7 +166,7 @@ func (m *Matcher) Accept(id int32) error {
 // grammar (an end-of-generation token would be allowed).
 func (m *Matcher) Complete() bool {
 	m.wait()
-	return m.e.states[m.state].complete
+	return m.e != nil && m.e.states[m.state].complete
 }
 
 // Close waits for the background computation; the Matcher is not used
@@ -164,6 +175,10 @@ func (m *Matcher) Close() {
 	m.stop.Store(true)
 	m.wait()
 	m.done = true
+	if m.e != nil {
+		m.cache.putEngine(m.e)
+		m.e = nil
+	}
 }
 
 // piece returns the bytes of token id.

@@ -100,10 +100,42 @@ type maskEntry struct {
 	maxDist int32
 }
 
-// maskCache holds the masks of one grammar on one vocabulary.
+// maskCache holds the masks of one grammar on one vocabulary, and the
+// automata of finished sequences: a new sequence takes one already warm
+// (its transitions and its states' masks found), so its steps are table
+// lookups from the start. An automaton serves one sequence at a time.
 type maskCache struct {
-	mu sync.Mutex
-	m  map[string]*maskEntry
+	mu      sync.Mutex
+	m       map[string]*maskEntry
+	engines []*engine
+}
+
+// Pooled automata: at most maxEngines kept, each of at most
+// maxEngineStates states (a bigger one is dropped: it grew on a long or
+// unusual sequence and would hold its memory for good).
+const (
+	maxEngines      = 64
+	maxEngineStates = 1 << 16
+	maxEngineMasks  = 1 << 10 // mask pointers an automaton keeps
+)
+
+func (c *maskCache) takeEngine(g *Grammar) *engine {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := len(c.engines); n > 0 {
+		e := c.engines[n-1]
+		c.engines = c.engines[:n-1]
+		return e
+	}
+	return newEngine(g)
+}
+
+func (c *maskCache) putEngine(e *engine) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.engines) < maxEngines && len(e.states) <= maxEngineStates {
+		c.engines = append(c.engines, e)
+	}
 }
 
 // maxCacheBytes bounds a cache's masks (they are evicted at random past
@@ -157,6 +189,7 @@ func (s *cacheSet) of(v *Vocab) *maskCache {
 // budget-2 more bytes (budget < 0: unlimited). It returns the largest such
 // distance too.
 func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32, stop *atomic.Bool) (int32, bool) {
+	stats.walks.Add(1)
 	clear(mask)
 	limit := int32(infLen)
 	if budget >= 0 {

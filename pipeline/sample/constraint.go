@@ -71,3 +71,30 @@ func (s *Sampler) allowedCandidates(c []candidate) ([]candidate, error) {
 	}
 	return c[:k], nil
 }
+
+// maskedCandidates fills the sampler's scratch with the allowed tokens of
+// logits, in id order.
+func (s *Sampler) maskedCandidates(logits []float32) ([]candidate, error) {
+	if s.conErr != nil {
+		return nil, s.conErr
+	}
+	mask, err := s.con.Allowed()
+	if err != nil {
+		return nil, fmt.Errorf("sample: constraint: %w", err)
+	}
+	c := s.cand[:0]
+	for w, bits := range mask {
+		for bits != 0 {
+			id := w*64 + mbits.TrailingZeros64(bits)
+			bits &= bits - 1
+			if id >= len(logits) {
+				break
+			}
+			c = append(c, candidate{id: int32(id), logit: logits[id]})
+		}
+	}
+	if len(c) == 0 {
+		return nil, fmt.Errorf("sample: %w", ErrNoAllowedToken)
+	}
+	return c, nil
+}

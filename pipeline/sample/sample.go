@@ -263,6 +263,20 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 		return 0, ErrNoLogits
 	}
 	s.sampled = true
+	if s.con != nil && !s.penalising() {
+		// Constrained without penalties: only the allowed tokens become
+		// candidates (no pass writing a candidate per token).
+		for i, l := range logits[:n] {
+			if l-l != 0 {
+				return 0, fmt.Errorf("sample: token %d has logit %v: %w", i, l, ErrNonFinite)
+			}
+		}
+		c, err := s.maskedCandidates(logits[:n])
+		if err != nil {
+			return 0, err
+		}
+		return s.pick(c)
+	}
 	c := s.cand[:n]
 	for i := range c {
 		l := logits[i]
@@ -281,6 +295,17 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 			return 0, err
 		}
 	}
+	return s.pick(c)
+}
+
+// penalising reports whether a penalty changes some logit this step.
+func (s *Sampler) penalising() bool {
+	return s.hist != nil && s.nh > 0 || len(s.seen) > 0
+}
+
+// pick chooses among the candidates c (after penalties and the
+// constraint): greedy, or the sampling chain.
+func (s *Sampler) pick(c []candidate) (int32, error) {
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}
