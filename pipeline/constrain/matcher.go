@@ -31,13 +31,13 @@ type Matcher struct {
 
 	// The background computation: ready is closed when mask and err are
 	// set; nil when nothing is in flight.
-	ready   chan struct{}
-	valid   bool // mask and err are those of the current state
-	mask    []uint64
-	err     error
-	own     []uint64 // this matcher's mask buffer (a cached mask is shared)
-	stk     []int32
-	keyBuf  []byte
+	ready  chan struct{}
+	valid  bool // mask and err are those of the current state
+	mask   []uint64
+	err    error
+	own    []uint64 // this matcher's mask buffer (a cached mask is shared)
+	stk    []int32
+	keyBuf []byte
 }
 
 // NewMatcher starts a sequence at the beginning of the grammar and starts
