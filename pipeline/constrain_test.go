@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -52,7 +53,11 @@ type testSchema struct {
 
 func loadTestSchemas(t testing.TB) []testSchema {
 	t.Helper()
-	files, err := filepath.Glob("constrain/testdata/schemas/*.json")
+	// Next to this file, wherever the test binary runs (the GPU machine
+	// runs it from a tree laid out like the module's import path, as
+	// gguf/testmodels expects).
+	_, here, _, _ := runtime.Caller(0)
+	files, err := filepath.Glob(filepath.Join(filepath.Dir(here), "constrain", "testdata", "schemas", "*.json"))
 	if err != nil || len(files) < 50 {
 		t.Fatalf("want at least 50 schemas, found %d (%v)", len(files), err)
 	}
