@@ -158,7 +158,27 @@ type Grammar struct {
 	minRest []int32 // per position: fewest bytes that finish its alternative
 	text    string  // the GBNF it was compiled from
 
-	caches cacheSet
+	caches *cacheSet
+	// triggers make the grammar lazy (WithTriggers).
+	triggers []string
+}
+
+// WithTriggers returns the grammar made lazy: a sequence is free until its
+// output contains one of the trigger strings, and from the trigger's first
+// byte on it must follow the grammar (which therefore starts with the
+// trigger), llama.cpp's lazy grammars. For tool calls a model may or may
+// not make: g.WithTriggers("<tool_call>") lets it answer in prose or call
+// a tool, and holds the call to the tools' schemas. The result shares g's
+// mask caches.
+func (g *Grammar) WithTriggers(triggers ...string) *Grammar {
+	c := *g
+	c.triggers = nil
+	for _, t := range triggers {
+		if t != "" {
+			c.triggers = append(c.triggers, t)
+		}
+	}
+	return &c
 }
 
 // GBNF returns the grammar's source in GBNF (for a JSON Schema, the grammar
@@ -175,7 +195,7 @@ type builder struct {
 }
 
 func newBuilder() *builder {
-	return &builder{byName: map[string]int32{}, nextID: map[string]int{}, used: map[string]string{}}
+	return &builder{g: Grammar{caches: &cacheSet{}}, byName: map[string]int32{}, nextID: map[string]int{}, used: map[string]string{}}
 }
 
 // ruleID returns the rule named name, declaring it on first use.

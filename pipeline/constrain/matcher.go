@@ -1,6 +1,7 @@
 package constrain
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -26,6 +27,10 @@ type Matcher struct {
 	state  int32
 	budget int // tokens the sequence may still generate; < 0: unlimited
 	done   bool
+	// lazy: no trigger seen yet (WithTriggers); tail holds the end of the
+	// output, where a trigger may be starting.
+	lazy bool
+	tail []byte
 	// stop makes a background walk give up (Close).
 	stop atomic.Bool
 
@@ -52,6 +57,7 @@ func (g *Grammar) NewMatcher(v *Vocab, budget int) *Matcher {
 	m := &Matcher{g: g, v: v, e: cache.takeEngine(g), cache: cache, budget: budget,
 		own: make([]uint64, (v.n+63)/64), stk: make([]int32, v.depth+1)}
 	m.state = m.e.start()
+	m.lazy = len(g.triggers) > 0
 	m.launch()
 	return m
 }
@@ -81,6 +87,9 @@ func (m *Matcher) wait() {
 func (m *Matcher) compute() ([]uint64, error) {
 	if m.done {
 		return nil, fmt.Errorf("constrain: the sequence already ended")
+	}
+	if m.lazy {
+		return m.v.all, nil
 	}
 	ent := m.e.masks[m.state]
 	if ent == nil {
@@ -133,6 +142,9 @@ func (m *Matcher) Accept(id int32) error {
 	m.wait()
 	if m.done {
 		return fmt.Errorf("constrain: token %d after the end: %w", id, ErrRejected)
+	}
+	if m.lazy {
+		return m.acceptLazy(id)
 	}
 	if slices.Contains(m.v.eog, id) {
 		if !m.e.states[m.state].complete {
@@ -200,4 +212,53 @@ func (g *Grammar) Accepts(s string) bool {
 		}
 	}
 	return e.states[st].complete
+}
+
+// acceptLazy takes a token before any trigger: the end of generation ends
+// the sequence; otherwise the output's tail is searched for a trigger, and
+// from the earliest one found the grammar takes over with the bytes from
+// there.
+func (m *Matcher) acceptLazy(id int32) error {
+	if m.budget > 0 {
+		m.budget--
+	}
+	if slices.Contains(m.v.eog, id) {
+		m.done = true
+		return nil
+	}
+	p, _ := m.v.piece(id)
+	m.tail = append(m.tail, p...)
+	at := -1
+	for _, t := range m.g.triggers {
+		if i := bytes.Index(m.tail, []byte(t)); i >= 0 && (at < 0 || i < at) {
+			at = i
+		}
+	}
+	if at < 0 {
+		// Keep only what could still be the start of a trigger.
+		keep := 0
+		for _, t := range m.g.triggers {
+			keep = max(keep, len(t)-1)
+		}
+		if len(m.tail) > keep {
+			m.tail = append(m.tail[:0], m.tail[len(m.tail)-keep:]...)
+		}
+		m.valid = false
+		if m.budget != 0 {
+			m.launch()
+		}
+		return nil
+	}
+	s := m.state
+	for _, b := range m.tail[at:] {
+		if s = m.e.next(s, b); s < 0 {
+			return fmt.Errorf("constrain: the text after trigger %q: %w", m.tail[at:], ErrRejected)
+		}
+	}
+	m.state, m.lazy, m.tail = s, false, nil
+	m.valid = false
+	if m.budget != 0 {
+		m.launch()
+	}
+	return nil
 }

@@ -206,3 +206,58 @@ func TestJSONObjectGrammar(t *testing.T) {
 		t.Error("JSONObject compiled twice: its masks are not shared")
 	}
 }
+
+// TestLazyGrammar: free text until the trigger (which may span tokens),
+// the grammar from the trigger's first byte on.
+func TestLazyGrammar(t *testing.T) {
+	g, err := ParseGBNF(`root ::= "<call>" [0-9]+ "</call>"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy := g.WithTriggers("<call>")
+	pieces := [][]byte{nil, []byte("hello "), []byte("<ca"), []byte("ll>1"), []byte("2"), []byte("</call>"), []byte("x"), []byte("<call>")}
+	v := NewVocab(pieces, []int32{0})
+	m := lazy.NewMatcher(v, -1)
+	defer m.Close()
+	mask, err := m.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range int32(len(pieces)) {
+		if !bit(mask, id) {
+			t.Fatalf("before the trigger token %d is not allowed", id)
+		}
+	}
+	for _, id := range []int32{1, 6, 2, 3} { // "hello x<ca" "ll>1": the trigger across two tokens
+		if err := m.Accept(id); err != nil {
+			t.Fatalf("token %d: %v", id, err)
+		}
+	}
+	mask, _ = m.Allowed()
+	for id, want := range []bool{false, false, false, false, true, true, false, false} {
+		if bit(mask, int32(id)) != want {
+			t.Fatalf("after the trigger: token %d (%q) allowed %v, want %v", id, pieces[id], !want, want)
+		}
+	}
+	if err := m.Accept(5); err != nil {
+		t.Fatal(err)
+	}
+	mask, _ = m.Allowed()
+	if !bit(mask, 0) || bit(mask, 4) {
+		t.Fatal("after </call>: want only the end")
+	}
+	// Ending before any trigger is fine; the plain grammar is unchanged.
+	m2 := lazy.NewMatcher(v, -1)
+	defer m2.Close()
+	if err := m2.Accept(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Accept(0); err != nil {
+		t.Fatalf("EOG before a trigger: %v", err)
+	}
+	m3 := g.NewMatcher(v, -1)
+	defer m3.Close()
+	if err := m3.Accept(1); !errors.Is(err, ErrRejected) {
+		t.Fatalf("the eager grammar took free text: %v", err)
+	}
+}

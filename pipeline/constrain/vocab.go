@@ -15,6 +15,7 @@ type Vocab struct {
 	n      int
 	eog    []int32
 	pieces [][]byte
+	all    []uint64 // every token with text, and the end of generation: a lazy grammar's mask
 	nodes  []trieNode // preorder; a node's depth is 1 + its parent's
 	toks   []int32    // tokens ending at a node: toks[nodes[i].tok0:nodes[i].tok1]
 	depth  int
@@ -85,6 +86,10 @@ func NewVocab(pieces [][]byte, eog []int32) *Vocab {
 	}
 	for _, n := range path {
 		v.nodes[n].skip = int32(len(v.nodes))
+	}
+	v.all = make([]uint64, (v.n+63)/64)
+	for _, id := range append(slices.Clone(v.toks), v.eog...) {
+		v.all[id>>6] |= 1 << (id & 63)
 	}
 	return v
 }
