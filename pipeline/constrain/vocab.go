@@ -15,7 +15,7 @@ type Vocab struct {
 	n      int
 	eog    []int32
 	pieces [][]byte
-	all    []uint64 // every token with text, and the end of generation: a lazy grammar's mask
+	all    []uint64   // every token with text, and the end of generation: a lazy grammar's mask
 	nodes  []trieNode // preorder; a node's depth is 1 + its parent's
 	toks   []int32    // tokens ending at a node: toks[nodes[i].tok0:nodes[i].tok1]
 	depth  int
