@@ -196,14 +196,14 @@ func (s *cacheSet) of(v *Vocab) *maskCache {
 func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32, stop *atomic.Bool) (int32, bool) {
 	stats.walks.Add(1)
 	clear(mask)
-	limit := int32(infLen)
+	limit := int32(infLen - 1) // a state that can never complete is a dead end
 	if budget >= 0 {
 		// Past hope of completing in time, still allow the tokens that
 		// get closer: the output ends as near complete as it can.
 		// One token is kept for the end of generation, so that a complete
 		// output ends as such (OpenAI's finish_reason "stop") rather than
 		// at the token limit.
-		limit = max(int32(min(budget-2, infLen)), e.states[s].dist-1)
+		limit = max(int32(min(budget-2, infLen-1)), e.states[s].dist-1)
 	}
 	maxDist := int32(0)
 	stk[0] = s
@@ -213,7 +213,14 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 			return 0, false
 		}
 		nd := &nodes[i]
-		t := e.next(stk[nd.depth-1], nd.b)
+		from := stk[nd.depth-1]
+		t := int32(transUnknown)
+		if tr := e.trans[from]; tr != nil { // the warm path, inlined
+			t = tr[nd.b]
+		}
+		if t == transUnknown {
+			t = e.next(from, nd.b)
+		}
 		if t < 0 {
 			i = int(nd.skip)
 			continue
