@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,55 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/constrain"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
 
 func add(a, b constrain.Stats) constrain.Stats {
 	return constrain.Stats{Masks: a.Masks + b.Masks, Walks: a.Walks + b.Walks, Compute: a.Compute + b.Compute, Blocked: a.Blocked + b.Blocked}
-}
-
-// wordVocab is a SentencePiece vocabulary of n tokens shaped like a
-// learnt one: control tokens, the 256 byte tokens, then pieces of one to
-// nine characters (mostly letters, half with a leading "▁", some digits,
-// punctuation and non-ASCII letters), so that the mask walks a trie of a
-// real vocabulary's size and fan-out.
-func wordVocab(n int, seed uint64) *gguf.TokenizerMeta {
-	v := &gguf.TokenizerMeta{Model: "llama", Pre: "default", BOS: 1, EOS: 2, UNK: 0, PAD: -1, SEP: -1, EOT: -1, AddBOS: true, AddSpacePrefix: true}
-	v.Tokens = append(v.Tokens, "<unk>", "<s>", "</s>")
-	v.TokenTypes = append(v.TokenTypes, 2, 3, 3)
-	for b := range 256 {
-		v.Tokens = append(v.Tokens, fmt.Sprintf("<0x%02X>", b))
-		v.TokenTypes = append(v.TokenTypes, 6)
-	}
-	rng := rand.New(rand.NewPCG(seed, 99))
-	letters := []rune("etaoinshrdlucmfwypvbgkjqxzETAOINSHRDLUCM")
-	other := []rune(`0123456789{}[]":,.-_/()!?;'éüñç中文日本ä`)
-	seen := map[string]bool{}
-	for len(v.Tokens) < n {
-		var sb strings.Builder
-		if rng.IntN(2) == 0 {
-			sb.WriteString("▁")
-		}
-		for range 1 + rng.IntN(9) {
-			if rng.IntN(8) == 0 {
-				sb.WriteRune(other[rng.IntN(len(other))])
-			} else {
-				sb.WriteRune(letters[rng.IntN(len(letters))])
-			}
-		}
-		if s := sb.String(); !seen[s] {
-			seen[s] = true
-			v.Tokens = append(v.Tokens, s)
-			v.TokenTypes = append(v.TokenTypes, 1)
-		}
-	}
-	v.Scores = make([]float32, len(v.Tokens))
-	for i := range v.Scores {
-		v.Scores[i] = -float32(i)
-	}
-	return v
 }
 
 // TestConstrainedDecodeCost measures what constrained decoding costs:
@@ -74,7 +31,8 @@ func wordVocab(n int, seed uint64) *gguf.TokenizerMeta {
 // checks that every constrained output validates.
 //
 // CPU (here): FORGE_BENCH_CONSTRAIN=1 go test ./pipeline -run ConstrainedDecodeCost -v
-// (a synthetic model with a 32000-token vocabulary and random weights).
+// (a synthetic model with random weights and Llama 2's 32000-token
+// vocabulary, bundled in gguf/testdata/tokenizer).
 // GPU: FORGE_BIG_MODEL=/tmp/l8.gguf pipeline.test -test.run ConstrainedDecodeCost -test.v
 // (the first file of FORGE_BIG_MODEL on the GPU; FORGE_DEVICE overrides
 // the device, FORGE_BENCH_TOKENS the tokens per worker and round).
@@ -92,7 +50,11 @@ func TestConstrainedDecodeCost(t *testing.T) {
 		shape := synth.Presets["tiny"]
 		shape.Embd, shape.FF, shape.Layers, shape.Vocab, shape.Ctx = 512, 1024, 4, 32000, 1024
 		path = filepath.Join(t.TempDir(), "bench.gguf")
-		if err := synth.WriteFile(ctx, path, synth.Options{Shape: shape, Vocab: wordVocab(32000, 1), Seed: 3, Name: "bench"}); err != nil {
+		voc, err := synth.VocabFromFile(testmodels.Path(t, "tokenizer/ggml-vocab-llama-spm.gguf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := synth.WriteFile(ctx, path, synth.Options{Shape: shape, Vocab: voc, Seed: 3, Name: "bench"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,11 +1,39 @@
 package constrain
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/gguf/testmodels"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
+
+// realVocab is a bundled vocabulary as the pipeline builds it for
+// constrained requests (text tokens only; end-of-generation tokens).
+func realVocab(b *testing.B, name string) *Vocab {
+	f, err := gguf.Open(testmodels.Path(b, name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	tok, err := tokenizer.FromFile(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pieces := make([][]byte, tok.VocabSize())
+	var eog []int32
+	for id := range int32(tok.VocabSize()) {
+		switch tt := tok.TokenType(id); {
+		case tok.IsEOG(id):
+			eog = append(eog, id)
+		case tt == tokenizer.TypeNormal || tt == tokenizer.TypeByte || tt == tokenizer.TypeUserDefined:
+			pieces[id] = []byte(tok.Piece(id))
+		}
+	}
+	return NewVocab(pieces, eog)
+}
 
 // benchVocab is n token pieces shaped like a learnt vocabulary's: the 256
 // bytes, then one to nine characters, mostly letters, half with a leading
@@ -39,7 +67,8 @@ func benchVocab(n int) *Vocab {
 	return NewVocab(pieces, []int32{0})
 }
 
-// BenchmarkMask: one mask of a 128k vocabulary in the states a JSON
+// BenchmarkMask: one mask of a real 32k (Llama 2) and 50k (GPT-2)
+// vocabulary and a synthetic 128k one, in the states a JSON
 // Schema's output goes through (the states of a random walk): cold (a
 // fresh automaton and no cached masks: each state's first time), warm
 // automaton (transitions known, the mask walked again, as under a binding
@@ -49,8 +78,16 @@ func BenchmarkMask(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, n := range []int{32000, 128256} {
-		v := benchVocab(n)
+	vocabs := []struct {
+		name string
+		v    *Vocab
+	}{
+		{"llama-spm-32000", realVocab(b, "tokenizer/ggml-vocab-llama-spm.gguf")},
+		{"gpt2-50257", realVocab(b, "tokenizer/ggml-vocab-gpt-2.gguf")},
+		{"synthetic-128256", benchVocab(128256)},
+	}
+	for _, vc := range vocabs {
+		v, name := vc.v, vc.name
 		g, err := JSONSchema(src)
 		if err != nil {
 			b.Fatal(err)
@@ -71,13 +108,13 @@ func BenchmarkMask(b *testing.B) {
 		}
 		mask := make([]uint64, (v.n+63)/64)
 		stk := make([]int32, v.depth+1)
-		b.Run(fmt.Sprintf("vocab=%d/cold", n), func(b *testing.B) {
+		b.Run(name+"/cold", func(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				e := newEngine(g)
 				e.computeMask(v, stateOf(e, prefixes[i%len(prefixes)]), -1, mask, stk, nil)
 			}
 		})
-		b.Run(fmt.Sprintf("vocab=%d/warm-walk", n), func(b *testing.B) {
+		b.Run(name+"/warm-walk", func(b *testing.B) {
 			e := newEngine(g)
 			states := make([]int32, len(prefixes))
 			for i, p := range prefixes {
@@ -88,7 +125,7 @@ func BenchmarkMask(b *testing.B) {
 				e.computeMask(v, states[i%len(states)], -1, mask, stk, nil)
 			}
 		})
-		b.Run(fmt.Sprintf("vocab=%d/cached", n), func(b *testing.B) {
+		b.Run(name+"/cached", func(b *testing.B) {
 			m := g.NewMatcher(v, -1)
 			defer m.Close()
 			for b.Loop() {

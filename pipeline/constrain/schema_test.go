@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,7 +56,7 @@ func walk(t testing.TB, g *Grammar, v *Vocab, rng *rand.Rand, budget int) string
 		if err := m.Accept(id); err != nil {
 			t.Fatalf("step %d: accept %d: %v", step, id, err)
 		}
-		if id == 0 {
+		if slices.Contains(v.eog, id) {
 			return string(out)
 		}
 		if step >= budget {
