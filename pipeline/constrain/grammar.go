@@ -21,6 +21,18 @@
 // budget (shortest completions are precomputed per grammar position), so a
 // model that would ramble — random weights, say — still ends with complete
 // output at the token limit rather than a truncated one.
+//
+// Entry points:
+//
+//   - JSONSchema(schema), JSONObject(), ParseGBNF(text): a *Grammar;
+//   - NewConverter, AddSchema, Grammar(root): several schemas as rules of
+//     one grammar whose root the caller writes (tool calls in a model's
+//     own format), Quote for literals;
+//   - (*Grammar).WithTriggers: a lazy grammar, free text until a trigger;
+//   - NewVocab and (*Grammar).NewMatcher: a sequence's masks (package
+//     pipeline does this for GenerateOptions.Grammar; package sample's
+//     Constraint is what a Matcher is to the sampler);
+//   - ReadStats: how much mask work there was and how much was waited for.
 package constrain
 
 import (
