@@ -111,7 +111,7 @@ func BenchmarkMask(b *testing.B) {
 		b.Run(name+"/cold", func(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				e := newEngine(g)
-				e.computeMask(v, stateOf(e, prefixes[i%len(prefixes)]), -1, mask, stk, nil)
+				e.computeMask(v, stateOf(e, prefixes[i%len(prefixes)]), -1, mask, stk, nil, nil)
 			}
 		})
 		b.Run(name+"/warm-walk", func(b *testing.B) {
@@ -119,10 +119,10 @@ func BenchmarkMask(b *testing.B) {
 			states := make([]int32, len(prefixes))
 			for i, p := range prefixes {
 				states[i] = stateOf(e, p)
-				e.computeMask(v, states[i], -1, mask, stk, nil)
+				e.computeMask(v, states[i], -1, mask, stk, nil, nil)
 			}
 			for i := 0; b.Loop(); i++ {
-				e.computeMask(v, states[i%len(states)], -1, mask, stk, nil)
+				e.computeMask(v, states[i%len(states)], -1, mask, stk, nil, nil)
 			}
 		})
 		b.Run(name+"/cached", func(b *testing.B) {

@@ -96,12 +96,12 @@ func (m *Matcher) compute() ([]uint64, error) {
 		m.keyBuf = m.e.key(m.state, m.keyBuf)
 		ent = m.cache.get(m.keyBuf)
 		if ent == nil {
-			mask := make([]uint64, len(m.own))
-			d, ok := m.e.computeMask(m.v, m.state, -1, mask, m.stk, &m.stop)
+			ent = &maskEntry{mask: make([]uint64, len(m.own))}
+			d, ok := m.e.computeMask(m.v, m.state, -1, ent.mask, m.stk, &m.stop, ent)
 			if !ok {
 				return nil, errClosed
 			}
-			ent = &maskEntry{mask: mask, maxDist: d}
+			ent.maxDist = d
 			m.cache.put(m.keyBuf, ent)
 		}
 		if len(m.e.masks) >= maxEngineMasks {
@@ -112,7 +112,11 @@ func (m *Matcher) compute() ([]uint64, error) {
 	if m.budget < 0 || int32(m.budget-2) >= ent.maxDist {
 		return ent.mask, nil
 	}
-	if _, ok := m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk, &m.stop); !ok {
+	st := m.e.states[m.state]
+	if ent.budgetMask(m.own, max(int32(m.budget-2), st.dist-1), st.complete, m.v.eog) {
+		return m.own, nil
+	}
+	if _, ok := m.e.computeMask(m.v, m.state, m.budget, m.own, m.stk, &m.stop, nil); !ok {
 		return nil, errClosed
 	}
 	return m.own, nil

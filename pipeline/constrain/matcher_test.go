@@ -261,3 +261,70 @@ func TestLazyGrammar(t *testing.T) {
 		t.Fatalf("the eager grammar took free text: %v", err)
 	}
 }
+
+// TestBudgetMasks: masks under a binding budget, built from a cached
+// state's distance lists, equal a fresh walk of the vocabulary with that
+// budget, at every step of random walks and for every budget that binds.
+func TestBudgetMasks(t *testing.T) {
+	v := testVocab()
+	schema, err := JSONSchema([]byte(`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"},"maxItems":3},"c":{"enum":["x","yy"]}},"required":["a","c"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gbnf, err := ParseGBNF(jsonGBNF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []*Grammar{schema, gbnf} {
+		rng := rand.New(rand.NewPCG(3, 4))
+		m := g.NewMatcher(v, -1)
+		var out []byte
+		for step := 0; step < 60; step++ {
+			ent := func() *maskEntry { // the cached entry of the current state
+				m.wait()
+				m.budget, m.valid = -1, false
+				if _, err := m.Allowed(); err != nil {
+					t.Fatal(err)
+				}
+				return m.e.masks[m.state]
+			}()
+			fresh := newEngine(g)
+			s := fresh.start()
+			for _, b := range out {
+				s = fresh.next(s, b)
+			}
+			want := make([]uint64, len(m.own))
+			stk := make([]int32, v.depth+1)
+			for budget := 1; budget <= int(ent.maxDist)+2; budget++ {
+				m.budget, m.valid = budget, false
+				got, err := m.Allowed()
+				if err != nil {
+					t.Fatal(err)
+				}
+				fresh.computeMask(v, s, budget, want, stk, nil, nil)
+				for w := range want {
+					if got[w] != want[w] {
+						t.Fatalf("after %q, budget %d: word %d: %064b, a fresh walk gives %064b", out, budget, w, got[w], want[w])
+					}
+				}
+			}
+			m.budget, m.valid = -1, false
+			mask, _ := m.Allowed()
+			var ids []int32
+			for id := int32(0); id < int32(v.Size()); id++ {
+				if bit(mask, id) {
+					ids = append(ids, id)
+				}
+			}
+			id := ids[rng.IntN(len(ids))]
+			if err := m.Accept(id); err != nil {
+				t.Fatal(err)
+			}
+			if id == 0 {
+				break
+			}
+			out = append(out, v.pieces[id]...)
+		}
+		m.Close()
+	}
+}

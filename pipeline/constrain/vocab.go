@@ -103,7 +103,25 @@ func (v *Vocab) Size() int { return v.n }
 type maskEntry struct {
 	mask    []uint64
 	maxDist int32
+	// For a budget that binds, the allowed tokens by distance, relative to
+	// the state's own distance dist: progress those that end closer,
+	// excess those that end farther (the rest end as far). Budget-bound
+	// masks are built from them without walking the vocabulary; lists
+	// false when there were too many to keep.
+	dist     int32
+	lists    bool
+	progress []int32
+	excess   []tokenDist
 }
+
+type tokenDist struct {
+	id   int32
+	dist int32
+}
+
+// maxListed bounds the progress and excess lists (a fraction of the
+// vocabulary: past it, a budget-bound mask walks the trie again).
+func maxListed(n int) int { return max(n/16, 256) }
 
 // maskCache holds the masks of one grammar on one vocabulary, and the
 // automata of finished sequences: a new sequence takes one already warm
@@ -193,7 +211,8 @@ func (s *cacheSet) of(v *Vocab) *maskCache {
 // byte of it is accepted and the output can then be completed within
 // budget-2 more bytes (budget < 0: unlimited). It returns the largest such
 // distance too.
-func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32, stop *atomic.Bool) (int32, bool) {
+// With ent, it also fills ent's distance lists (an unlimited walk).
+func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk []int32, stop *atomic.Bool, ent *maskEntry) (int32, bool) {
 	stats.walks.Add(1)
 	clear(mask)
 	limit := int32(infLen - 1) // a state that can never complete is a dead end
@@ -206,6 +225,10 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 		limit = max(int32(min(budget-2, infLen-1)), e.states[s].dist-1)
 	}
 	maxDist := int32(0)
+	here := e.states[s].dist
+	if ent != nil {
+		ent.dist, ent.lists = here, true
+	}
 	stk[0] = s
 	nodes := v.nodes
 	for i, polled := 0, 0; i < len(nodes); {
@@ -231,6 +254,16 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 				maxDist = max(maxDist, d)
 				for _, id := range v.toks[nd.tok0:nd.tok1] {
 					mask[id>>6] |= 1 << (id & 63)
+					if ent != nil && ent.lists && d != here {
+						if d < here {
+							ent.progress = append(ent.progress, id)
+						} else {
+							ent.excess = append(ent.excess, tokenDist{id, d})
+						}
+						if len(ent.progress)+len(ent.excess) > maxListed(v.n) {
+							ent.lists, ent.progress, ent.excess = false, nil, nil
+						}
+					}
 				}
 			}
 		}
@@ -242,4 +275,31 @@ func (e *engine) computeMask(v *Vocab, s int32, budget int, mask []uint64, stk [
 		}
 	}
 	return maxDist, true
+}
+
+// budgetMask writes into dst the tokens of ent allowed with limit (the
+// same rule as computeMask's), from its lists; false when it has none.
+func (ent *maskEntry) budgetMask(dst []uint64, limit int32, complete bool, eog []int32) bool {
+	if !ent.lists {
+		return false
+	}
+	if limit < ent.dist {
+		clear(dst)
+		for _, id := range ent.progress {
+			dst[id>>6] |= 1 << (id & 63)
+		}
+		if complete {
+			for _, id := range eog {
+				dst[id>>6] |= 1 << (id & 63)
+			}
+		}
+		return true
+	}
+	copy(dst, ent.mask)
+	for _, t := range ent.excess {
+		if t.dist > limit {
+			dst[t.id>>6] &^= 1 << (t.id & 63)
+		}
+	}
+	return true
 }
