@@ -13,6 +13,7 @@ import (
 
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/constrain"
+	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
 
@@ -35,7 +36,9 @@ func add(a, b constrain.Stats) constrain.Stats {
 // vocabulary, bundled in gguf/testdata/tokenizer).
 // GPU: FORGE_BIG_MODEL=/tmp/l8.gguf pipeline.test -test.run ConstrainedDecodeCost -test.v
 // (the first file of FORGE_BIG_MODEL on the GPU; FORGE_DEVICE overrides
-// the device, FORGE_BENCH_TOKENS the tokens per worker and round).
+// the device, FORGE_BENCH_TOKENS the tokens per worker and round, and
+// FORGE_BENCH_GREEDY=1 makes both modes greedy: unconstrained, the GPU
+// then reduces each row on the device, which a constrained row cannot).
 func TestConstrainedDecodeCost(t *testing.T) {
 	big := os.Getenv("FORGE_BIG_MODEL")
 	if big == "" && os.Getenv("FORGE_BENCH_CONSTRAIN") == "" {
@@ -65,6 +68,11 @@ func TestConstrainedDecodeCost(t *testing.T) {
 		fmt.Sscan(n, &perWorker)
 	}
 	const workers = 16
+	greedy := os.Getenv("FORGE_BENCH_GREEDY") != ""
+	how := "sampled"
+	if greedy {
+		how = "greedy"
+	}
 	m, err := Open(ctx, path, Options{Device: device, Batching: Batching{On: true, GPU: true, Seqs: workers}})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +111,11 @@ func TestConstrainedDecodeCost(t *testing.T) {
 				defer wg.Done()
 				for r := 0; rctx.Err() == nil; r++ {
 					s := schemas[(w+r)%len(schemas)]
-					o := GenerateOptions{MaxTokens: 160, Sampling: seeded(seed + uint64(w*1000+r)),
+					p := seeded(seed + uint64(w*1000+r))
+					if greedy {
+						p = sample.Params{}
+					}
+					o := GenerateOptions{MaxTokens: 160, Sampling: p,
 						OnToken: func(Token) error {
 							if tokens.Add(1) == target {
 								once.Do(func() {
@@ -169,7 +181,7 @@ func TestConstrainedDecodeCost(t *testing.T) {
 		t.Logf("CONSTRAIN %s on %s: %d tokens in %d steps (%.1f a step), %.2f ms a step, %.3f ms a token", name, device, x.tokens, x.steps, float64(x.tokens)/float64(x.steps), ms(x.d, x.steps), ms(x.d, int64(x.tokens)))
 	}
 	overhead := ms(tot[1].d, int64(tot[1].tokens))/ms(tot[0].d, int64(tot[0].tokens)) - 1
-	t.Logf("CONSTRAIN end to end: constrained %+.1f%% time a token against unconstrained (16 sequences, sampled, the same request lengths)", overhead*100)
+	t.Logf("CONSTRAIN end to end: constrained %+.1f%% time a token against unconstrained (16 sequences, %s, the same request lengths)", overhead*100, how)
 	t.Logf("CONSTRAIN masks: %d served, %d vocabulary walks, %v computing (in the background, overlapping the steps), %v blocked in the step loop = %.2f%% of the constrained decode time",
 		cs.Masks, cs.Walks, cs.Compute.Round(time.Millisecond), cs.Blocked.Round(time.Microsecond), 100*cs.Blocked.Seconds()/tot[1].d.Seconds())
 	if invalid > 0 {
