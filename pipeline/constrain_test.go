@@ -25,8 +25,13 @@ import (
 // SentencePiece pieces with a leading space, byte tokens for everything
 // else (so multi-byte characters arrive byte by byte).
 func randomModel(t testing.TB) string {
+	return randomModelWith(t, "stories260K-F32.gguf")
+}
+
+// randomModelWith is randomModel with the vocabulary of a bundled file.
+func randomModelWith(t testing.TB, vocabFile string) string {
 	t.Helper()
-	f, err := gguf.Open(testmodels.Path(t, "stories260K-F32.gguf"))
+	f, err := gguf.Open(testmodels.Path(t, vocabFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +41,7 @@ func randomModel(t testing.TB) string {
 		t.Fatal(err)
 	}
 	shape := synth.Presets["tiny"]
-	shape.Ctx = 512
+	shape.Ctx, shape.Vocab = 512, len(voc.Tokens)
 	path := filepath.Join(t.TempDir(), "random.gguf")
 	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Vocab: voc, Seed: 11, Name: "random"}); err != nil {
 		t.Fatal(err)
@@ -201,4 +206,34 @@ num ::= [1-9] [0-9]{0,2}`)
 	if _, err := m.Generate(ctx, "x", GenerateOptions{MaxTokens: 5, IgnoreEOG: true, Grammar: arith}); err == nil {
 		t.Error("IgnoreEOG with a grammar: no error")
 	}
+}
+
+// TestConstrainedBPEVocabulary: GPT-2's byte-level BPE vocabulary (50257
+// tokens, pieces spelled in its byte alphabet, multi-byte characters
+// split across tokens) on random weights: schemas batched, every output
+// valid.
+func TestConstrainedBPEVocabulary(t *testing.T) {
+	path := randomModelWith(t, "tokenizer/ggml-vocab-gpt-2.gguf")
+	schemas := loadTestSchemas(t)
+	e := newTestEngine(t, EngineOptions{Open: Options{Batching: Batching{Seqs: 16}}})
+	var wg sync.WaitGroup
+	for i, s := range schemas {
+		if i%6 != 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := e.Generate(context.Background(), EngineRequest{Model: path, Prompt: "JSON:", MaxTokens: 200, Sampling: seeded(uint64(i)), Grammar: s.g})
+			if err != nil {
+				t.Errorf("%s: %v", s.name, err)
+				return
+			}
+			if res.Stop != "eog" {
+				t.Errorf("%s: stop %q: %q", s.name, res.Stop, res.Text)
+			}
+			checkJSON(t, s, res.Text)
+		}()
+	}
+	wg.Wait()
 }
