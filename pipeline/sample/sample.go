@@ -286,7 +286,6 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 		}
 		c[i] = candidate{id: int32(i), logit: l}
 	}
-
 	s.applyPenalty(c)
 	s.applyOpenAIPenalties(c)
 	if s.con != nil {
