@@ -113,3 +113,19 @@ func checkConstrained(g *constrain.Grammar, ignoreEOS bool) error {
 	}
 	return nil
 }
+
+// constrainMetrics writes the constrained-decoding counters of the
+// process: masks handed to the samplers, vocabulary walks, and the time
+// spent computing masks (in the background) and waiting for them (in the
+// step loop: what constrained output costs the decode).
+func constrainMetrics(p promWriter) {
+	st := constrain.ReadStats()
+	p.family("forge_constrain_masks_total", "counter", "Token masks handed to constrained sequences.")
+	p.sample("forge_constrain_masks_total", float64(st.Masks))
+	p.family("forge_constrain_walks_total", "counter", "Vocabulary walks for masks not found in a grammar's cache.")
+	p.sample("forge_constrain_walks_total", float64(st.Walks))
+	p.family("forge_constrain_compute_seconds_total", "counter", "Time spent computing masks, overlapping the model's steps.")
+	p.sample("forge_constrain_compute_seconds_total", st.Compute.Seconds())
+	p.family("forge_constrain_blocked_seconds_total", "counter", "Time the step loop waited for a mask.")
+	p.sample("forge_constrain_blocked_seconds_total", st.Blocked.Seconds())
+}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -115,6 +117,23 @@ func TestServeConstrained(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(ol.Response), &obj); err != nil {
 		t.Errorf("ollama json: %q: %v", ol.Response, err)
+	}
+
+	// The masks show in /metrics.
+	resp, err := ts.client.Get(ts.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var masks float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "forge_constrain_masks_total "); ok {
+			masks, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if masks < 10 {
+		t.Errorf("forge_constrain_masks_total %v after constrained requests", masks)
 	}
 
 	// Malformed constraints.
