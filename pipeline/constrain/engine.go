@@ -225,6 +225,16 @@ func (e *engine) partial(set int32, cp rune, need, length int8) int32 {
 	return e.stateOf(out, cp, need, length)
 }
 
+// Bounds on one automaton, against grammars whose parse states explode
+// (very ambiguous ones): a transition to a state of more stacks than
+// maxStacks, or made once the automaton holds maxNodes stack nodes, is
+// rejected, so a sequence fails (no token allowed) rather than the
+// process running out of memory.
+var (
+	maxStacks = 1 << 12
+	maxNodes  = 1 << 22
+)
+
 // advance moves every stack whose class matches cp past it.
 func (e *engine) advance(set int32, cp rune) int32 {
 	var out []int32
@@ -237,7 +247,7 @@ func (e *engine) advance(set int32, cp rune) int32 {
 			out = append(out, e.expand(n.pos+1, n.next)...)
 		}
 	}
-	if len(out) == 0 {
+	if len(out) == 0 || len(out) > maxStacks || len(e.nodes) > maxNodes {
 		return transReject
 	}
 	return e.stateOf(out, 0, 0, 0)

@@ -328,3 +328,31 @@ func TestBudgetMasks(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestStateBounds: a transition to more parse stacks than the bound is
+// refused: the sequence fails instead of the automaton growing without
+// limit.
+func TestStateBounds(t *testing.T) {
+	g, err := ParseGBNF(`root ::= "x" ( "a" "b" | "a" "c" | "a" "d" )`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Accepts("xab") {
+		t.Fatal("rejects xab")
+	}
+	defer func(n int) { maxStacks = n }(maxStacks)
+	maxStacks = 2
+	if g.Accepts("xab") {
+		t.Fatal("a state of 3 stacks was allowed past a bound of 2")
+	}
+	v := testVocab()
+	m := g.NewMatcher(v, -1)
+	defer m.Close()
+	mask, err := m.Allowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bit(mask, int32(1+'x')) {
+		t.Fatal("x allowed though it leads past the bound")
+	}
+}
