@@ -63,6 +63,8 @@ type Model struct {
 	// rendering conversations (package chat).
 	chatTemplate string
 
+	cvocab constrainVocab // the vocabulary of constrained requests
+
 	closeOnce sync.Once
 	closeErr  error
 

@@ -34,7 +34,7 @@ func init() {
 			"is not a terminal and neither -p nor -f is given; one trailing newline of a file or of " +
 			"stdin is dropped. --json prints one JSON result object on stdout at the end instead of " +
 			"streaming the text.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file or store name (or give it as MODEL)"},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt `TEXT` (-: read stdin)"},
 			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the prompt from `FILE` (-: stdin)"},
@@ -60,7 +60,7 @@ func init() {
 			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
 			// For tests and demonstrations: a slow generation, to interrupt.
 			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
-		},
+		}, constrainFlags()...),
 		Action: runCmd,
 	})
 }
@@ -232,6 +232,9 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	}
 	split, err := splitShares(c)
 	if err != nil {
+		return err
+	}
+	if gopts.Grammar, err = grammarFlags(c); err != nil {
 		return err
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),

@@ -370,6 +370,10 @@ type completionRequest struct {
 	// Tools and ToolChoice are OpenAI's (serve_tools.go).
 	Tools      []chat.Tool     `json:"tools"`
 	ToolChoice json.RawMessage `json:"tool_choice"`
+	// Constrained output (serve_constrain.go).
+	ResponseFormat json.RawMessage `json:"response_format"`
+	Grammar        string          `json:"grammar"`
+	JSONSchema     json.RawMessage `json:"json_schema"`
 
 	// prompts are a completion's prompts (OpenAI takes an array, each
 	// answered as its own choice); Prompt above is the first.
@@ -553,6 +557,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	}
 	if req.logprobs && req.Stream {
 		return req, er, badRequest("logprobs with stream is not supported: ask without stream")
+	}
+	if er.Grammar, err = openAIGrammar(req.ResponseFormat, req.Grammar, req.JSONSchema); err != nil {
+		return req, er, err
+	}
+	if err := checkConstrained(er.Grammar, er.IgnoreEOG); err != nil {
+		return req, er, err
 	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		if mt != nil && req.MaxCompletionTokens != nil {

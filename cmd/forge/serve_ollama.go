@@ -268,6 +268,8 @@ type ollamaRequest struct {
 	Tools    []chat.Tool    `json:"tools"`
 	Stream   *bool          `json:"stream"`
 	Options  ollamaOptions  `json:"options"`
+	// Format is "json" or a JSON schema (serve_constrain.go).
+	Format json.RawMessage `json:"format"`
 }
 
 // ollamaDecode reads a generate or chat request into an engine request.
@@ -344,6 +346,9 @@ func (s *server) ollamaDecode(r *http.Request, chatReq bool) (ollamaRequest, pip
 		return req, er, err
 	}
 	er.Stop = stops
+	if er.Grammar, err = ollamaGrammar(req.Format); err != nil {
+		return req, er, err
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		return req, er, err
 	}
