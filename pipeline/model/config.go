@@ -1,7 +1,8 @@
-// Package model holds the architectures forge runs: the Llama family
-// (llama.go: Llama 2/3, TinyLlama, Mistral) and Qwen2 (qwen2.go). Each is
-// written once against kernels.Backend, so the CPU and GPU backends run the
-// same model code; the model code itself does no arithmetic on activations.
+// Package model holds the architectures forge runs, one file each,
+// registered in arch.go: the Llama family (llama.go: Llama 2/3, TinyLlama,
+// Mistral) and Qwen2 (qwen2.go). Each is written once against
+// kernels.Backend, so the CPU and GPU backends run the same model code; the
+// model code itself does no arithmetic on activations.
 //
 // A Model owns its KV cache and one scratch allocation, carved into named
 // buffers sized for the largest batch, so a forward step allocates nothing.
@@ -13,8 +14,6 @@ package model
 import (
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -22,7 +21,7 @@ import (
 
 // Config is what the forward pass needs to know about a model's shape.
 type Config struct {
-	Arch    string // "llama" or "qwen2"
+	Arch    string // a registered architecture (arch.go)
 	Embd    int    // model width (d_model)
 	FF      int    // feed-forward hidden width
 	Layers  int
@@ -65,20 +64,9 @@ func ConfigFromFile(f *gguf.File) (Config, error) {
 	if err := checkBlocks(f, gc.Arch, gc.BlockCount); err != nil {
 		return Config{}, err
 	}
-	c, err := configFrom(gc)
+	c, err := configFromMeta(gc, f)
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", f.Path, err)
-	}
-	// llama.cpp takes the head size from attention.key_length when given
-	// (models whose heads are not Embd/Heads wide).
-	if kl, ok := f.Uint(gc.Arch + ".attention.key_length"); ok && kl > 0 {
-		if kl > maxHeadDim {
-			return Config{}, fmt.Errorf("model: %s: %s.attention.key_length = %d: must be at most %d", f.Path, gc.Arch, kl, maxHeadDim)
-		}
-		c.HeadDim = int(kl)
-		if _, ok := f.Uint(gc.Arch + ".rope.dimension_count"); !ok {
-			c.Rope.Dim = c.HeadDim
-		}
 	}
 	if c.Vocab == 0 {
 		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 && t.Dims[1] <= gguf.MaxVocab {
@@ -101,14 +89,12 @@ const maxHeadDim = 1 << 12
 func checkBlocks(f *gguf.File, arch string, blockCount int) error {
 	seen := map[int]bool{}
 	for i := range f.Tensors {
-		rest, ok := strings.CutPrefix(f.Tensors[i].Name, "blk.")
-		if !ok {
-			continue
+		l, inBlock, err := gguf.BlockOf(f.Tensors[i].Name)
+		if err != nil {
+			return fmt.Errorf("model: %s: %w", f.Path, err)
 		}
-		num, _, _ := strings.Cut(rest, ".")
-		l, err := strconv.Atoi(num)
-		if err != nil || l < 0 {
-			return fmt.Errorf("model: %s: tensor %q: block number %q is not a number", f.Path, f.Tensors[i].Name, num)
+		if !inBlock {
+			continue
 		}
 		if l >= blockCount {
 			return fmt.Errorf("model: %s: %s.block_count = %d but the file has tensor %q", f.Path, arch, blockCount, f.Tensors[i].Name)
@@ -121,8 +107,17 @@ func checkBlocks(f *gguf.File, arch string, blockCount int) error {
 	return nil
 }
 
-// configFrom maps gguf's generic configuration onto an architecture.
-func configFrom(gc gguf.Config) (Config, error) {
+// configFrom maps gguf's generic configuration onto an architecture, with
+// no metadata beyond it.
+func configFrom(gc gguf.Config) (Config, error) { return configFromMeta(gc, nil) }
+
+// configFromMeta maps gguf's generic configuration onto an architecture,
+// then lets the architecture read its own keys from md (nil: none).
+func configFromMeta(gc gguf.Config, md Metadata) (Config, error) {
+	a, err := Lookup(gc.Arch)
+	if err != nil {
+		return Config{}, err
+	}
 	c := Config{
 		Arch:    gc.Arch,
 		Embd:    gc.EmbeddingLength,
@@ -133,15 +128,6 @@ func configFrom(gc gguf.Config) (Config, error) {
 		Vocab:   gc.VocabSize,
 		Ctx:     gc.ContextLength,
 		NormEps: gc.NormEps,
-	}
-	switch gc.Arch {
-	case "llama":
-		// ggml's normal RoPE: adjacent pairs (2i, 2i+1).
-	case "qwen2":
-		c.Rope.NeoX = true // pairs (i, i+Dim/2)
-		c.Bias = true
-	default:
-		return Config{}, fmt.Errorf("architecture %q is not supported (llama, qwen2)", gc.Arch)
 	}
 	if c.Heads > 0 {
 		c.HeadDim = c.Embd / c.Heads
@@ -158,6 +144,22 @@ func configFrom(gc gguf.Config) (Config, error) {
 	default:
 		// YaRN and LongRoPE change the attention math, not just positions.
 		return Config{}, fmt.Errorf("rope scaling %q is not supported (none, linear, rope_freqs)", gc.RopeScalingType)
+	}
+	// llama.cpp takes the head size from attention.key_length when given
+	// (models whose heads are not Embd/Heads wide).
+	if kl, ok := metaUint(md, gc.Arch+".attention.key_length"); ok && kl > 0 {
+		if kl > maxHeadDim {
+			return Config{}, fmt.Errorf("%s.attention.key_length = %d: must be at most %d", gc.Arch, kl, maxHeadDim)
+		}
+		c.HeadDim = int(kl)
+		if _, ok := metaUint(md, gc.Arch+".rope.dimension_count"); !ok {
+			c.Rope.Dim = c.HeadDim
+		}
+	}
+	if a.Configure != nil {
+		if err := a.Configure(&c, md); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", a.Name, err)
+		}
 	}
 	return c, nil
 }

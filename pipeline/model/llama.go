@@ -1,5 +1,50 @@
 package model
 
+// llamaArch is the Llama family: Llama 2 and 3, TinyLlama, Mistral (files
+// with general.architecture "llama"), ggml's normal RoPE (adjacent pairs).
+var llamaArch = Arch{
+	Name:  "llama",
+	Block: llamaBlock,
+	Layer: llamaLayer,
+	Presets: map[string]Shape{
+		"tiny":        {Embd: 256, FF: 512, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 512, Ctx: 256, RopeBase: 10000, NormEps: 1e-5},
+		"bench86m":    {Embd: 768, FF: 2048, Layers: 12, Heads: 12, KVHeads: 12, Vocab: 512, Ctx: 2048, RopeBase: 10000, NormEps: 1e-5},
+		"llama2-7b":   {Embd: 4096, FF: 11008, Layers: 32, Heads: 32, KVHeads: 32, Vocab: 32000, Ctx: 4096, RopeBase: 10000, NormEps: 1e-5},
+		"llama3-8b":   {Embd: 4096, FF: 14336, Layers: 32, Heads: 32, KVHeads: 8, Vocab: 128256, Ctx: 8192, RopeBase: 500000, NormEps: 1e-5},
+		"llama3-70b":  {Embd: 8192, FF: 28672, Layers: 80, Heads: 64, KVHeads: 8, Vocab: 128256, Ctx: 8192, RopeBase: 500000, NormEps: 1e-5},
+		"llama3.1-8b": {Embd: 4096, FF: 14336, Layers: 32, Heads: 32, KVHeads: 8, Vocab: 128256, Ctx: 131072, RopeBase: 500000, NormEps: 1e-5, RopeFreqs: true},
+	},
+}
+
+// llamaBlock is a Llama block's tensor table: attention, then the SwiGLU
+// feed-forward.
+func llamaBlock(c Config) []TensorSpec {
+	return append(attentionTensors(c), ffnTensors(c)...)
+}
+
+// attentionTensors are the pre-norm, Q, K, V and output projections of a
+// Llama-style block.
+func attentionTensors(c Config) []TensorSpec {
+	return []TensorSpec{
+		vec("attn_norm.weight", c.Embd, KindNorm, fAttnNorm),
+		mat("attn_q.weight", c.Embd, c.QDim(), fQ),
+		mat("attn_k.weight", c.Embd, c.KVDim(), fK),
+		mat("attn_v.weight", c.Embd, c.KVDim(), fV),
+		mat("attn_output.weight", c.QDim(), c.Embd, fO),
+	}
+}
+
+// ffnTensors are the pre-norm and the gate, up and down projections of a
+// SwiGLU feed-forward.
+func ffnTensors(c Config) []TensorSpec {
+	return []TensorSpec{
+		vec("ffn_norm.weight", c.Embd, KindNorm, fFFNNorm),
+		mat("ffn_gate.weight", c.Embd, c.FF, fGate),
+		mat("ffn_up.weight", c.Embd, c.FF, fUp),
+		mat("ffn_down.weight", c.FF, c.Embd, fDown),
+	}
+}
+
 // The Llama block (Llama 2 and 3, TinyLlama, Mistral), pre-norm with a
 // SwiGLU feed-forward, on n tokens at positions pos0 … pos0+n-1:
 //

@@ -112,14 +112,11 @@ type Model struct {
 // function and the global weights.
 func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
 	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
-	switch cfg.Arch {
-	case "llama":
-		m.layer = llamaLayer
-	case "qwen2":
-		m.layer = qwen2Layer
-	default:
-		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
+	a, err := Lookup(cfg.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
+	m.layer = a.Layer
 	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
@@ -177,19 +174,9 @@ func (m *Model) allocScratch() error {
 	if m.bat != nil {
 		logitRows = m.bat.maxSeqs // one row per sequence of a step
 	}
-	sizes := []struct {
-		t *kernels.Tensor
-		n int
-	}{
-		{&m.s.x, B * c.Embd}, {&m.s.xb, B * c.Embd}, {&m.s.xb2, B * c.Embd},
-		{&m.s.q, B * c.QDim()}, {&m.s.k, B * c.KVDim()}, {&m.s.v, B * c.KVDim()},
-		{&m.s.att, B * c.QDim()},
-		{&m.s.gate, B * c.FF}, {&m.s.up, B * c.FF}, {&m.s.hb, B * c.FF},
-		{&m.s.logits, logitRows * c.Vocab},
-		{&m.s.qk1, c.QDim() + c.KVDim()},
-	}
+	pieces := m.s.pieces(c, B, logitRows)
 	total := 0
-	for _, p := range sizes {
+	for _, p := range pieces {
 		total += p.n
 	}
 	all, err := m.be.Alloc(total)
@@ -198,12 +185,42 @@ func (m *Model) allocScratch() error {
 	}
 	m.s.all = all
 	off := 0
-	for _, p := range sizes {
+	for _, p := range pieces {
 		*p.t = all.View(off, p.n)
 		off += p.n
 	}
 	m.logits = make([]float32, logitRows*c.Vocab)
 	return nil
+}
+
+// scratchPiece is one named buffer of the scratch and its length.
+type scratchPiece struct {
+	t *kernels.Tensor
+	n int
+}
+
+// pieces lists the scratch buffers of a model of shape c for batches of B
+// rows and logitRows rows of logits, in allocation order.
+func (s *scratch) pieces(c Config, B, logitRows int) []scratchPiece {
+	return []scratchPiece{
+		{&s.x, B * c.Embd}, {&s.xb, B * c.Embd}, {&s.xb2, B * c.Embd},
+		{&s.q, B * c.QDim()}, {&s.k, B * c.KVDim()}, {&s.v, B * c.KVDim()},
+		{&s.att, B * c.QDim()},
+		{&s.gate, B * c.FF}, {&s.up, B * c.FF}, {&s.hb, B * c.FF},
+		{&s.logits, logitRows * c.Vocab},
+		{&s.qk1, c.QDim() + c.KVDim()},
+	}
+}
+
+// ScratchFloats is the size in float32 of the one scratch allocation a
+// model of shape c makes for batches of rows rows with logitRows rows of
+// logits (the Engine's memory estimate uses it before a load).
+func ScratchFloats(c Config, rows, logitRows int) int64 {
+	var n int64
+	for _, p := range (&scratch{}).pieces(c, rows, logitRows) {
+		n += int64(p.n)
+	}
+	return n
 }
 
 // Close releases the recorded decode step, the KV cache and scratch.
