@@ -18,6 +18,7 @@ import (
 var archs = map[string]*Arch{
 	"llama": &llamaArch,
 	"qwen2": &qwen2Arch,
+	"qwen3": &qwen3Arch,
 }
 
 // Arch is one architecture: how its hyper-parameters come from a GGUF

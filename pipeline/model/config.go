@@ -36,6 +36,9 @@ type Config struct {
 	Rope kernels.Rope
 	// Bias is true when Q, K and V projections carry biases (Qwen2).
 	Bias bool
+	// QKNorm is true when each head of the queries and keys is RMS-normed
+	// before RoPE (Qwen3, Gemma 3).
+	QKNorm bool
 }
 
 // QDim is the width of the query projection, Heads·HeadDim.

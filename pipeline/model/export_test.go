@@ -38,3 +38,6 @@ var (
 	CheckAgainstReference = checkAgainstReference
 	Tolerance             = tolerance
 )
+
+// OpenGPU opens device 0 for one test, skipping where there is none.
+var OpenGPU = openGPU

@@ -32,6 +32,10 @@ type Shape struct {
 	// RopeFreqs adds Llama 3.1's rope_freqs.weight: per-frequency divisors
 	// for a context extended 8× beyond 8192 positions.
 	RopeFreqs bool
+	// ChatTemplate is the model's conversation format (a Jinja template),
+	// written as tokenizer.chat_template unless the vocabulary copied
+	// into the file brings its own; "": none.
+	ChatTemplate string
 }
 
 // HeadSize is the attention head size: HeadDim, or Embd/Heads.

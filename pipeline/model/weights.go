@@ -28,6 +28,8 @@ type LayerWeights struct {
 	QBias    *kernels.Weight // [QDim]  (Config.Bias: Qwen2)
 	KBias    *kernels.Weight // [KVDim] (Config.Bias)
 	VBias    *kernels.Weight // [KVDim] (Config.Bias)
+	QNorm    *kernels.Weight // [HeadDim] (Config.QKNorm: Qwen3)
+	KNorm    *kernels.Weight // [HeadDim] (Config.QKNorm)
 	O        *kernels.Weight // [Embd][QDim]
 	FFNNorm  *kernels.Weight // [Embd]
 	Gate     *kernels.Weight // [FF][Embd]
@@ -101,6 +103,8 @@ var (
 	fQBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.QBias }
 	fKBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.KBias }
 	fVBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.VBias }
+	fQNorm    layerField = func(l *LayerWeights) **kernels.Weight { return &l.QNorm }
+	fKNorm    layerField = func(l *LayerWeights) **kernels.Weight { return &l.KNorm }
 	fO        layerField = func(l *LayerWeights) **kernels.Weight { return &l.O }
 	fFFNNorm  layerField = func(l *LayerWeights) **kernels.Weight { return &l.FFNNorm }
 	fGate     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Gate }

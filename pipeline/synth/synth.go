@@ -233,7 +233,7 @@ func writeMeta(w *gguf.Writer, o *Options, voc *gguf.TokenizerMeta) error {
 	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
-	return writeVocab(w, voc, s.Vocab)
+	return writeVocab(w, voc, s.Vocab, s.ChatTemplate)
 }
 
 // llama31Freqs fills Llama 3.1's rope frequency divisors, as its converter
@@ -257,8 +257,9 @@ func llama31Freqs(v []float32, base float32) {
 	}
 }
 
-// writeVocab writes the tokenizer, padded to n tokens.
-func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int) error {
+// writeVocab writes the tokenizer, padded to n tokens, with the
+// vocabulary's chat template, else the shape's (template).
+func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int, template string) error {
 	tokens := slices.Clone(voc.Tokens)
 	scores := slices.Clone(voc.Scores)
 	types := slices.Clone(voc.TokenTypes)
@@ -312,7 +313,10 @@ func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int) error {
 	add("tokenizer.ggml.add_eos_token", gguf.Bool(voc.AddEOS))
 	add("tokenizer.ggml.add_space_prefix", gguf.Bool(voc.AddSpacePrefix))
 	if voc.ChatTemplate != "" {
-		add("tokenizer.chat_template", gguf.Str(voc.ChatTemplate))
+		template = voc.ChatTemplate
+	}
+	if template != "" {
+		add("tokenizer.chat_template", gguf.Str(template))
 	}
 	if err != nil {
 		return fmt.Errorf("synth: vocabulary: %w", err)
