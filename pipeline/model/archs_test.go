@@ -33,7 +33,7 @@ import (
 
 // archPresets are the tiny presets checked against llama.cpp, one (or
 // more) per architecture or variant.
-var archPresets = []string{"tiny-qwen3"}
+var archPresets = []string{"tiny-qwen3", "tiny-llama3.1", "tiny-mistral"}
 
 // archTokens is how many greedy tokens are compared.
 const archTokens = 16
@@ -161,9 +161,9 @@ func decisivePrefix(margins []float64) int {
 
 // How checkArchGreedy runs the greedy steps.
 const (
-	viaLogits  = iota // Forward, the ids and the top-2 margins compared
-	viaIDs            // Forward, the ids compared (a GPU's F16 KV cache moves the margins)
-	viaDevice         // Model.Greedy: the backend's argmax and recorded decode step
+	viaLogits = iota // Forward, the ids and the top-2 margins compared
+	viaIDs           // Forward, the ids compared (a GPU's F16 KV cache moves the margins)
+	viaDevice        // Model.Greedy: the backend's argmax and recorded decode step
 )
 
 // checkArchGreedy runs every tiny preset on be and compares the greedy ids

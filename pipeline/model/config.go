@@ -39,6 +39,25 @@ type Config struct {
 	// QKNorm is true when each head of the queries and keys is RMS-normed
 	// before RoPE (Qwen3, Gemma 3).
 	QKNorm bool
+	// Window, when > 0, is the sliding attention window (Mistral: every
+	// layer; Gemma: the local layers, see SWAPattern).
+	Window int
+	// SWAPattern, when > 0, interleaves local (windowed) and global layers
+	// as llama.cpp does: layer l is local when l % SWAPattern <
+	// SWAPattern-1 (Gemma 2: 2, every other layer; Gemma 3: 6, five local
+	// then one global). 0: every layer is local when Window > 0.
+	SWAPattern int
+	// RopeBaseLocal, when > 0, is the RoPE frequency base of the local
+	// layers (Gemma 3: 10000, the global ones use Rope.Base).
+	RopeBaseLocal float32
+	// AttnSoftcap and FinalSoftcap, when > 0, cap the attention scores and
+	// the output logits at c·tanh(x/c) (Gemma 2).
+	AttnSoftcap, FinalSoftcap float32
+	// EmbedScale, when > 0, multiplies the token embeddings (Gemma: √Embd).
+	EmbedScale float32
+	// AttnScale, when > 0, replaces the attention score scale 1/√HeadDim
+	// (Gemma: 1/√query_pre_attn_scalar).
+	AttnScale float32
 }
 
 // QDim is the width of the query projection, Heads·HeadDim.
@@ -47,9 +66,45 @@ func (c Config) QDim() int { return c.Heads * c.HeadDim }
 // KVDim is the width of a key or value row, KVHeads·HeadDim.
 func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
 
-// Attn is the attention description the backend needs.
+// Attn is the attention description the backend needs (a global layer's:
+// see LayerAttn).
 func (c Config) Attn() kernels.Attn {
-	return kernels.Attn{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Scale: float32(1 / math.Sqrt(float64(c.HeadDim)))}
+	a := kernels.Attn{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
+		Softcap: c.AttnSoftcap}
+	if c.AttnScale > 0 {
+		a.Scale = c.AttnScale
+	}
+	if c.SWAPattern == 0 {
+		a.Window = c.Window
+	}
+	return a
+}
+
+// Local reports whether layer l attends through the sliding window.
+func (c Config) Local(l int) bool {
+	if c.Window <= 0 {
+		return false
+	}
+	return c.SWAPattern == 0 || l%c.SWAPattern < c.SWAPattern-1
+}
+
+// LayerAttn is layer l's attention: Attn, with the window on local layers.
+func (c Config) LayerAttn(l int) kernels.Attn {
+	a := c.Attn()
+	if c.Local(l) {
+		a.Window = c.Window
+	}
+	return a
+}
+
+// LayerRope is layer l's rotary embedding: Rope, with the local base on
+// local layers where the model has one.
+func (c Config) LayerRope(l int) kernels.Rope {
+	r := c.Rope
+	if c.RopeBaseLocal > 0 && c.Local(l) {
+		r.Base = c.RopeBaseLocal
+	}
+	return r
 }
 
 // ConfigFromFile reads the model shape from a GGUF file's metadata.
@@ -187,6 +242,10 @@ func (c Config) check() error {
 		return fmt.Errorf("model: rope scale %v must be a finite number > 0", c.Rope.Scale)
 	case c.Heads%c.KVHeads != 0:
 		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
+	case c.Window < 0 || c.SWAPattern < 0 || !(c.AttnSoftcap >= 0) || !(c.FinalSoftcap >= 0) || !(c.EmbedScale >= 0) ||
+		!(c.AttnScale >= 0) || !(c.RopeBaseLocal >= 0) || math.IsInf(float64(c.AttnSoftcap+c.FinalSoftcap+c.EmbedScale+c.AttnScale+c.RopeBaseLocal), 0):
+		return fmt.Errorf("model: window %d, pattern %d, soft-caps %v/%v, scales %v/%v, local rope base %v: must be finite and ≥ 0",
+			c.Window, c.SWAPattern, c.AttnSoftcap, c.FinalSoftcap, c.EmbedScale, c.AttnScale, c.RopeBaseLocal)
 	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:
 		return fmt.Errorf("model: rope dimension %d does not fit head size %d", c.Rope.Dim, c.HeadDim)
 	}

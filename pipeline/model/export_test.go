@@ -32,7 +32,7 @@ func OpenModel(t testing.TB, path string, be kernels.Backend, o Options) *Model 
 }
 
 // RopeParams is the RoPE description the model gives its backend.
-func RopeParams(m *Model) kernels.Rope { return m.ropeParams }
+func RopeParams(m *Model) kernels.Rope { return m.ropes[0] }
 
 var (
 	CheckAgainstReference = checkAgainstReference

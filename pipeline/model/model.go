@@ -60,13 +60,13 @@ type layerFunc func(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error
 // sequence: it owns that sequence's KV cache. It is not safe for concurrent
 // use.
 type Model struct {
-	Cfg        Config
-	be         kernels.Backend
-	w          Weights
-	g          *GlobalWeights
-	layer      layerFunc
-	ropeParams kernels.Rope
-	attn       kernels.Attn
+	Cfg   Config
+	be    kernels.Backend
+	w     Weights
+	g     *GlobalWeights
+	layer layerFunc
+	ropes []kernels.Rope // per layer
+	attns []kernels.Attn // per layer
 
 	kv        *kernels.KVCache
 	ctx       int
@@ -111,7 +111,7 @@ type Model struct {
 // newModel is what New and NewBatched share: the architecture's block
 // function and the global weights.
 func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
-	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
+	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals()}
 	a, err := Lookup(cfg.Arch)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
@@ -120,7 +120,15 @@ func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
 	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
-	m.ropeParams.Freqs = m.g.RopeFreqs
+	// Each layer's attention and RoPE (they differ between the local and
+	// global layers of Gemma), made once: a step allocates nothing.
+	m.attns = make([]kernels.Attn, cfg.Layers)
+	m.ropes = make([]kernels.Rope, cfg.Layers)
+	for l := range cfg.Layers {
+		m.attns[l] = cfg.LayerAttn(l)
+		m.ropes[l] = cfg.LayerRope(l)
+		m.ropes[l].Freqs = m.g.RopeFreqs
+	}
 	return m, nil
 }
 
@@ -401,8 +409,8 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 	c, n := m.Cfg, len(tokens)
 	m.pending = false
 	// x [n][Embd] = token_embd[tokens]
-	if err := m.be.Embed(m.s.x.View(0, n*c.Embd), m.g.Embed, tokens); err != nil {
-		return fmt.Errorf("model: embedding: %w", err)
+	if err := m.embed(m.s.x.View(0, n*c.Embd), tokens); err != nil {
+		return err
 	}
 	for l := range c.Layers {
 		if fetch {
@@ -432,9 +440,34 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
 	m.preNorm(a, m.g.OutputNorm, nOut)
-	m.matmul(m.s.logits.View(0, nOut*c.Vocab), m.g.Output, a.xb, nOut)
+	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
 	return nil
+}
+
+// embed looks the tokens up into x [len(tokens)][Embd] and scales them
+// where the architecture does (Gemma: √Embd).
+func (m *Model) embed(x kernels.Tensor, tokens []int32) error {
+	if err := m.be.Embed(x, m.g.Embed, tokens); err != nil {
+		return fmt.Errorf("model: embedding: %w", err)
+	}
+	if s := m.Cfg.EmbedScale; s > 0 {
+		if err := m.be.Scale(x, x, s, len(tokens)*m.Cfg.Embd); err != nil {
+			return fmt.Errorf("model: embedding scale: %w", err)
+		}
+	}
+	return nil
+}
+
+// head computes the logits of n normalised rows xb into dst [n][Vocab],
+// soft-capped where the architecture does (Gemma 2).
+func (m *Model) head(dst, xb kernels.Tensor, n int) {
+	m.matmul(dst, m.g.Output, xb, n)
+	if c := m.Cfg.FinalSoftcap; c > 0 && m.err == nil {
+		if err := m.be.Softcap(dst, c, n*m.Cfg.Vocab); err != nil {
+			m.err = fmt.Errorf("logit soft-cap: %w", err)
+		}
+	}
 }

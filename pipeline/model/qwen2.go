@@ -49,7 +49,7 @@ func qwen2Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	m.addBias(a.q, lw.QBias, n)
 	m.addBias(a.k, lw.KBias, n)
 	m.addBias(a.v, lw.VBias, n)
-	m.ropeQK(a, n, pos0)
+	m.ropeQK(a, n, pos0, layer)
 	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
 	if nOut == 0 {
 		return m.err

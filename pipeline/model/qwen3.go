@@ -63,7 +63,7 @@ func qwen3Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
 	m.rmsnorm(a.q, a.q, lw.QNorm, n*c.Heads)
 	m.rmsnorm(a.k, a.k, lw.KNorm, n*c.KVHeads)
-	m.ropeQK(a, n, pos0)
+	m.ropeQK(a, n, pos0, layer)
 	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
 	if nOut == 0 {
 		return m.err

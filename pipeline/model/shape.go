@@ -32,6 +32,9 @@ type Shape struct {
 	// RopeFreqs adds Llama 3.1's rope_freqs.weight: per-frequency divisors
 	// for a context extended 8× beyond 8192 positions.
 	RopeFreqs bool
+	// SlidingWindow, when > 0, limits attention to that many most recent
+	// positions (Mistral: attention.sliding_window).
+	SlidingWindow int
 	// ChatTemplate is the model's conversation format (a Jinja template),
 	// written as tokenizer.chat_template unless the vocabulary copied
 	// into the file brings its own; "": none.

@@ -7,7 +7,9 @@ package model_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -108,6 +110,56 @@ func TestPresetsRoundTrip(t *testing.T) {
 		f.Close()
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestSlidingWindow: a file whose metadata sets llama.attention.sliding_window
+// attends through the window: the logits of the positions inside the
+// first window equal those of the same weights without one, the later ones
+// differ, and the backends agree on them.
+func TestSlidingWindow(t *testing.T) {
+	const window, n = 4, 10
+	dir := t.TempDir()
+	logits := map[string][]float32{}
+	for _, w := range []int{0, window} {
+		s := synth.Presets["tiny-mistral"]
+		s.SlidingWindow = w
+		path := filepath.Join(dir, fmt.Sprintf("w%d.gguf", w))
+		if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: s, Seed: 7, Std: 0.25}); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range model.Backends(t) {
+			m := model.OpenModel(t, path, b.Backend, model.Options{AllLogits: true, Ctx: 32})
+			if got := m.Cfg.LayerAttn(1).Window; got != w {
+				t.Fatalf("window %d read back as %d", w, got)
+			}
+			prompt := []int32{1, 300, 301, 302, 303, 304, 305, 306, 307, 308}
+			l, err := m.Forward(context.Background(), prompt[:n], 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits[fmt.Sprintf("%s/%d", b.Name, w)] = slices.Clone(l)
+		}
+	}
+	v := len(logits["host/0"]) / n
+	rowDiff := func(a, b []float32, r int) float64 {
+		var d float64
+		for i := r * v; i < (r+1)*v; i++ {
+			d = max(d, math.Abs(float64(a[i]-b[i])))
+		}
+		return d
+	}
+	for r := range n {
+		d := rowDiff(logits["host/0"], logits[fmt.Sprintf("host/%d", window)], r)
+		if r < window && d > 1e-4 {
+			t.Errorf("position %d (inside the window): logits differ by %g", r, d)
+		}
+		if r >= window && d < 1e-3 {
+			t.Errorf("position %d (past the window): logits equal the unwindowed ones", r)
+		}
+		if d := rowDiff(logits["host/4"], logits["cpu/4"], r); d > 1e-3 {
+			t.Errorf("position %d: host and cpu differ by %g", r, d)
 		}
 	}
 }
