@@ -78,6 +78,9 @@ func (w *weights) Layer(ctx context.Context, i int) (*model.LayerWeights, error)
 			return nil, fmt.Errorf("pipeline: layer %d: tensor %q is not resident", i, s.Name)
 		}
 	}
+	if err := model.FinishLayer(w.cfg, lw); err != nil {
+		return nil, fmt.Errorf("pipeline: layer %d: %w", i, err)
+	}
 	w.layers[i] = lw
 	return lw, nil
 }

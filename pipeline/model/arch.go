@@ -19,6 +19,7 @@ var archs = map[string]*Arch{
 	"llama": &llamaArch,
 	"qwen2": &qwen2Arch,
 	"qwen3": &qwen3Arch,
+	"phi3":  &phi3Arch,
 }
 
 // Arch is one architecture: how its hyper-parameters come from a GGUF
@@ -33,6 +34,9 @@ type Arch struct {
 	// order llama.cpp's converter writes them; names without the
 	// "blk.<i>." prefix.
 	Block func(c Config) []TensorSpec
+	// Globals lists the architecture's tensors outside the blocks beyond
+	// those every architecture has (GlobalTensors); nil: none.
+	Globals func(c Config) []TensorSpec
 	// Layer runs one block (see layerFunc).
 	Layer layerFunc
 	// Meta adds the metadata keys of the architecture's own that a model of
@@ -112,10 +116,11 @@ func metaFloat(md Metadata, key string) (float64, bool) {
 type TensorKind int
 
 const (
-	KindWeight    TensorKind = iota // a matrix
-	KindNorm                        // a norm's scale vector, near 1
-	KindBias                        // a bias vector, near 0
-	KindRopeFreqs                   // rope frequency divisors (≥ 1)
+	KindWeight      TensorKind = iota // a matrix
+	KindNorm                          // a norm's scale vector, near 1
+	KindBias                          // a bias vector, near 0
+	KindRopeFreqs                     // rope frequency divisors (≥ 1), Llama 3.1's
+	KindRopeFactors                   // LongRoPE's per-frequency divisors (≥ 1), random
 )
 
 // TensorSpec is one tensor of an architecture's table: its name, its shape
@@ -156,19 +161,26 @@ func vec(name string, n int, kind TensorKind, f layerField) TensorSpec {
 	return TensorSpec{Name: name, Cols: n, Rows: 1, Kind: kind, block: f}
 }
 
-// GlobalTensors are the tensors outside the blocks, which every
-// architecture shares: the embedding, rope_freqs (optional), the output
-// norm and the LM head (optional: tied to the embedding when absent).
+// globalT declares a tensor outside the blocks.
+func globalT(name string, cols, rows int, kind TensorKind, optional bool, f func(*GlobalWeights) **kernels.Weight) TensorSpec {
+	return TensorSpec{Name: name, Cols: cols, Rows: rows, Kind: kind, Optional: optional, Layer: -1, global: f}
+}
+
+// GlobalTensors are the tensors outside the blocks: those every
+// architecture shares (the embedding, rope_freqs (optional), the output
+// norm and the LM head (optional: tied to the embedding when absent)),
+// then the architecture's own (Arch.Globals).
 func GlobalTensors(c Config) []TensorSpec {
-	g := func(name string, cols, rows int, kind TensorKind, optional bool, f func(*GlobalWeights) **kernels.Weight) TensorSpec {
-		return TensorSpec{Name: name, Cols: cols, Rows: rows, Kind: kind, Optional: optional, Layer: -1, global: f}
+	g := []TensorSpec{
+		globalT("token_embd.weight", c.Embd, c.Vocab, KindWeight, false, func(g *GlobalWeights) **kernels.Weight { return &g.Embed }),
+		globalT("rope_freqs.weight", c.Rope.Dim/2, 1, KindRopeFreqs, true, func(g *GlobalWeights) **kernels.Weight { return &g.RopeFreqs }),
+		globalT("output_norm.weight", c.Embd, 1, KindNorm, false, func(g *GlobalWeights) **kernels.Weight { return &g.OutputNorm }),
+		globalT("output.weight", c.Embd, c.Vocab, KindWeight, true, func(g *GlobalWeights) **kernels.Weight { return &g.Output }),
 	}
-	return []TensorSpec{
-		g("token_embd.weight", c.Embd, c.Vocab, KindWeight, false, func(g *GlobalWeights) **kernels.Weight { return &g.Embed }),
-		g("rope_freqs.weight", c.Rope.Dim/2, 1, KindRopeFreqs, true, func(g *GlobalWeights) **kernels.Weight { return &g.RopeFreqs }),
-		g("output_norm.weight", c.Embd, 1, KindNorm, false, func(g *GlobalWeights) **kernels.Weight { return &g.OutputNorm }),
-		g("output.weight", c.Embd, c.Vocab, KindWeight, true, func(g *GlobalWeights) **kernels.Weight { return &g.Output }),
+	if a, err := Lookup(c.Arch); err == nil && a.Globals != nil {
+		g = append(g, a.Globals(c)...)
 	}
+	return g
 }
 
 // LayerTensors are block i's tensors, from the architecture's table.
@@ -191,10 +203,11 @@ func LayerTensors(c Config, i int) []TensorSpec {
 func Tensors(c Config) []TensorSpec {
 	g := GlobalTensors(c)
 	all := slices.Clone(g[:2])
+	all = append(all, g[4:]...) // the architecture's own, before the blocks
 	for i := range c.Layers {
 		all = append(all, LayerTensors(c, i)...)
 	}
-	return append(all, g[2:]...)
+	return append(all, g[2:4]...)
 }
 
 // CheckShapes checks every tensor of c's table against f's tensor index

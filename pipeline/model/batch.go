@@ -85,6 +85,9 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
+	// A sequence's length is the scheduler's business: LongRoPE's factors
+	// are chosen for the model's default context.
+	m.longRope(min(max(cfg.Ctx, 1), DefaultMaxCtx))
 	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs}
 	if st.maxRows <= 0 {
 		st.maxRows = DefaultBatch + kernels.MaxBatchRows

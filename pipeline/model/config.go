@@ -55,6 +55,12 @@ type Config struct {
 	AttnSoftcap, FinalSoftcap float32
 	// EmbedScale, when > 0, multiplies the token embeddings (Gemma: √Embd).
 	EmbedScale float32
+	// RopeOrigCtx, when > 0, is LongRoPE's original context (Phi-3 128K):
+	// a model whose context exceeds it rotates with the long factors, else
+	// with the short ones. RopeAttnFactor, when > 0, scales the rotated
+	// queries and keys (LongRoPE's attention factor).
+	RopeOrigCtx    int
+	RopeAttnFactor float32
 	// AttnScale, when > 0, replaces the attention score scale 1/√HeadDim
 	// (Gemma: 1/√query_pre_attn_scalar).
 	AttnScale float32
@@ -243,7 +249,8 @@ func (c Config) check() error {
 	case c.Heads%c.KVHeads != 0:
 		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
 	case c.Window < 0 || c.SWAPattern < 0 || !(c.AttnSoftcap >= 0) || !(c.FinalSoftcap >= 0) || !(c.EmbedScale >= 0) ||
-		!(c.AttnScale >= 0) || !(c.RopeBaseLocal >= 0) || math.IsInf(float64(c.AttnSoftcap+c.FinalSoftcap+c.EmbedScale+c.AttnScale+c.RopeBaseLocal), 0):
+		!(c.AttnScale >= 0) || !(c.RopeBaseLocal >= 0) || c.RopeOrigCtx < 0 || !(c.RopeAttnFactor >= 0) ||
+		math.IsInf(float64(c.AttnSoftcap+c.FinalSoftcap+c.EmbedScale+c.AttnScale+c.RopeBaseLocal+c.RopeAttnFactor), 0):
 		return fmt.Errorf("model: window %d, pattern %d, soft-caps %v/%v, scales %v/%v, local rope base %v: must be finite and ≥ 0",
 			c.Window, c.SWAPattern, c.AttnSoftcap, c.FinalSoftcap, c.EmbedScale, c.AttnScale, c.RopeBaseLocal)
 	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:

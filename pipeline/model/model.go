@@ -149,6 +149,7 @@ func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
 			m.ctx = DefaultMaxCtx
 		}
 	}
+	m.longRope(m.ctx)
 	m.batch = o.Batch
 	if m.batch <= 0 {
 		m.batch = DefaultBatch
@@ -469,5 +470,21 @@ func (m *Model) head(dst, xb kernels.Tensor, n int) {
 		if err := m.be.Softcap(dst, c, n*m.Cfg.Vocab); err != nil {
 			m.err = fmt.Errorf("logit soft-cap: %w", err)
 		}
+	}
+}
+
+// longRope gives every layer LongRoPE's long or short factors, where the
+// model has them, as llama.cpp chooses: the long ones when the context
+// (ctx positions per sequence) exceeds the original one.
+func (m *Model) longRope(ctx int) {
+	if m.Cfg.RopeOrigCtx <= 0 || (m.g.RopeLong == nil && m.g.RopeShort == nil) {
+		return
+	}
+	f := m.g.RopeShort
+	if ctx > m.Cfg.RopeOrigCtx || f == nil {
+		f = m.g.RopeLong
+	}
+	for l := range m.ropes {
+		m.ropes[l].Freqs = f
 	}
 }

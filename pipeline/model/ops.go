@@ -191,3 +191,11 @@ func (m *Model) add(dst, a, b kernels.Tensor, n int) {
 		}
 	}
 }
+
+func (m *Model) scale(x kernels.Tensor, s float32, n int) {
+	if m.err == nil {
+		if err := m.be.Scale(x, x, s, n); err != nil {
+			m.err = fmt.Errorf("scale: %w", err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/forge-llm/forge/gguf"
 )
@@ -32,6 +33,10 @@ type Shape struct {
 	// RopeFreqs adds Llama 3.1's rope_freqs.weight: per-frequency divisors
 	// for a context extended 8× beyond 8192 positions.
 	RopeFreqs bool
+	// RopeOrigCtx, when > 0, makes the shape LongRoPE's (Phi-3 128K): the
+	// original context, the attention factor √(1 + ln(Ctx/RopeOrigCtx) /
+	// ln(RopeOrigCtx)) and the long and short factor tensors.
+	RopeOrigCtx int
 	// SlidingWindow, when > 0, limits attention to that many most recent
 	// positions (Mistral: attention.sliding_window).
 	SlidingWindow int
@@ -81,6 +86,11 @@ func (s Shape) Meta() ([]gguf.KV, error) {
 		add(p+"rope.scaling.type", gguf.Str("linear"))
 		add(p+"rope.scaling.factor", gguf.Float32(s.RopeLinear))
 	}
+	if s.RopeOrigCtx > 0 {
+		add(p+"rope.scaling.original_context_length", gguf.Uint32(uint32(s.RopeOrigCtx)))
+		scale := float64(s.Ctx) / float64(s.RopeOrigCtx)
+		add(p+"rope.scaling.attn_factor", gguf.Float32(float32(math.Sqrt(1+math.Log(scale)/math.Log(float64(s.RopeOrigCtx))))))
+	}
 	if a.Meta != nil {
 		a.Meta(s, add)
 	}
@@ -125,6 +135,7 @@ func (s Shape) Tensors() ([]TensorSpec, error) {
 		switch {
 		case t.Name == "output.weight" && s.Tied:
 		case t.Name == "rope_freqs.weight" && !s.RopeFreqs:
+		case (t.Name == "rope_factors_long.weight" || t.Name == "rope_factors_short.weight") && s.RopeOrigCtx <= 0:
 		default:
 			out = append(out, t)
 		}

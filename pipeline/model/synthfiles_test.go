@@ -163,3 +163,54 @@ func TestSlidingWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestPhi3RowViews: Phi-3's Q, K, V, gate and up weights are row views of
+// the fused tensors (the same bytes, not copies), and LongRoPE takes the
+// short factors within the original context and the long ones beyond it.
+func TestPhi3RowViews(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "phi3.gguf")
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets["tiny-phi3"], Mix: synth.MixQ8_0, Seed: 2}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := model.ConfigFromFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := model.NewFileWeights(f, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw, err := fw.Layer(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := lw.QKV.Type.RowBytes(uint64(c.Embd))
+	same := func(what string, view []byte, parent []byte, row int) {
+		if &view[0] != &parent[row*int(rb)] || len(view) == 0 {
+			t.Errorf("%s is not a view of its fused tensor at row %d", what, row)
+		}
+	}
+	same("Q", lw.Q.Host, lw.QKV.Host, 0)
+	same("K", lw.K.Host, lw.QKV.Host, c.QDim())
+	same("V", lw.V.Host, lw.QKV.Host, c.QDim()+c.KVDim())
+	same("gate", lw.Gate.Host, lw.GateUp.Host, 0)
+	same("up", lw.Up.Host, lw.GateUp.Host, c.FF)
+	if lw.V.Rows != c.KVDim() || lw.Up.Rows != c.FF {
+		t.Errorf("view rows %d, %d", lw.V.Rows, lw.Up.Rows)
+	}
+	g := fw.Globals()
+	if c.RopeOrigCtx != 32 || c.RopeAttnFactor <= 1 || g.RopeLong == nil || g.RopeShort == nil {
+		t.Fatalf("LongRoPE not read: orig %d, factor %g, factors %v %v", c.RopeOrigCtx, c.RopeAttnFactor, g.RopeLong != nil, g.RopeShort != nil)
+	}
+	for ctx, want := range map[int]string{16: "rope_factors_short.weight", 32: "rope_factors_short.weight", 64: "rope_factors_long.weight"} {
+		m := model.OpenModel(t, path, model.Backends(t)[0].Backend, model.Options{Ctx: ctx})
+		if got := model.RopeParams(m).Freqs; got == nil || got.Name != want {
+			t.Errorf("context %d: rope factors %v, want %s", ctx, got, want)
+		}
+	}
+}

@@ -15,6 +15,9 @@ type GlobalWeights struct {
 	OutputNorm *kernels.Weight // output_norm  [Embd]
 	Output     *kernels.Weight // output       [Vocab][Embd]; Embed itself when the head is tied
 	RopeFreqs  *kernels.Weight // rope_freqs   [Rope.Dim/2], or nil
+	// LongRoPE's frequency divisors (Phi-3 128K): the long ones serve a
+	// context beyond Config.RopeOrigCtx, the short ones one within it.
+	RopeLong, RopeShort *kernels.Weight // [Rope.Dim/2], or nil
 }
 
 // LayerWeights are the tensors of one transformer block: the union of
@@ -35,6 +38,55 @@ type LayerWeights struct {
 	Gate     *kernels.Weight // [FF][Embd]
 	Up       *kernels.Weight // [FF][Embd]
 	Down     *kernels.Weight // [Embd][FF]
+	// Fused tensors (Phi-3): QKV holds Q, K and V's rows one after the
+	// other, GateUp the gate's then up's; FinishLayer makes Q, K, V, Gate
+	// and Up row views of them (no copy).
+	QKV    *kernels.Weight // [QDim+2·KVDim][Embd]
+	GateUp *kernels.Weight // [2·FF][Embd]
+}
+
+// FinishLayer completes a block's weights once its table's tensors are
+// placed: the row views of fused tensors. Every Weights implementation
+// calls it.
+func FinishLayer(c Config, l *LayerWeights) error {
+	var err error
+	if l.QKV != nil {
+		if l.Q, err = rowView(l.QKV, "q", 0, c.QDim()); err == nil {
+			if l.K, err = rowView(l.QKV, "k", c.QDim(), c.KVDim()); err == nil {
+				l.V, err = rowView(l.QKV, "v", c.QDim()+c.KVDim(), c.KVDim())
+			}
+		}
+	}
+	if l.GateUp != nil && err == nil {
+		if l.Gate, err = rowView(l.GateUp, "gate", 0, c.FF); err == nil {
+			l.Up, err = rowView(l.GateUp, "up", c.FF, c.FF)
+		}
+	}
+	return err
+}
+
+// rowView is rows [r0, r0+rows) of w as a weight of its own, sharing w's
+// bytes: a slice of w.Host and an offset into w.Dev, whichever w has.
+func rowView(w *kernels.Weight, part string, r0, rows int) (*kernels.Weight, error) {
+	rb, err := w.Type.RowBytes(uint64(w.Cols))
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", w.Name, err)
+	}
+	if r0 < 0 || rows <= 0 || r0+rows > w.Rows {
+		return nil, fmt.Errorf("model: %s: rows [%d, %d) outside its %d", w.Name, r0, r0+rows, w.Rows)
+	}
+	v := &kernels.Weight{Name: w.Name + "[" + part + "]", Type: w.Type, Cols: w.Cols, Rows: rows}
+	off, n := r0*int(rb), rows*int(rb)
+	if w.Host != nil {
+		if off+n > len(w.Host) {
+			return nil, fmt.Errorf("model: %s: %d bytes, rows [%d, %d) need %d", w.Name, len(w.Host), r0, r0+rows, off+n)
+		}
+		v.Host = w.Host[off : off+n]
+	}
+	if w.Dev != 0 {
+		v.Dev = w.Dev + uintptr(off)
+	}
+	return v, nil
 }
 
 // Weights hands the forward pass its tensors. Layer may block until layer i
@@ -80,6 +132,11 @@ func NewFileWeights(f *gguf.File, cfg Config) (*FileWeights, error) {
 	if fw.g.Output == nil {
 		fw.g.Output = fw.g.Embed // tied head
 	}
+	for i := range fw.layers {
+		if err := FinishLayer(cfg, &fw.layers[i]); err != nil {
+			return nil, err
+		}
+	}
 	return fw, nil
 }
 
@@ -110,4 +167,6 @@ var (
 	fGate     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Gate }
 	fUp       layerField = func(l *LayerWeights) **kernels.Weight { return &l.Up }
 	fDown     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Down }
+	fQKV      layerField = func(l *LayerWeights) **kernels.Weight { return &l.QKV }
+	fGateUp   layerField = func(l *LayerWeights) **kernels.Weight { return &l.GateUp }
 )

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/pipeline/model"
 )
 
 // The tensor data is written by a pipeline: a dispatcher cuts every tensor
@@ -60,7 +61,7 @@ func plans(ts []tensor, o *Options) ([]plan, error) {
 		if err != nil {
 			return nil, fmt.Errorf("synth: tensor %q: %w", t.name, err)
 		}
-		p := plan{t: t, idx: uint64(i), rowBytes: int(rb), skip: o.Zero && t.kind != kindRopeFreqs}
+		p := plan{t: t, idx: uint64(i), rowBytes: int(rb), skip: o.Zero && t.kind != kindRopeFreqs && t.kind != model.KindRopeFactors}
 		p.std = o.Std
 		if p.std == 0 {
 			p.std = 1 / math.Sqrt(float64(t.cols))
@@ -229,6 +230,10 @@ func fillJob(ctx context.Context, j *job, o *Options, scratch *[]float32) error 
 		switch t.kind {
 		case kindRopeFreqs:
 			llama31Freqs(v, o.Shape.RopeBase)
+		case model.KindRopeFactors:
+			for i := range v {
+				v[i] = float32(1 + 2*math.Abs(rng.NormFloat64()))
+			}
 		case kindNorm:
 			for i := range v {
 				v[i] = float32(1 + 0.2*rng.NormFloat64())
