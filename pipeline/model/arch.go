@@ -16,10 +16,12 @@ import (
 // `forge gen`'s presets all read the architecture's table from here (see
 // docs/DESIGN.md, "Adding an architecture").
 var archs = map[string]*Arch{
-	"llama": &llamaArch,
-	"qwen2": &qwen2Arch,
-	"qwen3": &qwen3Arch,
-	"phi3":  &phi3Arch,
+	"llama":  &llamaArch,
+	"qwen2":  &qwen2Arch,
+	"qwen3":  &qwen3Arch,
+	"phi3":   &phi3Arch,
+	"gemma2": &gemma2Arch,
+	"gemma3": &gemma3Arch,
 }
 
 // Arch is one architecture: how its hyper-parameters come from a GGUF

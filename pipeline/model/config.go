@@ -103,12 +103,14 @@ func (c Config) LayerAttn(l int) kernels.Attn {
 	return a
 }
 
-// LayerRope is layer l's rotary embedding: Rope, with the local base on
-// local layers where the model has one.
+// LayerRope is layer l's rotary embedding: Rope, with the local base (and
+// no position scaling) on local layers where the model has one.
 func (c Config) LayerRope(l int) kernels.Rope {
 	r := c.Rope
 	if c.RopeBaseLocal > 0 && c.Local(l) {
-		r.Base = c.RopeBaseLocal
+		// Gemma 3's local layers: their own base, and none of the global
+		// layers' position scaling.
+		r.Base, r.Scale = c.RopeBaseLocal, 1
 	}
 	return r
 }

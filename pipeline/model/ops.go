@@ -199,3 +199,11 @@ func (m *Model) scale(x kernels.Tensor, s float32, n int) {
 		}
 	}
 }
+
+func (m *Model) geluMul(dst, gate, up kernels.Tensor, n int) {
+	if m.err == nil {
+		if err := m.be.GELUMul(dst, gate, up, n); err != nil {
+			m.err = fmt.Errorf("gelu·mul: %w", err)
+		}
+	}
+}

@@ -40,6 +40,9 @@ type Shape struct {
 	// SlidingWindow, when > 0, limits attention to that many most recent
 	// positions (Mistral: attention.sliding_window).
 	SlidingWindow int
+	// AttnSoftcap and FinalSoftcap, when > 0, are Gemma 2's soft-caps of
+	// the attention scores and of the logits.
+	AttnSoftcap, FinalSoftcap float32
 	// ChatTemplate is the model's conversation format (a Jinja template),
 	// written as tokenizer.chat_template unless the vocabulary copied
 	// into the file brings its own; "": none.

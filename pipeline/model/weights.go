@@ -38,6 +38,9 @@ type LayerWeights struct {
 	Gate     *kernels.Weight // [FF][Embd]
 	Up       *kernels.Weight // [FF][Embd]
 	Down     *kernels.Weight // [Embd][FF]
+	// Gemma's norms after the attention and feed-forward sub-blocks.
+	AttnPostNorm *kernels.Weight // [Embd]
+	FFNPostNorm  *kernels.Weight // [Embd]
 	// Fused tensors (Phi-3): QKV holds Q, K and V's rows one after the
 	// other, GateUp the gate's then up's; FinishLayer makes Q, K, V, Gate
 	// and Up row views of them (no copy).
@@ -167,6 +170,8 @@ var (
 	fGate     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Gate }
 	fUp       layerField = func(l *LayerWeights) **kernels.Weight { return &l.Up }
 	fDown     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Down }
+	fAttnPost layerField = func(l *LayerWeights) **kernels.Weight { return &l.AttnPostNorm }
+	fFFNPost  layerField = func(l *LayerWeights) **kernels.Weight { return &l.FFNPostNorm }
 	fQKV      layerField = func(l *LayerWeights) **kernels.Weight { return &l.QKV }
 	fGateUp   layerField = func(l *LayerWeights) **kernels.Weight { return &l.GateUp }
 )

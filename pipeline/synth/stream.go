@@ -63,6 +63,9 @@ func plans(ts []tensor, o *Options) ([]plan, error) {
 		}
 		p := plan{t: t, idx: uint64(i), rowBytes: int(rb), skip: o.Zero && t.kind != kindRopeFreqs && t.kind != model.KindRopeFactors}
 		p.std = o.Std
+		if t.name == "token_embd.weight" && o.EmbedStd > 0 {
+			p.std = o.EmbedStd
+		}
 		if p.std == 0 {
 			p.std = 1 / math.Sqrt(float64(t.cols))
 		}
@@ -235,8 +238,12 @@ func fillJob(ctx context.Context, j *job, o *Options, scratch *[]float32) error 
 				v[i] = float32(1 + 2*math.Abs(rng.NormFloat64()))
 			}
 		case kindNorm:
+			mean := 1.0
+			if o.NormMean > 0 {
+				mean = o.NormMean
+			}
 			for i := range v {
-				v[i] = float32(1 + 0.2*rng.NormFloat64())
+				v[i] = float32(mean * (1 + 0.2*rng.NormFloat64()))
 			}
 		case kindBias:
 			for i := range v {

@@ -52,6 +52,16 @@ type Options struct {
 	// Std is the standard deviation of the weight matrices; 0 gives
 	// 1/√cols, which keeps activations near unit size at any width.
 	Std float64
+	// EmbedStd, when > 0, is token_embd's standard deviation instead of
+	// Std: a model that scales its embeddings up (Gemma, by √Embd) and
+	// ties its head to them needs them smaller than its other weights, or
+	// each token's own embedding outweighs everything the blocks add.
+	EmbedStd float64
+	// NormMean, when > 0, is the mean of the norm weights instead of 1
+	// (their spread stays 20 %): with EmbedStd, what lets the blocks of a
+	// tied, embedding-scaling model (Gemma) outweigh each token's own
+	// embedding and gives its logits a clear spread.
+	NormMean float64
 	// Zero leaves every tensor's bytes zero (holes in a seekable file), for
 	// load tests of large shapes where the values do not matter.
 	Zero bool
