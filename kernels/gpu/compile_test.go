@@ -43,6 +43,8 @@ func kernelNames(t *testing.T, module, src string) []string {
 		for _, kv := range []string{"f16", "f32"} {
 			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_prompt_"+kv, "kv_store_paged_"+kv, "attn_paged_"+kv)
 		}
+	case "archops.cu":
+		names = append(names, "attn_ext_f16", "attn_ext_f32")
 	}
 	return names
 }

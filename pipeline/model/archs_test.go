@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"math"
 	"net"
 	"net/http"
@@ -27,97 +26,10 @@ import (
 
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
-
-// archPresets are the tiny presets checked against llama.cpp, one (or
-// more) per architecture or variant.
-var archPresets = []string{"tiny-qwen3", "tiny-llama3.1", "tiny-mistral", "tiny-phi3", "tiny-gemma2", "tiny-gemma3"}
-
-// archTokens is how many greedy tokens are compared.
-const archTokens = 16
-
-// decisiveMargin is the smallest top-1 minus top-2 logit gap at which a
-// greedy choice counts as decided: under it, rounding may flip the choice
-// either way (the rule of synth-kq-expected.json).
-const decisiveMargin = 0.05
-
-// archExpected is gguf/testdata/arch-expected.json.
-type archExpected struct {
-	About    string               `json:"about"`
-	LlamaCpp string               `json:"llama_cpp"`
-	Command  string               `json:"command"`
-	Cases    map[string]*archCase `json:"cases"`
-}
-
-// archCase is one preset's file and llama.cpp's output on it.
-type archCase struct {
-	Seed           uint64    `json:"seed"`
-	Std            float64   `json:"std"`
-	EmbedStd       float64   `json:"embed_std,omitempty"`
-	NormMean       float64   `json:"norm_mean,omitempty"`
-	Mix            string    `json:"mix"`
-	PromptIDs      []int32   `json:"prompt_ids"`
-	GeneratedIDs   []int32   `json:"generated_ids"`
-	Top2Margins    []float64 `json:"top2_margins"`
-	DecisivePrefix int       `json:"decisive_prefix"`
-}
-
-// archPrompt is "Once upon a time" in stories260K's vocabulary, with BOS.
-var archPrompt = []int32{1, 403, 407, 261, 378}
-
-const archExpectedFile = "arch-expected.json"
-
-func readArchExpected(t *testing.T) *archExpected {
-	t.Helper()
-	b, err := os.ReadFile(testmodels.Path(t, archExpectedFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var e archExpected
-	if err := json.Unmarshal(b, &e); err != nil {
-		t.Fatalf("%s: %v", archExpectedFile, err)
-	}
-	return &e
-}
-
-// writeArchFile writes preset's file as the expected tokens were made
-// from: stories260K's tokenizer (see below), the case's seed, standard deviation and
-// mix. The bytes depend on nothing else.
-func writeArchFile(t testing.TB, dir, preset string, c *archCase) string {
-	t.Helper()
-	s, ok := synth.Presets[preset]
-	if !ok {
-		t.Fatalf("no preset %q", preset)
-	}
-	voc, err := synth.VocabFromFile(testmodels.Path(t, "stories260K-F32.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The byte tokens <0x80>…<0xFF> become plain tokens (their text is
-	// their name): llama-server reports the probabilities of a byte that
-	// starts a UTF-8 character only together with the tokens that complete
-	// it, and the test wants one step per token.
-	voc.TokenTypes = slices.Clone(voc.TokenTypes)
-	for i, tok := range voc.Tokens {
-		if voc.TokenTypes[i] == 6 && len(tok) == 6 && tok >= "<0x80>" {
-			voc.TokenTypes[i] = 1
-		}
-	}
-	mix, err := synth.ParseMix(c.Mix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-%s-seed%d.gguf", preset, c.Mix, c.Seed))
-	// general.name stays "synthetic": llama.cpp (build 11669) fails to load
-	// the vocabulary of a phi3 file named after its preset.
-	o := synth.Options{Shape: s, Mix: mix, Seed: c.Seed, Std: c.Std, EmbedStd: c.EmbedStd, NormMean: c.NormMean, Vocab: voc}
-	if err := synth.WriteFile(context.Background(), path, o); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
 
 // greedyMargins runs n greedy steps from prompt and returns the ids and
 // each step's top-1 minus top-2 logit.
@@ -156,7 +68,7 @@ func greedyMargins(t testing.TB, m *model.Model, prompt []int32, n int) ([]int32
 // decisivePrefix is the number of steps before the first near-tie.
 func decisivePrefix(margins []float64) int {
 	for i, m := range margins {
-		if m < decisiveMargin {
+		if m < archtest.DecisiveMargin {
 			return i
 		}
 	}
@@ -172,28 +84,22 @@ const (
 
 // checkArchGreedy runs every tiny preset on be and compares the greedy ids
 // with llama.cpp's, up to the decisive prefix, which must cover
-// archTokens steps.
+// archtest.Tokens steps.
 func checkArchGreedy(t *testing.T, be kernels.Backend, how int) {
-	exp := readArchExpected(t)
+	exp := archtest.Read(t)
 	dir := t.TempDir()
-	for _, preset := range archPresets {
+	for _, preset := range archtest.Presets {
 		t.Run(preset, func(t *testing.T) {
-			c, ok := exp.Cases[preset]
-			if !ok {
-				t.Fatalf("%s has no case for %s", archExpectedFile, preset)
-			}
-			if c.DecisivePrefix < archTokens || len(c.GeneratedIDs) < archTokens {
-				t.Fatalf("the expected output decides only %d of %d tokens", c.DecisivePrefix, archTokens)
-			}
-			path := writeArchFile(t, dir, preset, c)
+			c := exp.Case(t, preset)
+			path := archtest.WriteFile(t, dir, preset, c)
 			m := model.OpenModel(t, path, be, model.Options{Ctx: 64})
 			var got []int32
 			if how == viaDevice {
-				got = greedyDevice(t, m, c.PromptIDs, archTokens)
+				got = greedyDevice(t, m, c.PromptIDs, archtest.Tokens)
 			} else {
 				var margins []float64
-				got, margins = greedyMargins(t, m, c.PromptIDs, archTokens)
-				for i := range archTokens {
+				got, margins = greedyMargins(t, m, c.PromptIDs, archtest.Tokens)
+				for i := range archtest.Tokens {
 					if how != viaLogits {
 						break
 					}
@@ -202,8 +108,8 @@ func checkArchGreedy(t *testing.T, be kernels.Backend, how int) {
 					}
 				}
 			}
-			if !slices.Equal(got, c.GeneratedIDs[:archTokens]) {
-				t.Fatalf("greedy ids\n got %v\nwant %v (llama.cpp)", got, c.GeneratedIDs[:archTokens])
+			if !slices.Equal(got, c.GeneratedIDs[:archtest.Tokens]) {
+				t.Fatalf("greedy ids\n got %v\nwant %v (llama.cpp)", got, c.GeneratedIDs[:archtest.Tokens])
 			}
 		})
 	}
@@ -238,10 +144,10 @@ func TestArchGreedy(t *testing.T) {
 }
 
 // TestArchPresetsCovered: every registered architecture has a tiny preset
-// in archPresets.
+// in archtest.Presets.
 func TestArchPresetsCovered(t *testing.T) {
 	covered := map[string]bool{"llama": true, "qwen2": true} // stories260K, synth-kq; TestQwen2AgainstReference
-	for _, p := range archPresets {
+	for _, p := range archtest.Presets {
 		covered[synth.Presets[p].Arch] = true
 	}
 	for _, a := range model.ArchNames() {
@@ -280,8 +186,8 @@ func TestArchLlamaCpp(t *testing.T) {
 		t.Skip("llama.cpp is not installed: run bench/llamacpp.sh (or set FORGE_LLAMACPP) to check against it")
 	}
 	update := os.Getenv("FORGE_UPDATE_ARCH_EXPECTED") == "1"
-	exp := &archExpected{Cases: map[string]*archCase{}}
-	if b, err := os.ReadFile(filepath.Join(testmodels.Dir(), archExpectedFile)); err == nil {
+	exp := &archtest.Expected{Cases: map[string]*archtest.Case{}}
+	if b, err := os.ReadFile(filepath.Join(testmodels.Dir(), archtest.File)); err == nil {
 		if err := json.Unmarshal(b, exp); err != nil {
 			t.Fatal(err)
 		}
@@ -293,16 +199,16 @@ func TestArchLlamaCpp(t *testing.T) {
 		t.Fatalf("llama.cpp: %v: %s", err, version)
 	}
 	dir := t.TempDir()
-	for _, preset := range archPresets {
+	for _, preset := range archtest.Presets {
 		c := exp.Cases[preset]
 		if c == nil {
 			if !update {
-				t.Fatalf("%s has no case for %s (FORGE_UPDATE_ARCH_EXPECTED=1 adds it)", archExpectedFile, preset)
+				t.Fatalf("%s has no case for %s (FORGE_UPDATE_ARCH_EXPECTED=1 adds it)", archtest.File, preset)
 			}
 			c = pickSeed(t, dir, preset)
 		}
-		path := writeArchFile(t, dir, preset, c)
-		ids, margins := llamaCppGreedy(t, lc, path, c.PromptIDs, archTokens)
+		path := archtest.WriteFile(t, dir, preset, c)
+		ids, margins := llamaCppGreedy(t, lc, path, c.PromptIDs, archtest.Tokens)
 		t.Logf("%s: llama.cpp %v, margins %.3f", preset, ids, margins)
 		if update {
 			c.GeneratedIDs, c.Top2Margins, c.DecisivePrefix = ids, margins, decisivePrefix(margins)
@@ -323,14 +229,14 @@ func TestArchLlamaCpp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(testmodels.Dir(), archExpectedFile), append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(testmodels.Dir(), archtest.File), append(b, '\n'), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
 // pickSeed finds a seed whose greedy run is decisive (see TestArchLlamaCpp).
-func pickSeed(t *testing.T, dir, preset string) *archCase {
+func pickSeed(t *testing.T, dir, preset string) *archtest.Case {
 	cfg, err := synth.Presets[preset].Config()
 	if err != nil {
 		t.Fatal(err)
@@ -343,10 +249,10 @@ func pickSeed(t *testing.T, dir, preset string) *archCase {
 		embedStd, normMean = 0.06, 8
 	}
 	for seed := uint64(1); seed <= 256; seed++ {
-		c := &archCase{Seed: seed, Std: 0.25, EmbedStd: embedStd, NormMean: normMean, Mix: "F32", PromptIDs: archPrompt}
-		path := writeArchFile(t, dir, preset, c)
+		c := &archtest.Case{Seed: seed, Std: 0.25, EmbedStd: embedStd, NormMean: normMean, Mix: "F32", PromptIDs: archtest.Prompt}
+		path := archtest.WriteFile(t, dir, preset, c)
 		m := model.OpenModel(t, path, model.Backends(t)[0].Backend, model.Options{Ctx: 64})
-		ids, margins := greedyMargins(t, m, c.PromptIDs, archTokens)
+		ids, margins := greedyMargins(t, m, c.PromptIDs, archtest.Tokens)
 		m.Close()
 		os.Remove(path)
 		t.Logf("%s seed %d: %v, smallest margin %.3f", preset, seed, ids, slices.Min(margins))
@@ -354,7 +260,7 @@ func pickSeed(t *testing.T, dir, preset string) *archCase {
 		for _, id := range ids {
 			distinct[id] = true
 		}
-		if slices.Min(margins) >= 0.15 && !slices.Contains(ids, 2) && len(distinct) >= archTokens/2 {
+		if slices.Min(margins) >= 0.15 && !slices.Contains(ids, 2) && len(distinct) >= archtest.Tokens/2 {
 			return c
 		}
 	}
