@@ -125,7 +125,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	}
 	cfg, err := model.ConfigFromFile(f)
 	if err == nil {
-		err = checkShapes(f, cfg)
+		err = model.CheckShapes(f, cfg)
 	}
 	var sel rocm.Selection
 	var background bool
