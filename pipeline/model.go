@@ -48,6 +48,8 @@ type Model struct {
 	// chatTemplate is tokenizer.chat_template ("" when absent), for
 	// rendering conversations (package chat).
 	chatTemplate string
+	// pooling is how Embed pools token states (eval.go).
+	pooling Pooling
 
 	closeOnce sync.Once
 	closeErr  error
@@ -170,6 +172,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	}
 	m.sys, m.up = sys, up
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
+	m.pooling = poolingOf(f, cfg.Arch)
 	go func() {
 		defer close(m.tokDone)
 		m.tok, m.tokErr = tokenizer.FromFile(f)
