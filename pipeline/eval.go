@@ -158,12 +158,19 @@ type Embedding struct {
 	Tokens int       // the text's tokens, BOS included
 }
 
+// EmbedOptions control Embed.
+type EmbedOptions struct {
+	// Truncate cuts a text longer than the context to its first tokens
+	// (Ollama's truncate) instead of refusing it.
+	Truncate bool
+}
+
 // Embed returns the embedding of each text: its tokens (with BOS and EOS
 // as the vocabulary asks) evaluated as one sequence, their final hidden
 // states (after the output norm) pooled as Pooling says, normalized to
 // unit length. A text longer than the model's context is an error wrapping
-// ErrContextLength; an empty one is an error.
-func (m *Model) Embed(ctx context.Context, texts []string) ([]Embedding, error) {
+// ErrContextLength unless o.Truncate; an empty one is an error.
+func (m *Model) Embed(ctx context.Context, texts []string, o EmbedOptions) ([]Embedding, error) {
 	if len(texts) == 0 {
 		return nil, fmt.Errorf("pipeline: no text to embed")
 	}
@@ -181,6 +188,9 @@ func (m *Model) Embed(ctx context.Context, texts []string) ([]Embedding, error) 
 		}
 		if len(ids[i]) == 0 {
 			return nil, fmt.Errorf("pipeline: input %d is empty", i)
+		}
+		if len(ids[i]) > limit && o.Truncate {
+			ids[i] = ids[i][:limit]
 		}
 		if len(ids[i]) > limit {
 			return nil, fmt.Errorf("%w: input %d has %d tokens, the context holds %d", ErrContextLength, i, len(ids[i]), limit)
@@ -243,11 +253,11 @@ func pool(ctx context.Context, ev *Evaluator, seq []int32, p Pooling) ([]float32
 
 // Embed embeds texts on the model id, loading it first if it is not
 // loaded (see Model.Embed).
-func (e *Engine) Embed(ctx context.Context, id string, texts []string) ([]Embedding, error) {
+func (e *Engine) Embed(ctx context.Context, id string, texts []string, o EmbedOptions) ([]Embedding, error) {
 	lease, err := e.Acquire(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer lease.Release()
-	return lease.Model().Embed(ctx, texts)
+	return lease.Model().Embed(ctx, texts, o)
 }

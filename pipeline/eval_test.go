@@ -179,7 +179,7 @@ func TestEmbed(t *testing.T) {
 	if m.Pooling() != PoolMean {
 		t.Errorf("pooling %v of a file that names none, want mean", m.Pooling())
 	}
-	embs, err := m.Embed(context.Background(), []string{"Lily saw a big red ball.", "The cat sat on the mat and went to sleep.", "Lily saw a big red ball."})
+	embs, err := m.Embed(context.Background(), []string{"Lily saw a big red ball.", "The cat sat on the mat and went to sleep.", "Lily saw a big red ball."}, EmbedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,17 +213,22 @@ func TestEmbed(t *testing.T) {
 	if d := dot(embs[0].Vector, embs[1].Vector); d > 0.9999 {
 		t.Errorf("different texts: cosine %v", d)
 	}
-	alone, err := m.Embed(context.Background(), []string{"Lily saw a big red ball."})
+	alone, err := m.Embed(context.Background(), []string{"Lily saw a big red ball."}, EmbedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := dot(alone[0].Vector, embs[0].Vector); math.Abs(d-1) > 1e-5 {
 		t.Errorf("a text alone and among others: cosine %v, want 1", d)
 	}
-	if _, err := m.Embed(context.Background(), []string{strings.Repeat("Once upon a time there was a dog. ", 40)}); !errors.Is(err, ErrContextLength) {
+	long := strings.Repeat("Once upon a time there was a dog. ", 40)
+	if _, err := m.Embed(context.Background(), []string{long}, EmbedOptions{}); !errors.Is(err, ErrContextLength) {
 		t.Errorf("a text past the context: %v, want ErrContextLength", err)
 	}
-	if _, err := m.Embed(context.Background(), nil); err == nil {
+	cut, err := m.Embed(context.Background(), []string{long}, EmbedOptions{Truncate: true})
+	if err != nil || cut[0].Tokens != m.Config().Ctx {
+		t.Errorf("a text past the context, truncated: %v tokens, %v; want the %d of the context", cut, err, m.Config().Ctx)
+	}
+	if _, err := m.Embed(context.Background(), nil, EmbedOptions{}); err == nil {
 		t.Error("no texts: no error")
 	}
 }
@@ -283,7 +288,7 @@ func TestEmbedPoolings(t *testing.T) {
 	}
 	for p, want := range wantOf {
 		m.pooling = p
-		got, err := m.Embed(context.Background(), []string{"Lily saw a big red ball."})
+		got, err := m.Embed(context.Background(), []string{"Lily saw a big red ball."}, EmbedOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

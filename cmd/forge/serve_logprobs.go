@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sync"
 
 	"github.com/forge-llm/forge/pipeline"
@@ -147,4 +148,40 @@ func (s *server) addLogprobs(r *http.Request, model string, chatReq bool, choice
 		}
 	}
 	return nil
+}
+
+// streamLogprobs gives each streamed chunk the picks the sampler made
+// since the previous chunk: a chunk's text and its tokens come from the
+// same stretch of generation, though text held back while it may begin a
+// stop string arrives a chunk later than its token's logprob. The last
+// chunk takes the rest, without the end-of-generation pick that is not a
+// returned token.
+type streamLogprobs struct {
+	col  *logprobCollector
+	tok  *tokenizer.Tokenizer
+	chat bool
+	sent int
+}
+
+// next is the "logprobs" of the next chunk: the picks not yet sent (with
+// final, only those of the returned tokens).
+func (sl *streamLogprobs) next(final bool, tokens []int32) any {
+	var lps []sample.Logprob
+	if final {
+		lps = sl.col.forTokens(tokens)
+	} else {
+		sl.col.mu.Lock()
+		lps = slices.Clone(sl.col.lps)
+		sl.col.mu.Unlock()
+	}
+	if sl.sent >= len(lps) {
+		lps = nil
+	} else {
+		lps = lps[sl.sent:]
+	}
+	sl.sent += len(lps)
+	if sl.chat {
+		return chatLogprobs(sl.tok, lps)
+	}
+	return completionLogprobs(sl.tok, lps)
 }
