@@ -227,7 +227,7 @@ func (s *server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		"modelfile": "# Modelfile served by forge\nFROM " + id + "\n", "parameters": "",
 		"details": f.details, "model_info": f.info, "template": f.template,
 		"capabilities": []string{"completion", "embedding"},
-		"modified_at": f.modified.UTC().Format(time.RFC3339Nano),
+		"modified_at":  f.modified.UTC().Format(time.RFC3339Nano),
 	})
 }
 
