@@ -43,6 +43,7 @@ type server struct {
 	// template is --chat-template (nil: each model's own, else ChatML);
 	// templateWarned holds the models already warned about.
 	template       *chat.Template
+	modelTemplates map[string]*chat.Template // --chat-template ID=…, before template
 	templateWarned sync.Map
 }
 
