@@ -130,7 +130,7 @@ func serveAction(c *cli.Context) error {
 	cfg := serveConfig{
 		addr: addr, grace: c.Duration("grace"),
 		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
-		readTimeout:  c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
+		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
 	}
 	mp, err := humanize.ParseBytes(c.String("max-prompt-bytes"))
 	if err != nil || mp == 0 || mp > 1<<30 {
