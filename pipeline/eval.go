@@ -74,6 +74,10 @@ type evalJob struct {
 	run func(ctx context.Context) error
 }
 
+// evalOnExecutor sends every evaluation through the executor, as on a
+// GPU; tests set it to run that path on the CPU.
+var evalOnExecutor = false
+
 // errBatchedEval is Evaluate's refusal on a GPU that batches requests: its
 // scheduler owns the stream and offers no slot for another pass.
 var errBatchedEval = errors.New("pipeline: evaluation (embeddings, perplexity) on a GPU that batches requests is not supported; run it with single-sequence serving")
@@ -114,7 +118,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		defer mdl.Close()
 		return fn(&Evaluator{mdl: mdl, cfg: m.cfg})
 	}
-	if _, ok := kernels.As[*cpu.Backend](be); ok {
+	if _, ok := kernels.As[*cpu.Backend](be); ok && !evalOnExecutor {
 		return run(ctx)
 	}
 	if m.opts.Batching.On && canBatch(be, m.opts.Batching) {

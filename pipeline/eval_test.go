@@ -300,3 +300,81 @@ func TestEmbedPoolings(t *testing.T) {
 		}
 	}
 }
+
+// TestEvalPaths: an evaluation gives the same numbers on the caller's
+// goroutine beside a batching engine's generations (the CPU path) and on
+// the executor between generation requests (the GPU path, forced here).
+func TestEvalPaths(t *testing.T) {
+	path := "../gguf/testdata/stories260K-Q8_0.gguf"
+	texts := []string{"Lily saw a big red ball.", "The cat sat on the mat."}
+	m, err := Open(context.Background(), path, Options{Device: "cpu", Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Embed(context.Background(), texts, EmbedOptions{})
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(got []Embedding) {
+		t.Helper()
+		for i := range want {
+			for k := range want[i].Vector {
+				if got[i].Vector[k] != want[i].Vector[k] {
+					t.Fatalf("text %d value %d: %v, alone %v", i, k, got[i].Vector[k], want[i].Vector[k])
+				}
+			}
+		}
+	}
+
+	// Beside generations of a batching engine.
+	eng := NewEngine(EngineOptions{Open: Options{Device: "cpu", Threads: 1}})
+	defer eng.Close()
+	if err := eng.Add("m", path); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := eng.Generate(context.Background(), EngineRequest{Model: "m", Prompt: "Once upon a time", MaxTokens: 24, IgnoreEOG: true})
+			done <- err
+		}()
+	}
+	for range 3 {
+		got, err := eng.Embed(context.Background(), "m", texts, EmbedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(got)
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// On the executor, between requests of a single-sequence model.
+	evalOnExecutor = true
+	defer func() { evalOnExecutor = false }()
+	m, err = Open(context.Background(), path, Options{Device: "cpu", Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	go func() {
+		_, err := m.Generate(context.Background(), "Once upon a time", GenerateOptions{MaxTokens: 24, IgnoreEOG: true})
+		done <- err
+	}()
+	got, err := m.Embed(context.Background(), texts, EmbedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(got)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Perplexity(context.Background(), strings.Repeat("Once upon a time there was a little dog. ", 40), PerplexityOptions{Ctx: 64})
+	if err != nil || res.PPL <= 1 {
+		t.Fatalf("perplexity on the executor: %+v %v", res, err)
+	}
+}
