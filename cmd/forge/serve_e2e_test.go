@@ -449,4 +449,9 @@ func TestE2EOpenAIClient(t *testing.T) {
 	if n := mt[`forge_http_requests_total{route="/v1/chat/completions",code="200"}`]; n != 3 {
 		t.Errorf("chat completions counted %v times", n)
 	}
+	// Prompt tokens count the embedded texts' too: the first chat's and
+	// the first embeddings' together are at most the total.
+	if pt := mt[`forge_prompt_tokens_total{model="stories"}`]; pt < u["prompt_tokens"].(float64)+eu["prompt_tokens"].(float64) {
+		t.Errorf("forge_prompt_tokens_total %v: the embeddings' %v tokens not counted", pt, eu["prompt_tokens"])
+	}
 }

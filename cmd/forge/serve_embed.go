@@ -149,6 +149,7 @@ func (s *server) embeddings(w http.ResponseWriter, r *http.Request) {
 		resp.Usage.PromptTokens += e.Tokens
 	}
 	resp.Usage.TotalTokens = resp.Usage.PromptTokens
+	s.met.tokens(id, resp.Usage.PromptTokens, 0)
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -224,5 +225,6 @@ func (s *server) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 		resp.PromptEvalCount += e.Tokens
 	}
 	resp.TotalDuration = time.Since(start).Nanoseconds()
+	s.met.tokens(id, resp.PromptEvalCount, 0)
 	writeJSON(w, http.StatusOK, resp)
 }
