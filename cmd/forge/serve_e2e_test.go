@@ -455,3 +455,51 @@ func TestE2EOpenAIClient(t *testing.T) {
 		t.Errorf("forge_prompt_tokens_total %v: the embeddings' %v tokens not counted", pt, eu["prompt_tokens"])
 	}
 }
+
+// TestStreamedCompletionLogprobs: a streamed completion's chunks carry
+// the legacy logprobs of their tokens; joined, they are the whole
+// answer's, text offsets included.
+func TestStreamedCompletionLogprobs(t *testing.T) {
+	ts := startServer(t, serveConfig{models: []modelArg{{id: "stories", name: testmodels.Path(t, "stories260K-Q8_0.gguf")}}})
+	body := map[string]any{"model": "stories", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+	code, v := ts.doJSON(t, "POST", "/v1/completions", body)
+	if code != 200 {
+		t.Fatalf("%d %v", code, v)
+	}
+	whole := v.(map[string]any)["choices"].([]any)[0].(map[string]any)["logprobs"].(map[string]any)
+	body["stream"] = true
+	b, _ := json.Marshal(body)
+	resp, err := ts.client.Post(ts.url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	joined := map[string][]any{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range m["choices"].([]any) {
+			lp, ok := c.(map[string]any)["logprobs"].(map[string]any)
+			if !ok {
+				continue
+			}
+			for _, k := range []string{"tokens", "token_logprobs", "top_logprobs", "text_offset"} {
+				joined[k] = append(joined[k], lp[k].([]any)...)
+			}
+		}
+	}
+	for _, k := range []string{"tokens", "token_logprobs", "top_logprobs", "text_offset"} {
+		a, _ := json.Marshal(whole[k])
+		b, _ := json.Marshal(joined[k])
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s streamed %s, whole %s", k, b, a)
+		}
+	}
+}
