@@ -48,7 +48,10 @@ type Options struct {
 	// Shape.Vocab is padded with unused tokens.
 	Vocab *gguf.TokenizerMeta
 	Name  string // general.name; default "synthetic"
-	Seed  uint64
+	// ChatTemplate, when set, is written as tokenizer.chat_template (in
+	// place of Vocab's own), so a synthetic model can be chatted with.
+	ChatTemplate string
+	Seed         uint64
 	// Std is the standard deviation of the weight matrices; 0 gives
 	// 1/√cols, which keeps activations near unit size at any width.
 	Std float64
@@ -149,6 +152,11 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	voc := o.Vocab
 	if voc == nil {
 		voc = byteVocab(max(s.Vocab, 259))
+	}
+	if o.ChatTemplate != "" {
+		v := *voc
+		v.ChatTemplate = o.ChatTemplate
+		voc = &v
 	}
 	if s.Vocab == 0 {
 		s.Vocab = len(voc.Tokens)
