@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
 
@@ -32,7 +33,7 @@ type perplexityExpected struct {
 
 func loadPerplexityExpected(t *testing.T) (perplexityExpected, string) {
 	t.Helper()
-	b, err := os.ReadFile("../gguf/testdata/story-perplexity.json")
+	b, err := os.ReadFile(testmodels.Path(t, "story-perplexity.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func loadPerplexityExpected(t *testing.T) (perplexityExpected, string) {
 	if err := json.Unmarshal(b, &e); err != nil {
 		t.Fatal(err)
 	}
-	text, err := os.ReadFile("../gguf/testdata/story.txt")
+	text, err := os.ReadFile(testmodels.Path(t, "story.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
