@@ -1,0 +1,236 @@
+package gpu
+
+// TestEmu*: every kernel family run through the wavefront emulator
+// (emu/wave.h) at warp 32 and warp 64, with the launches launch.go chooses
+// for a gfx1030 (wave32) and a gfx90a (wave64) device, on fresh random
+// inputs, compared with the CPU backend by relative error as the
+// conformance suite measures it. What this proves and what it cannot:
+// emu/wave.h's header comment.
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/conformance"
+	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/rocm"
+)
+
+var emuDevices = []struct {
+	name string
+	dev  LaunchDevice
+}{{"gfx1030", DeviceGfx1030}, {"gfx90a", DeviceGfx90a}}
+
+func emuRNG(t *testing.T) *rand.Rand {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, 27))
+}
+
+// emuRelErr is ‖got − want‖₂ / ‖want‖₂ in float64; NaN or Inf in got is
+// an infinite error.
+func emuRelErr(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		g, w := float64(got[i]), float64(want[i])
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			return math.Inf(1)
+		}
+		num += (g - w) * (g - w)
+		den += w * w
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func emuCheck(t *testing.T, what string, got, want []float32, bound float64) {
+	t.Helper()
+	if len(got) < len(want) {
+		t.Errorf("%s: %d values, want %d", what, len(got), len(want))
+		return
+	}
+	if e := emuRelErr(got[:len(want)], want); !(e <= bound) {
+		t.Errorf("%s: relative error %.3g > %.3g", what, e, bound)
+	}
+}
+
+// cpuRef runs f on a fresh CPU backend.
+func cpuRef(t *testing.T, f func(b *cpu.Backend)) {
+	t.Helper()
+	b := cpu.New(1)
+	defer b.Close()
+	f(b)
+}
+
+func cpuTensor(t *testing.T, b *cpu.Backend, v []float32) kernels.Tensor {
+	t.Helper()
+	x, err := b.Alloc(len(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Write(x, 0, v); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func cpuRead(t *testing.T, b *cpu.Backend, x kernels.Tensor) []float32 {
+	t.Helper()
+	v := make([]float32, x.Len)
+	if err := b.Read(v, x, 0); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// cpuMatMul is y [n][w.Rows] = x [n][w.Cols]·wᵀ on the CPU backend.
+func cpuMatMul(t *testing.T, w *kernels.Weight, x []float32, n int) []float32 {
+	var y []float32
+	cpuRef(t, func(b *cpu.Backend) {
+		xt := cpuTensor(t, b, x[:n*w.Cols])
+		yt, _ := b.Alloc(n * w.Rows)
+		if err := b.MatMul(yt, w, xt, n); err != nil {
+			t.Fatal(err)
+		}
+		y = cpuRead(t, b, yt)
+	})
+	return y
+}
+
+var emuMatTypes = []gguf.Type{
+	gguf.TypeF32, gguf.TypeF16, gguf.TypeBF16,
+	gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0,
+	gguf.TypeQ2_K, gguf.TypeQ3_K, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K,
+	gguf.TypeIQ4_NL, gguf.TypeIQ4_XS, gguf.TypeMXFP4,
+}
+
+// emuVariants are the one-row kernels forced through mvOverrides besides
+// the automatic choice ("" here).
+var emuVariants = map[gguf.Type][]string{
+	gguf.TypeQ4_K: {"p1", "p2", "p4", "r1u1", "r2u1", "r1u2", "r2u2", "q11", "q21", "q12", "q22", "q14",
+		"n11", "n21", "n12", "n22", "n14", "g"},
+	gguf.TypeQ6_K: {"p1", "p2", "p4", "r1u1", "r2u1", "s1", "s2", "q11", "q21", "q12", "q22", "q14",
+		"t1", "t2", "t4", "c1", "c2", "c2@4", "t2@12", "g"},
+	gguf.TypeQ4_0: {"b1", "b4", "g"}, gguf.TypeQ4_1: {"b1", "b4", "g"}, gguf.TypeQ5_0: {"b1", "b4", "g"},
+	gguf.TypeQ5_1: {"b1", "b4", "g"}, gguf.TypeQ8_0: {"b1", "b4", "g"},
+}
+
+// mvCase is one matrix–vector launch plan of a job with its output buffer.
+type mvCase struct {
+	what string
+	y    int // output buffer
+	n    int // rows of x
+}
+
+// addMatvec adds to job the launches planMatvec/planRows choose for the
+// product of n rows of x (buffer xb; xq, xd its 8-bit copy) by weight
+// buffer wb, and returns the output buffer.
+func addMatvec(job *emuJob, d LaunchDevice, w *kernels.Weight, wb, xb, xq, xd, n int, o mvOverrides) (int, string, error) {
+	y := job.zeros(4*n*w.Rows, true)
+	if n == 1 {
+		p, err := planMatvec(d, w.Type, w.Rows, w.Cols, 1, true, true, o)
+		if err != nil {
+			return 0, "", err
+		}
+		switch p.Args {
+		case mvArgsQ8:
+			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xq, 0), eP(xd, 0), eP(y, 0), eI(w.Rows), eI(w.Cols))
+		case mvArgsFloat:
+			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y, 0), eI(w.Rows), eI(w.Cols))
+		default:
+			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y, 0), eI(w.Rows), eI(w.Cols), eI(1))
+		}
+		return y, fmt.Sprintf("%s grid %d", p.Kernel, p.Grid), nil
+	}
+	p, err := planRows(d, w.Type, w.Rows, w.Cols, n, true, o.Variant, "")
+	if err != nil {
+		return 0, "", err
+	}
+	for i0 := 0; i0 < n; i0 += p.Group {
+		nx := min(p.Group, n-i0)
+		if p.Args == mvArgsGeneric {
+			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 4*i0*w.Cols), eP(y, 4*i0*w.Rows),
+				eI(w.Rows), eI(w.Cols), eI(nx))
+		} else {
+			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xq, i0*w.Cols), eP(xd, 4*i0*(w.Cols/32)),
+				eP(y, 4*i0*w.Rows), eI(w.Rows), eI(w.Cols), eI(nx))
+		}
+	}
+	return y, fmt.Sprintf("%s ×%d grid %d", p.Kernel, ceilDiv(n, p.Group), p.Grid), nil
+}
+
+// TestEmuMatvec: every matrix–vector family (the automatic one-row
+// choice, every forced one-row variant, the generic kernel for several
+// rows of x, the multi-row 8-bit kernels planRows picks for 5 and 12 rows)
+// for every GPU weight type, at both widths, against the CPU backend's
+// MatMul. Rows of 67 leave partial warps and blocks; the capped variants
+// also run on a one-CU device so their warps stride over rows; 3840
+// columns (15 super-blocks) take the staged Q6_K kernels' fallback.
+func TestEmuMatvec(t *testing.T) {
+	rng := emuRNG(t)
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			for _, typ := range emuMatTypes {
+				shapes := [][2]int{{67, 4096}}
+				if typ == gguf.TypeQ4_K || typ == gguf.TypeQ6_K {
+					shapes = append(shapes, [2]int{40, 3840})
+				}
+				for _, sh := range shapes {
+					emuMatvecCase(t, rng, ed.dev, typ, sh[0], sh[1])
+				}
+			}
+		})
+	}
+}
+
+func emuMatvecCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Type, rows, cols int) {
+	const maxN = 12
+	w := conformance.RandomWeight(rng, "w", typ, rows, cols)
+	x := conformance.RandomVector(rng, maxN*cols, 1)
+	var job emuJob
+	wb := job.bytes(w.Host)
+	xb := job.f32(x)
+	xq, xd := job.zeros(maxN*cols, true), job.zeros(4*maxN*cols/32, true)
+	job.launch("quantize_q8", rocm.D1(ceilDiv(maxN*cols, 256)), rocm.D1(256), eP(xb, 0), eP(xq, 0), eP(xd, 0), eI(maxN*cols))
+	type out struct {
+		what string
+		y, n int
+	}
+	var outs []out
+	add := func(n int, o mvOverrides, d LaunchDevice, tag string) {
+		y, what, err := addMatvec(&job, d, w, wb, xb, xq, xd, n, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, out{fmt.Sprintf("%s %d×%d n=%d %s%s", typ, rows, cols, n, what, tag), y, n})
+	}
+	add(1, mvOverrides{}, d, "")
+	for _, v := range emuVariants[typ] {
+		add(1, mvOverrides{Variant: v}, d, " (forced "+v+")")
+	}
+	if typ == gguf.TypeQ4_K || typ == gguf.TypeQ6_K || typ == gguf.TypeQ8_0 {
+		one := LaunchDevice{Warp: d.Warp, SMs: 1}
+		add(1, mvOverrides{}, one, " (1 CU)")
+		add(1, mvOverrides{BlocksPerSM: 1}, one, " (1 block)")
+		add(3, mvOverrides{}, one, " (1 CU)")
+	}
+	// the generic kernel on 3 rows of x
+	y3 := job.zeros(4*3*rows, true)
+	kt, _ := kernelType(typ)
+	job.launch("mv_"+kt, rocm.D1(ceilDiv(rows, mvBlock/d.Warp)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y3, 0), eI(rows), eI(cols), eI(3))
+	outs = append(outs, out{fmt.Sprintf("%s %d×%d n=3 mv_%s", typ, rows, cols, kt), y3, 3})
+	add(5, mvOverrides{}, d, "")
+	add(12, mvOverrides{}, d, "")
+	res := runEmu(t, d.Warp, &job)
+	bound := conformance.MatMulBound(typ)
+	for _, o := range outs {
+		want := cpuMatMul(t, w, x, o.n)
+		emuCheck(t, fmt.Sprintf("warp %d: %s", d.Warp, o.what), res.f32(o.y), want, bound)
+	}
+}
