@@ -234,3 +234,79 @@ func emuMatvecCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Type, 
 		emuCheck(t, fmt.Sprintf("warp %d: %s", d.Warp, o.what), res.f32(o.y), want, bound)
 	}
 }
+
+// TestEmuSelf checks the emulator's model on its own kernels
+// (emu/selftest.cu): reads from exited lanes are poisoned and counted;
+// divergent branches shuffle among their own lanes and the reconverged
+// warp meets whole; lanes run one at a time between meeting points, so a
+// shared-memory exchange without WARP_SYNC reads stale data and one with
+// it reads the fresh values; __syncthreads spans warps; warpSize is WARP.
+func TestEmuSelf(t *testing.T) {
+	for _, warp := range []int{32, 64} {
+		t.Run(fmt.Sprint(warp), func(t *testing.T) {
+			var job emuJob
+			ex := job.zeros(4*128, false)
+			job.launch("st_exit_shfl", rocm.D1(1), rocm.D1(128), eP(ex, 0))
+			dv := job.zeros(4*128, false)
+			job.launch("st_diverge", rocm.D1(1), rocm.D1(128), eP(dv, 0))
+			ls0, ls1 := job.zeros(4*warp, false), job.zeros(4*warp, false)
+			job.launch("st_lockstep", rocm.D1(1), rocm.D1(warp), eP(ls0, 0), eI(0))
+			job.launch("st_lockstep", rocm.D1(1), rocm.D1(warp), eP(ls1, 0), eI(1))
+			sy := job.zeros(4*(3*256+1), false)
+			job.launch("st_sync", rocm.D1(3), rocm.D1(256), eP(sy, 0))
+			res := runEmuPoison(t, warp, &job, true)
+			if want := uint64(128 / 2); res.poison[0] != want {
+				t.Errorf("st_exit_shfl: %d poisoned reads, want %d", res.poison[0], want)
+			}
+			for i, v := range res.f32(ex) {
+				if i%warp < warp/2 && !math.IsNaN(float64(v)) {
+					t.Errorf("st_exit_shfl: lane %d read %g from an exited lane, want the poison NaN", i, v)
+					break
+				}
+			}
+			for i := 1; i < len(res.poison); i++ {
+				if res.poison[i] != 0 {
+					t.Errorf("launch %d: %d poisoned reads, want 0", i, res.poison[i])
+				}
+			}
+			// st_diverge: v = lane + (lane^1) below half, lane − (lane^2)
+			// above, then the warp's sum of v in every lane
+			sum := 0
+			for l := range warp {
+				if l < warp/2 {
+					sum += l + (l ^ 1)
+				} else {
+					sum += l - (l ^ 2)
+				}
+			}
+			for i, v := range res.i32(dv) {
+				if int(v) != sum {
+					t.Errorf("st_diverge: lane %d: %d, want %d", i, v, sum)
+					break
+				}
+			}
+			stale, fresh := res.i32(ls0), res.i32(ls1)
+			for l := range warp {
+				if want := int32((l+1)%warp + 100); fresh[l] != want {
+					t.Errorf("st_lockstep with WARP_SYNC: lane %d read %d, want %d", l, fresh[l], want)
+					break
+				}
+			}
+			if stale[0] == 101 {
+				t.Errorf("st_lockstep without WARP_SYNC: lane 0 read lane 1's store before lane 1 ran")
+			}
+			got := res.i32(sy)
+			for b := range 3 {
+				for i := range 256 {
+					if want := int32(255 - i + b); got[b*256+i] != want {
+						t.Errorf("st_sync: block %d thread %d: %d, want %d", b, i, got[b*256+i], want)
+						return
+					}
+				}
+			}
+			if got[3*256] != int32(warp) {
+				t.Errorf("warpSize %d, want %d", got[3*256], warp)
+			}
+		})
+	}
+}
