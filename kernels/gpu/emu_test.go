@@ -310,3 +310,82 @@ func TestEmuSelf(t *testing.T) {
 		})
 	}
 }
+
+// TestEmu8B runs the decode products of Llama 3 8B at their full shapes
+// (the output projection excepted: 525M weights) with the launches planned
+// for gfx90a and gfx1030 (TestLaunchPlans8B: grids capped per CU, so
+// warps stride over rows; ffn_down on q21 at wave64 and staged at wave32),
+// the grouped Q4_K kernel over attn_q and attn_k, the multi-row kernels
+// for a step of 5 rows on ffn_gate, and the decode attention at 32/8
+// heads of 128 with the splits planned per device, against the CPU
+// backend.
+func TestEmu8B(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the 8B shapes take tens of seconds in the emulator")
+	}
+	rng := emuRNG(t)
+	ws := map[string]*kernels.Weight{}
+	for _, m := range llama8B {
+		if m.name != "output" {
+			ws[m.name] = conformance.RandomWeight(rng, m.name, m.typ, m.rows, m.cols)
+		}
+	}
+	x4 := conformance.RandomVector(rng, 5*4096, 1)
+	x14 := conformance.RandomVector(rng, 14336, 1)
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			var job emuJob
+			xb4, xb14 := job.f32(x4), job.f32(x14)
+			xq4, xd4 := job.zeros(5*4096, true), job.zeros(4*5*4096/32, true)
+			xq14, xd14 := job.zeros(14336, true), job.zeros(4*14336/32, true)
+			job.launch("quantize_q8", rocm.D1(ceilDiv(5*4096, 256)), rocm.D1(256), eP(xb4, 0), eP(xq4, 0), eP(xd4, 0), eI(5*4096))
+			job.launch("quantize_q8", rocm.D1(ceilDiv(14336, 256)), rocm.D1(256), eP(xb14, 0), eP(xq14, 0), eP(xd14, 0), eI(14336))
+			type out struct {
+				name, what string
+				y, n       int
+			}
+			var outs []out
+			wbs := map[string]int{}
+			for _, m := range llama8B {
+				w := ws[m.name]
+				if w == nil {
+					continue
+				}
+				wb := job.bytes(w.Host)
+				wbs[m.name] = wb
+				xb, xq, xd := xb4, xq4, xd4
+				if w.Cols == 14336 {
+					xb, xq, xd = xb14, xq14, xd14
+				}
+				y, what, err := addMatvec(&job, ed.dev, w, wb, xb, xq, xd, 1, mvOverrides{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs = append(outs, out{m.name, what, y, 1})
+			}
+			y, what, err := addMatvec(&job, ed.dev, ws["ffn_gate"], wbs["ffn_gate"], xb4, xq4, xd4, 5, mvOverrides{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, out{"ffn_gate", what, y, 5})
+			// mv_q4_k_n12m over attn_q and attn_k (a third slot of 0 rows)
+			wq, wk := ws["attn_q"], ws["attn_k"]
+			yq, yk := job.zeros(4*wq.Rows, true), job.zeros(4*wk.Rows, true)
+			grid := planQ4KMulti(ed.dev, wq.Rows+wk.Rows)
+			job.launch("mv_q4_k_n12m", rocm.D1(grid), rocm.D1(mvBlock), eP(wbs["attn_q"], 0), eP(yq, 0), eI(wq.Rows),
+				eP(wbs["attn_k"], 0), eP(yk, 0), eI(wk.Rows), eNull(), eNull(), eI(0), eP(xq4, 0), eP(xd4, 0), eI(4096))
+			outs = append(outs, out{"attn_q", "mv_q4_k_n12m", yq, 1}, out{"attn_k", "mv_q4_k_n12m", yk, 1})
+			res := runEmu(t, ed.dev.Warp, &job)
+			for _, o := range outs {
+				w := ws[o.name]
+				x := x4
+				if w.Cols == 14336 {
+					x = x14
+				}
+				emuCheck(t, fmt.Sprintf("warp %d: %s %s %d×%d n=%d: %s", ed.dev.Warp, o.name, w.Type, w.Rows, w.Cols, o.n, o.what),
+					res.f32(o.y), cpuMatMul(t, w, x, o.n), conformance.MatMulBound(w.Type))
+			}
+			emuAttnCase(t, rng, ed.dev, "f16", 1000, 1, 8192, kernels.Attn{Heads: 32, KVHeads: 8, HeadDim: 128})
+		})
+	}
+}
