@@ -9,6 +9,7 @@ package gpu
 import (
 	"bytes"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -49,6 +50,17 @@ func llvmVersion(p string) int {
 	return v
 }
 
+// The emulator's files, embedded so that the test binary builds it from
+// any working directory.
+var (
+	//go:embed emu/wave.h
+	emuWave string
+	//go:embed emu/driver.cpp
+	emuDriverSrc string
+	//go:embed emu/selftest.cu
+	emuSelftest string
+)
+
 var emuKernelRE = regexp.MustCompile(`extern\s+"C"\s+void\s+(\w+)\s*\(`)
 
 var emuFlags = []string{"-std=c++17", "-O1", "-fno-strict-aliasing", "-w"}
@@ -79,18 +91,10 @@ func emuDriver(t *testing.T, warp int) string {
 }
 
 func buildEmu(clang string, warp int) (string, error) {
-	wave, err := os.ReadFile("emu/wave.h")
-	if err != nil {
-		return "", err
-	}
-	driver, err := os.ReadFile("emu/driver.cpp")
-	if err != nil {
-		return "", err
-	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%v\x00%d\x00", clang, emuFlags, warp)
-	h.Write(wave)
-	h.Write(driver)
+	h.Write([]byte(emuWave))
+	h.Write([]byte(emuDriverSrc))
 	srcs := map[string]string{}
 	for _, m := range Modules() {
 		s, err := Source(m)
@@ -101,15 +105,11 @@ func buildEmu(clang string, warp int) (string, error) {
 		fmt.Fprintf(h, "\x00%s\x00%s", m, s)
 	}
 	// the emulator's own test kernels, after common.h
-	self, err := os.ReadFile("emu/selftest.cu")
-	if err != nil {
-		return "", err
-	}
 	common, err := sources.ReadFile("cu/common.h")
 	if err != nil {
 		return "", err
 	}
-	srcs["emu_selftest.cu"] = strings.ReplaceAll(string(common), "#pragma once\n", "") + string(self)
+	srcs["emu_selftest.cu"] = strings.ReplaceAll(string(common), "#pragma once\n", "") + emuSelftest
 	fmt.Fprintf(h, "\x00%s", srcs["emu_selftest.cu"])
 	key := hex.EncodeToString(h.Sum(nil))[:20]
 	cache, err := os.UserCacheDir()
@@ -129,9 +129,14 @@ func buildEmu(clang string, warp int) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	emuDir, err := filepath.Abs("emu")
-	if err != nil {
+	emuDir := filepath.Join(tmp, "emu")
+	if err := os.Mkdir(emuDir, 0o755); err != nil {
 		return "", err
+	}
+	for name, text := range map[string]string{"wave.h": emuWave, "driver.cpp": emuDriverSrc} {
+		if err := os.WriteFile(filepath.Join(emuDir, name), []byte(text), 0o644); err != nil {
+			return "", err
+		}
 	}
 	flags := append(append([]string{}, emuFlags...), fmt.Sprintf("-DWARP=%d", warp), "-I"+emuDir)
 	// Two compilers at a time: the modules take seconds each.
