@@ -368,11 +368,11 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		maxPos = max(maxPos, pos)
 	}
-	splits := ceilDiv(int(maxPos)+1, pagedSplit)
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
 	}
+	splits, attnL, mergeL := planPaged(sfx, at.Heads, n, int(maxPos))
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)
@@ -391,13 +391,12 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		a.Reset()
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
-		grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
-		if err := b.launch(c, "attn_paged_"+sfx, grid, rocm.D1(128), &a); err != nil {
+		if err := b.launch(c, attnL.Kernel, attnL.Grid, attnL.Block, &a); err != nil {
 			return err
 		}
 		a.Reset()
 		a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
-		return b.launch(c, "attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+		return b.launch(c, mergeL.Kernel, mergeL.Grid, mergeL.Block, &a)
 	})
 }
 

@@ -103,8 +103,7 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 	what := ""
 	oq, od := -1, -1
 	if n <= 2 {
-		splits := planAttnDecodeSplits(d, at.Heads, n, ctx)
-		splitLen := ceilDiv(pos0+n, splits)
+		l, splits, splitLen := planAttnDecode(d, sfx, at.Heads, n, pos0, ctx)
 		part, count := eNull(), eNull()
 		if splits > 1 {
 			part = eP(job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true), 0)
@@ -115,12 +114,13 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 			oq, od = job.zeros(qDim, true), job.zeros(4*qDim/32, true)
 			oqa, oda = eP(oq, 0), eP(od, 0)
 		}
-		job.launch("attn_decode_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}, rocm.D1(128),
+		job.launch(l.Kernel, l.Grid, l.Block,
 			eP(out, 0), part, eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0),
 			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda)
 		what = fmt.Sprintf("attn_decode_%s %d splits", sfx, splits)
 	} else {
-		job.launch("attn_prompt_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, 8)), Z: 1}, rocm.D1(256),
+		l := planAttnPrompt(sfx, at.Heads, n)
+		job.launch(l.Kernel, l.Grid, l.Block,
 			eP(out, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(n), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale))
 		what = "attn_prompt_" + sfx
 	}
@@ -195,13 +195,13 @@ func TestEmuPagedAttention(t *testing.T) {
 			posb, seqb := job.i32(pos), job.i32(seq)
 			job.launch("kv_store_paged_"+sfx, grid1(n*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
 				eP(job.f32(stepK), 0), eP(job.f32(stepV), 0), eI(n), eI(kvDim), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			splits := ceilDiv(long+1, pagedSplit)
+			splits, attnL, mergeL := planPaged(sfx, at.Heads, n, long)
 			part := job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true)
 			out := job.zeros(4*n*qDim, true)
-			job.launch("attn_paged_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: n, Z: uint32(splits)}, rocm.D1(128),
+			job.launch(attnL.Kernel, attnL.Grid, attnL.Block,
 				eP(part, 0), eP(job.f32(stepQ), 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim),
 				eF(at.Scale), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			job.launch("attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: n, Z: 1}, rocm.D1(128),
+			job.launch(mergeL.Kernel, mergeL.Grid, mergeL.Block,
 				eP(out, 0), eP(part, 0), eI(at.Heads), eI(at.HeadDim), eI(splits))
 			res := runEmu(t, ed.dev.Warp, &job)
 			got := res.f32(out)

@@ -52,10 +52,7 @@ func TestEmuDequant(t *testing.T) {
 				kt, _ := kernelType(typ)
 				w := conformance.RandomWeight(rng, "w", typ, rows, cols)
 				kpad := (cols + 31) &^ 31
-				items32, items16 := rows*cols, rows*kpad
-				if typ.BlockSize() > 1 {
-					items32, items16 = rows*cols/32, rows*(cols/32)
-				}
+				items16, items32 := dequantItems(typ, rows, cols, kpad)
 				ids := []int32{5, 0, 36, 5}
 				var job emuJob
 				wb := job.bytes(w.Host)
@@ -108,20 +105,17 @@ func emuGEMM(t *testing.T, r *rand.Rand, warp int) {
 		w := conformance.RandomWeight(r, "w", typ, c.rows, c.cols)
 		x := conformance.RandomVector(r, c.n*c.cols, 1)
 		kpad := (c.cols + 31) &^ 31
-		items := c.rows * kpad
-		if typ.BlockSize() > 1 {
-			items = c.rows * (c.cols / 32)
-		}
+		items, _ := dequantItems(typ, c.rows, c.cols, kpad)
 		var job emuJob
 		wb, xb := job.bytes(w.Host), job.f32(x)
 		wh, xh := job.zeros(2*c.rows*kpad, true), job.zeros(2*c.n*kpad, true)
 		y1, y2 := job.zeros(4*c.n*c.rows, true), job.zeros(4*c.n*c.rows, true)
 		job.launch("deq16_"+c.typ, grid1(items), rocm.D1(256), eP(wb, 0), eP(wh, 0), eI(c.rows), eI(c.cols), eI(kpad))
 		job.launch("f32_to_f16", grid1(c.n*kpad), rocm.D1(256), eP(xb, 0), eP(xh, 0), eI(c.n), eI(c.cols), eI(kpad))
-		grid := rocm.Dim3{X: uint32(ceilDiv(c.rows, 128)), Y: uint32(ceilDiv(c.n, 128)), Z: 1}
 		for i, k := range []string{"gemm_f16", "gemm_f16_lds"} {
 			y := []int{y1, y2}[i]
-			job.launch(k, grid, rocm.D1(256), eP(wh, 0), eP(xh, 0), eP(y, 0), eI(c.rows), eI(c.n), eI(kpad))
+			l := planGEMM(k, c.rows, c.n)
+			job.launch(l.Kernel, l.Grid, l.Block, eP(wh, 0), eP(xh, 0), eP(y, 0), eI(c.rows), eI(c.n), eI(kpad))
 		}
 		res := runEmu(t, warp, &job)
 		want := cpuMatMul(t, w, x, c.n)

@@ -69,19 +69,26 @@ func emuOps(t *testing.T, rng *rand.Rand, warp int) {
 	x1b, r1b := job.f32(x1), job.f32(r1)
 	d1 := job.zeros(4*cols, true)
 	q1, s1 := job.zeros(cols, true), job.zeros(4*cols/32, true)
-	job.launch("rmsnorm_row", rocm.D1(1), rocm.D1(1024), eP(d1, 0), eP(x1b, 0), eP(r1b, 0), eP(nw, 0), eI(cols), eF(eps), eP(q1, 0), eP(s1, 0))
+	l, fuse := planNorm(1, cols, true, true)
+	if l.Kernel != "rmsnorm_row" || !fuse {
+		t.Fatalf("one row of %d: %s (8-bit copy %v), want rmsnorm_row with the copy", cols, l.Kernel, fuse)
+	}
+	job.launch(l.Kernel, l.Grid, l.Block, eP(d1, 0), eP(x1b, 0), eP(r1b, 0), eP(nw, 0), eI(cols), eF(eps), eP(q1, 0), eP(s1, 0))
 	// rmsnorm_row, 5 rows (a batched step), no residual, no copy
 	x5 := conformance.RandomVector(rng, 5*cols, 2)
 	x5b, d5 := job.f32(x5), job.zeros(4*5*cols, true)
-	job.launch("rmsnorm_row", rocm.D1(5), rocm.D1(1024), eP(d5, 0), eP(x5b, 0), eNull(), eP(nw, 0), eI(cols), eF(eps), eNull(), eNull())
-	// rmsnorm and add_rmsnorm over a prompt of 70 rows of 1000
-	const pn, pc = 70, 1000
+	l, _ = planNorm(5, cols, false, true)
+	job.launch(l.Kernel, l.Grid, l.Block, eP(d5, 0), eP(x5b, 0), eNull(), eP(nw, 0), eI(cols), eF(eps), eNull(), eNull())
+	// rmsnorm and add_rmsnorm over a prompt of 70 rows of 1000 (past MaxBatchRows)
+	const pn, pc = kernels.MaxBatchRows + 6, 1000
 	xp := conformance.RandomVector(rng, pn*pc, 2)
 	rp := conformance.RandomVector(rng, pn*pc, 2)
 	xpb, xpb2, rpb := job.f32(xp), job.f32(xp), job.f32(rp)
 	dp, dp2 := job.zeros(4*pn*pc, true), job.zeros(4*pn*pc, true)
-	job.launch("rmsnorm", rocm.D1(pn), rocm.D1(256), eP(dp, 0), eP(xpb, 0), eP(nw, 0), eI(pc), eF(eps))
-	job.launch("add_rmsnorm", rocm.D1(pn), rocm.D1(256), eP(dp2, 0), eP(xpb2, 0), eP(rpb, 0), eP(nw, 0), eI(pc), eF(eps))
+	l, _ = planNorm(pn, pc, false, true)
+	job.launch(l.Kernel, l.Grid, l.Block, eP(dp, 0), eP(xpb, 0), eP(nw, 0), eI(pc), eF(eps))
+	l, _ = planNorm(pn, pc, true, true)
+	job.launch(l.Kernel, l.Grid, l.Block, eP(dp2, 0), eP(xpb2, 0), eP(rpb, 0), eP(nw, 0), eI(pc), eF(eps))
 
 	// elementwise
 	const en = 14336
@@ -124,16 +131,17 @@ func emuOps(t *testing.T, rng *rand.Rand, warp int) {
 	av := conformance.RandomVector(rng, vocab, 1)
 	av[vocab-3] = 9 // the winner in the tail slice
 	avb := job.f32(av)
-	parts := ceilDiv(vocab, argmaxChunk)
+	parts, al := planArgmax(1, vocab)
 	pp := job.zeros(8*parts, true)
 	am := job.zeros(4, true)
-	job.launch("argmax_slices", rocm.D1(parts), rocm.D1(256), eP(avb, 0), eI(vocab), eI(argmaxChunk), eP(pp, 0), eP(pp, 4*parts))
-	job.launch("argmax_parts", rocm.D1(1), rocm.D1(256), eP(pp, 0), eP(pp, 4*parts), eI(parts), eP(am, 0))
+	job.launch(al[0].Kernel, al[0].Grid, al[0].Block, eP(avb, 0), eI(vocab), eI(argmaxChunk), eP(pp, 0), eP(pp, 4*parts))
+	job.launch(al[1].Kernel, al[1].Grid, al[1].Block, eP(pp, 0), eP(pp, 4*parts), eI(parts), eP(am, 0))
 	ar := conformance.RandomVector(rng, 3*1500, 1)
 	ar[1500+700], ar[1500+701] = 7, 7 // a tie: the lower index wins
 	arb := job.f32(ar)
 	amr := job.zeros(12, true)
-	job.launch("argmax_rows", rocm.D1(3), rocm.D1(256), eP(arb, 0), eP(amr, 0), eI(1500))
+	_, al = planArgmax(3, 1500)
+	job.launch(al[0].Kernel, al[0].Grid, al[0].Block, eP(arb, 0), eP(amr, 0), eI(1500))
 
 	// top-k of 10000 values, k = 40, as TopK chains the steps
 	const tkn, tk = 10000, 40

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
 )
 
 // Launch choice as plain functions of the device's properties and the
@@ -243,4 +245,81 @@ func planQ4KMulti(d LaunchDevice, total int) int {
 func planAttnDecodeSplits(d LaunchDevice, heads, n, ctx int) int {
 	splits := ceilDiv(4*max(d.SMs, 1), heads*n)
 	return max(1, min(splits, ceilDiv(ctx, 64)))
+}
+
+// kLaunch is the geometry of one launch of Kernel.
+type kLaunch struct {
+	Kernel      string
+	Grid, Block rocm.Dim3
+}
+
+// planNorm is the RMSNorm launch for n rows of cols (residual: the
+// AddRMSNorm form; fuse: the one-row form may also write the 8-bit copy).
+// One row, the decode shape, goes to rmsnorm_row (1024 threads), which
+// also quantizes the row where q8 is returned; 2 to kernels.MaxBatchRows
+// rows (a batched step) to one block of rmsnorm_row each, so that every
+// row gets the bits it gets alone; more rows to one 256-thread block each
+// of rmsnorm or add_rmsnorm.
+func planNorm(n, cols int, residual, fuse bool) (l kLaunch, q8 bool) {
+	switch {
+	case n == 1:
+		return kLaunch{"rmsnorm_row", rocm.D1(1), rocm.D1(1024)}, fuse && cols%32 == 0
+	case n <= kernels.MaxBatchRows:
+		return kLaunch{"rmsnorm_row", rocm.D1(n), rocm.D1(1024)}, false
+	case residual:
+		return kLaunch{"add_rmsnorm", rocm.D1(n), rocm.D1(256)}, false
+	}
+	return kLaunch{"rmsnorm", rocm.D1(n), rocm.D1(256)}, false
+}
+
+// planArgmax is the argmax of rows rows of cols: one long row (a
+// vocabulary) in slices of argmaxChunk on many blocks (parts > 0), then
+// one block over their winners; otherwise a block per row.
+func planArgmax(rows, cols int) (parts int, l []kLaunch) {
+	if rows == 1 && cols >= 2*argmaxChunk {
+		parts = ceilDiv(cols, argmaxChunk)
+		return parts, []kLaunch{{"argmax_slices", rocm.D1(parts), rocm.D1(256)}, {"argmax_parts", rocm.D1(1), rocm.D1(256)}}
+	}
+	return 0, []kLaunch{{"argmax_rows", rocm.D1(rows), rocm.D1(256)}}
+}
+
+// planAttnPrompt is the prompt attention: a block per head and 8 tokens
+// (the kernel's QT).
+func planAttnPrompt(sfx string, heads, n int) kLaunch {
+	return kLaunch{"attn_prompt_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, 8)), Z: 1}, rocm.D1(256)}
+}
+
+// planAttnDecode is the decode attention for n ≤ 2 tokens over a cache of
+// ctx positions: splits blocks per head and token
+// (planAttnDecodeSplits), each covering splitLen of the pos0+n positions
+// in use.
+func planAttnDecode(d LaunchDevice, sfx string, heads, n, pos0, ctx int) (l kLaunch, splits, splitLen int) {
+	splits = planAttnDecodeSplits(d, heads, n, ctx)
+	return kLaunch{"attn_decode_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: uint32(splits)}, rocm.D1(128)},
+		splits, ceilDiv(pos0+n, splits)
+}
+
+// planPaged is the paged attention of n rows whose largest position is
+// maxPos: a block per (head, row, split of pagedSplit positions), then a
+// block per (head, row) to merge the splits.
+func planPaged(sfx string, heads, n, maxPos int) (splits int, attn, merge kLaunch) {
+	splits = ceilDiv(maxPos+1, pagedSplit)
+	return splits, kLaunch{"attn_paged_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: uint32(splits)}, rocm.D1(128)},
+		kLaunch{"attn_paged_merge", rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: 1}, rocm.D1(128)}
+}
+
+// planGEMM is gemm.cu's launch for C [n][m]: a 256-thread block per tile
+// of 128×128.
+func planGEMM(kernel string, m, n int) kLaunch {
+	return kLaunch{kernel, rocm.Dim3{X: uint32(ceilDiv(m, 128)), Y: uint32(ceilDiv(n, 128)), Z: 1}, rocm.D1(256)}
+}
+
+// dequantItems is how many threads deq16 and deq32 run for a weight of
+// type t: one per 32-value part of a block type, one per value (of a
+// kpad-wide row for deq16) of a plain type.
+func dequantItems(t gguf.Type, rows, cols, kpad int) (deq16, deq32 int) {
+	if t.BlockSize() > 1 {
+		return rows * (cols / 32), rows * cols / 32
+	}
+	return rows * kpad, rows * cols
 }

@@ -259,14 +259,12 @@ func (b *Backend) gemmF16(c *rocm.Ctx, wh, xh, dst rocm.DevPtr, m, n, k int) err
 	if b.gemmKernel != "" {
 		name = b.gemmKernel
 	}
-	return b.launch(c, name, rocm.Dim3{X: uint32(ceilDiv(m, 128)), Y: uint32(ceilDiv(n, 128)), Z: 1}, rocm.D1(256), &a)
+	l := planGEMM(name, m, n)
+	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }
 
 func (b *Backend) dequantF16(c *rocm.Ctx, kt string, w *kernels.Weight, wp, out rocm.DevPtr, kpad int) error {
-	items := w.Rows * kpad
-	if bs := w.Type.BlockSize(); bs > 1 {
-		items = w.Rows * (w.Cols / 32) // one thread per 32-value part
-	}
+	items, _ := dequantItems(w.Type, w.Rows, w.Cols, kpad)
 	var a rocm.Args
 	a.Ptr(wp).Ptr(out).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(kpad))
 	return b.launch(c, "deq16_"+kt, grid1(items), rocm.D1(256), &a)
@@ -291,10 +289,7 @@ func (b *Backend) Dequantize(dst kernels.Tensor, w *kernels.Weight) error {
 	if err != nil {
 		return err
 	}
-	items := w.Rows * w.Cols
-	if w.Type.BlockSize() > 1 {
-		items /= 32
-	}
+	_, items := dequantItems(w.Type, w.Rows, w.Cols, w.Cols)
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var a rocm.Args
@@ -400,16 +395,17 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var a rocm.Args
-		if n == 1 {
+		l, fuse := planNorm(n, cols, r.Dev != 0, !b.noFuse)
+		if l.Kernel == "rmsnorm_row" {
 			var q, d rocm.DevPtr
-			if cols%32 == 0 && !b.noFuse {
+			if fuse {
 				var err error
 				if q, d, err = b.q8Buf(c, cols); err != nil {
 					return err
 				}
 			}
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(q).Ptr(d)
-			if err := b.launch(c, "rmsnorm_row", rocm.D1(1), rocm.D1(1024), &a); err != nil {
+			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
 				return err
 			}
 			if q != 0 {
@@ -417,16 +413,12 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 			}
 			return nil
 		}
-		if n <= kernels.MaxBatchRows { // a block of rmsnorm_row per row: each row as alone (batch invariance)
-			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(0).Ptr(0)
-			return b.launch(c, "rmsnorm_row", rocm.D1(n), rocm.D1(1024), &a)
-		}
 		if r.Dev != 0 {
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)
-			return b.launch(c, "add_rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+		} else {
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
 		}
-		a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
-		return b.launch(c, "rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
 }
 
@@ -590,7 +582,8 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
-		return b.launch(c, "attn_prompt_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, 8)), Z: 1}, rocm.D1(256), &a)
+		l := planAttnPrompt(sfx, at.Heads, n)
+		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
 }
 
@@ -604,8 +597,7 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 // identical results. The kernel divides the pos0+n positions in use among
 // the splits (splits past the end are empty).
 func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
-	splits := planAttnDecodeSplits(b.launchDevice(), at.Heads, n, ctx)
-	splitLen := ceilDiv(pos0+n, splits) // as the kernel computes it from posp
+	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
 		var err error
@@ -630,8 +622,7 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
 		Ptr(oq).Ptr(od)
-	grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
-	if err := b.launch(c, "attn_decode_"+sfx, grid, rocm.D1(128), &a); err != nil {
+	if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
 		return err
 	}
 	if oq != 0 {
@@ -714,26 +705,26 @@ func (b *Backend) Argmax(x kernels.Tensor, rows, cols int) ([]int32, error) {
 			return err
 		}
 		var a rocm.Args
-		if rows == 1 && cols >= 2*argmaxChunk {
+		parts, ls := planArgmax(rows, cols)
+		if parts > 0 {
 			// One long row (a vocabulary): slices on many blocks, then
 			// one block over their winners.
-			parts := ceilDiv(cols, argmaxChunk)
 			pp, err := b.scratchBuf(c, "argmax-parts", int64(8*parts))
 			if err != nil {
 				return err
 			}
 			a.Ptr(dptr(x)).I32(int32(cols)).I32(argmaxChunk).Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts))
-			if err := b.launch(c, "argmax_slices", rocm.D1(parts), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[0].Kernel, ls[0].Grid, ls[0].Block, &a); err != nil {
 				return err
 			}
 			a.Reset()
 			a.Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts)).I32(int32(parts)).Ptr(p)
-			if err := b.launch(c, "argmax_parts", rocm.D1(1), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[1].Kernel, ls[1].Grid, ls[1].Block, &a); err != nil {
 				return err
 			}
 		} else {
 			a.Ptr(dptr(x)).Ptr(p).I32(int32(cols))
-			if err := b.launch(c, "argmax_rows", rocm.D1(rows), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[0].Kernel, ls[0].Grid, ls[0].Block, &a); err != nil {
 				return err
 			}
 		}
