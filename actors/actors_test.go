@@ -324,3 +324,18 @@ func TestSplitFailureResolvesEverything(t *testing.T) {
 		}
 	}
 }
+
+// TestBusBounded: an idle subscriber holds at most MaxQueued events; the
+// rest are counted as dropped.
+func TestBusBounded(t *testing.T) {
+	s := startSystem(t, "stories260K-F32.gguf", Config{})
+	defer s.Close()
+	idle := s.Bus().Subscribe()
+	defer idle.Close()
+	for i := range MaxQueued + 10 {
+		s.Bus().Publish(Token{Req: 999, Index: i})
+	}
+	if d := idle.Dropped(); d < 10 {
+		t.Fatalf("dropped %d events, want at least 10", d)
+	}
+}

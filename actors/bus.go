@@ -72,6 +72,7 @@ func (b *Bus) Subscribe() *Subscription {
 	s.c, s.C = c, c
 	b.mu.Lock()
 	s.q = append(s.q, b.history...)
+	s.held = len(s.q)
 	if b.closed {
 		s.ended = true
 	} else {
@@ -112,8 +113,14 @@ func (b *Bus) remove(s *Subscription) {
 	}
 }
 
+// MaxQueued bounds the events a subscription holds for its reader (the
+// load's history included): past it, new events are dropped and counted
+// (Dropped), so an abandoned subscription costs at most this much memory
+// while the pipeline still never waits for its reader.
+const MaxQueued = 1 << 20
+
 // Subscription is one subscriber's ordered stream of events. Events queue
-// without bound between the publisher and C, so the pipeline never waits
+// between the publisher and C, up to MaxQueued, so the pipeline never waits
 // for the reader.
 type Subscription struct {
 	// C delivers the events; it is closed after the bus closes (and the
@@ -128,15 +135,30 @@ type Subscription struct {
 	exited chan struct{}
 	once   sync.Once
 
-	mu    sync.Mutex
-	q     []Event
-	ended bool
+	mu      sync.Mutex
+	q       []Event
+	held    int // events queued or taken by forward, not yet delivered
+	ended   bool
+	dropped int64
+}
+
+// Dropped is the number of events not delivered because the reader let
+// MaxQueued of them pile up.
+func (s *Subscription) Dropped() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dropped
 }
 
 func (s *Subscription) push(e Event) {
 	s.mu.Lock()
-	if !s.ended {
+	switch {
+	case s.ended:
+	case s.held >= MaxQueued:
+		s.dropped++
+	default:
 		s.q = append(s.q, e)
+		s.held++
 	}
 	s.mu.Unlock()
 	select {
@@ -168,6 +190,9 @@ func (s *Subscription) forward() {
 		for _, e := range q {
 			select {
 			case s.c <- e:
+				s.mu.Lock()
+				s.held--
+				s.mu.Unlock()
 			case <-s.stop:
 				return
 			}

@@ -49,6 +49,9 @@ func (m *Memory) Free(n int64) {
 	}
 }
 
+// Limit is the cap given to NewMemory (≤ 0: none).
+func (m *Memory) Limit() int64 { return m.limit }
+
 // InUse is the number of bytes allocated now.
 func (m *Memory) InUse() int64 {
 	m.mu.Lock()

@@ -25,8 +25,12 @@ var ErrClosed = errors.New("actors: pipeline closed")
 // Config describes one model's load pipeline.
 type Config struct {
 	// File is the opened model. The system owns it from Start on and
-	// closes it in Close.
+	// closes it in Close, unless KeepFile.
 	File *gguf.File
+	// KeepFile leaves File open at Close: the caller closes it (an
+	// Engine unmaps an evicted model's file once the next model's
+	// weights are in, not while they are being read).
+	KeepFile bool
 	// Layers is the number of blocks the architecture runs.
 	Layers   int
 	Strategy Strategy
@@ -51,6 +55,11 @@ type Config struct {
 	Hooks       Hooks
 	// Start is when event times count from (default: now).
 	Start time.Time
+	// Order, if set, returns every unit of the plan in the order to load
+	// them (Prefetch, Eager, HostF32): a model split over devices
+	// interleaves the devices' blocks so that every device's copies run
+	// at once. nil: plan order.
+	Order func(p *Plan) []*Unit
 }
 
 // System is the running load pipeline of one model: the actor system with
@@ -119,6 +128,12 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 		return nil, fmt.Errorf("actors: %s: %w", cfg.File.Path, err)
 	}
 
+	first := plan.Units
+	if cfg.Order != nil {
+		if first = cfg.Order(plan); len(first) != len(plan.Units) {
+			return nil, fmt.Errorf("actors: %s: load order of %d units, the plan has %d", cfg.File.Path, len(first), len(plan.Units))
+		}
+	}
 	s := &System{cfg: cfg, plan: plan, all: newFuture("all resident"), closing: make(chan struct{})}
 	s.failFrom.Store(math.MaxInt32)
 	s.ctx, s.cancel = context.WithCancel(ctx)
@@ -131,7 +146,6 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 	s.uploader = root.Spawn(s.props(func() actor.Actor { return &uploader{s: s} }))
 	s.dequant = root.Spawn(s.props(func() actor.Actor { return &dequantizer{s: s} }))
 	s.loader = root.Spawn(s.props(func() actor.Actor { return &loader{s: s} }))
-	first := plan.Units
 	if cfg.Strategy == Lazy {
 		first = plan.Units[:1]
 	}
@@ -336,6 +350,7 @@ func (s *System) Close() error {
 	close(s.closing)
 	s.closeMu.Unlock()
 
+	t0 := time.Now()
 	s.cancel()
 	s.failAllQuiet(ErrClosed)
 	if s.exec != nil {
@@ -348,8 +363,16 @@ func (s *System) Close() error {
 	s.wg.Wait()
 	s.bus.Close()
 	s.as.Shutdown()
+	tStop := time.Since(t0)
 	s.cfg.Uploader.Release()
-	return s.cfg.File.Close()
+	tRel := time.Since(t0)
+	var err error
+	if !s.cfg.KeepFile {
+		err = s.cfg.File.Close()
+	}
+	// Where an eviction's time goes (a swap's next load waits on parts).
+	slog.Debug("actors: system closed", "actors", tStop, "uploader release", tRel-tStop, "file close", time.Since(t0)-tRel)
+	return err
 }
 
 // failAllQuiet fails what is unresolved without publishing (closing).

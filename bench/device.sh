@@ -68,8 +68,21 @@ fi
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 } 2>&1 | tee "$out/log"
+# KOBJ=1: compile the CUDA objects of the sources as they are first (the
+# shipped ones are stale after a kernel change), return them as
+# $out/cuda-obj.tar (bench/kernels-gen.sh merge), and run everything below
+# on them.
+if [ "${KOBJ:-0}" = 1 ] && [ -x bin/device/kernels-gen ]; then
+  mkdir -p /tmp/kobj/obj
+  if bin/device/kernels-gen -backend cuda -dir /tmp/kobj/obj >"$out/kobj.txt" 2>&1; then
+    tar -C /tmp/kobj -cf "$out/cuda-obj.tar" obj && export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
+    echo "== kernel objects regenerated" | tee -a "$out/log"
+  else
+    echo "== kernels-gen failed" | tee -a "$out/log"; tail -5 "$out/kobj.txt" | tee -a "$out/log"
+  fi
+fi
 status=0
-for pkg in rocm kernels/gpu actors pipeline; do
+for pkg in rocm kernels/gpu actors pipeline pipeline/model; do
   bin=bin/device/$(basename $pkg).test
   name=$(echo "$pkg" | tr / -)
   # Tests read their testdata relative to the package folder.
@@ -77,7 +90,7 @@ for pkg in rocm kernels/gpu actors pipeline; do
   # Built with -trimpath, it finds gguf/testdata (package testmodels) at
   # github.com/forge-llm/forge/gguf/testdata relative to its directory.
   run=. dir=$pkg
-  if [ "$pkg" = pipeline ] || [ "$pkg" = actors ]; then
+  if [ "$pkg" = pipeline ] || [ "$pkg" = actors ] || [ "$pkg" = pipeline/model ]; then
     run=GPU; [ "$pkg" = actors ] && run=Device; dir=$(mktemp -d)
     mkdir -p "$dir/github.com/forge-llm" && ln -s "$PWD" "$dir/github.com/forge-llm/forge"
   fi
@@ -85,7 +98,7 @@ for pkg in rocm kernels/gpu actors pipeline; do
   rc=$?; [ $rc -ne 0 ] && status=$rc
   echo "== $pkg tests: exit $rc" | tee -a "$out/log"
   grep -E -- '^(--- FAIL|ok|PASS|FAIL|panic)' "$out/$name.log" | tee -a "$out/log"
-  if [ "$mode" = full ] && [ "$pkg" != pipeline ] && [ "$pkg" != actors ]; then
+  if [ "$mode" = full ] && [ "$pkg" != pipeline ] && [ "$pkg" != actors ] && [ "$pkg" != pipeline/model ]; then
     (cd "$pkg" && "$OLDPWD/$bin" -test.run '^$' -test.bench . -test.benchtime 100x -test.timeout 280s) \
       >"$out/$name-bench.log" 2>&1
     grep -E '^Benchmark' "$out/$name-bench.log" | tee -a "$out/log"

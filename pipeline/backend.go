@@ -430,6 +430,15 @@ type lazyUploader struct {
 	ctx  context.Context // the load
 	make func(cpu bool) actors.Uploader
 
+	// after holds Reserve (the arena's allocation and the ring's
+	// borrowing) until each channel is closed: the uploaders of the
+	// models an Engine evicted for this one, released (Engine.open).
+	// released is closed once this uploader's own Release has returned
+	// (nil: not watched).
+	after    []<-chan struct{}
+	released chan struct{}
+	relOnce  sync.Once
+
 	mu sync.Mutex
 	up actors.Uploader
 }
@@ -451,6 +460,15 @@ func (l *lazyUploader) Reserve(p *actors.Plan) error {
 	}
 	if l.dev.ctxErr != nil {
 		return l.dev.ctxErr
+	}
+	for _, ch := range l.after {
+		select {
+		case <-ch:
+		case <-l.dev.abort:
+			return actors.ErrClosed
+		case <-l.ctx.Done():
+			return fmt.Errorf("load cancelled while an evicted model freed its device memory: %w", context.Cause(l.ctx))
+		}
 	}
 	if !l.dev.cpu {
 		slog.Debug("pipeline: reserving device memory", "after context", time.Since(l.dev.ctxAt))
@@ -521,6 +539,9 @@ func (l *lazyUploader) Weight(name string) (*kernels.Weight, bool) {
 func (l *lazyUploader) Release() {
 	if up := l.inner(); up != nil {
 		up.Release()
+	}
+	if l.released != nil {
+		l.relOnce.Do(func() { close(l.released) })
 	}
 }
 

@@ -148,7 +148,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs})
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic})
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +204,12 @@ func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOpti
 		return Result{PromptTokens: len(ids)}, fmt.Errorf("pipeline: batching: %w", err)
 	}
 	id := m.batchReqs.Add(1)
-	r := batch.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampler: sample.New(o.Sampling, m.cfg.Vocab)}
+	smp := sample.New(o.Sampling, m.cfg.Vocab)
+	defer smp.Close() // the scheduler closes it too when it retires the request
+	if err := m.constrainSampler(smp, o, tok, s.Ctx()-len(ids)+1); err != nil {
+		return Result{PromptTokens: len(ids)}, err
+	}
+	r := batch.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampler: smp}
 	if !o.IgnoreEOG && tok != nil {
 		r.IsEOG = tok.IsEOG
 	}

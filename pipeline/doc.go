@@ -17,6 +17,17 @@
 //		OnToken:   func(t pipeline.Token) error { fmt.Print(t.Text); return nil },
 //	})
 //
+// For servers and agents, an Engine loads models on demand and serves
+// requests on them (continuous batching by default). Engine.Stream streams
+// a request as an iter.Seq2[Delta, error] decoupled from the executor: a
+// slow or gone reader never holds up a step, and breaking out of the loop
+// cancels the request. A Session is a conversation bound to a model whose
+// history the prefix cache keeps. Requests take tools (chat.Tool): the
+// model's chat template renders them and its calls come back parsed in
+// EngineResult.ToolCalls. Errors are typed (ErrUnknownModel, ErrBudget,
+// ErrEngineClosed, *ContextLengthError with its counts), results carry
+// their Usage (prompt, first-token and decode timings) and FinishReason.
+//
 // Subscribe streams typed progress events (tensor read, converted,
 // uploaded; layer ready; model ready; all resident; request started; first
 // token; token; done; error) with byte counts and monotonic times since

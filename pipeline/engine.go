@@ -52,7 +52,9 @@ type EngineOptions struct {
 	// Budget caps the bytes all loaded models hold (weights, KV cache,
 	// scratch, as their accountants count them; on the CPU backend the
 	// mapped weights count too). Loading a model that does not fit evicts
-	// idle models, least recently used first. ≤ 0: no budget.
+	// idle models, least recently used first. ≤ 0: no budget. With a
+	// split device ("gpu:0,1") it is each device's: a split model counts
+	// what it holds on its fullest device.
 	Budget int64
 	// Resolve turns a model name into a file path; nil: an existing file,
 	// else Ollama's store, else the Hugging Face cache (store.Default).
@@ -68,6 +70,11 @@ type EngineOptions struct {
 	// used are forgotten. Models added with Add are always kept. ≤ 0:
 	// DefaultMaxNames.
 	MaxNames int
+	// ToolConstraint constrains the answers of requests with tools and
+	// no Constrain of their own: the hook where constrained decoding holds
+	// the model to its tool-call format and the arguments to the function's
+	// schema (nil: answers are parsed as the model writes them).
+	ToolConstraint ConstraintFactory
 }
 
 // ModelState is where a model is in its life.
@@ -128,10 +135,17 @@ type Engine struct {
 	// unloads: loads waiting for room in the budget try again.
 	freed chan struct{}
 	wg    sync.WaitGroup // unloads and progress watchers in flight
+	// closing counts evicted models still closing beside the load they
+	// made room for (Engine.open); tests wait on it before reading the
+	// device's counters.
+	closing sync.WaitGroup
 	// gpu is the GPU every model shares (opened by the first GPU model,
 	// closed by Close): a swap costs the model's own memory and copies,
 	// not a context, kernel modules, cuBLAS and a pinned ring.
 	gpu *sharedGPU
+	// subs are the subscriptions taken with Engine.Subscribe, closed by
+	// Close (engine_subscribe.go).
+	subs map[*Subscription]struct{}
 }
 
 // alias is another name of an entry's file.
@@ -514,7 +528,7 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 		rows, logitRows = int64(batch+seqs), int64(seqs)
 	}
 	scratch := 4 * (rows*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + logitRows*int64(cfg.Vocab) + int64(cfg.QDim()+cfg.KVDim()))
-	return weights + kv + scratch, weights, nil
+	return perDevice(weights+kv+scratch, o), weights, nil
 }
 
 // ctxPositions is the KV cache size Open gives a model of cfg under o
@@ -537,7 +551,7 @@ func (inst *instance) bytes() int64 {
 	select {
 	case <-inst.opened:
 		if inst.m != nil {
-			n = max(n, inst.m.Memory().InUse())
+			n = max(n, inst.m.deviceInUse())
 		}
 	default:
 	}
@@ -615,12 +629,67 @@ func (e *Engine) closeAll(insts []*instance) {
 
 // open closes the instances evicted for it, opens an instance and follows
 // its load for the status.
+//
+// Where every victim's weights went through the pipeline's own uploader
+// (a GPU model of this engine), the victims close beside the load: the
+// new model opens its file, forks the backend and plans its load at once,
+// and only its device reservation (the arena, the staging ring) waits for
+// the victims' uploaders to have freed theirs; the rest of their teardown
+// (the backend fork, its thread) overlaps the new model's copies instead
+// of preceding them, and their files are unmapped once the new model's
+// weights are all in (unmapping 4.9 GB took 45-70 ms, and slowed the new
+// model's reading of its own mapping by as much when the two overlapped).
+// Otherwise the victims close first, as their memory may be what the new
+// model needs.
 func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	defer e.wg.Done()
-	e.closeAll(victims)
+	var gate []<-chan struct{}
+	overlap := len(victims) > 0
+	for _, v := range victims {
+		<-v.opened
+		if v.m == nil {
+			continue
+		}
+		if v.m.released == nil {
+			overlap = false
+			break
+		}
+		gate = append(gate, v.m.released)
+	}
+	// resident is closed once the new model's weights are all in (or its
+	// load is over): the victims unmap their files then.
+	resident := make(chan struct{})
+	var residentOnce sync.Once
+	markResident := func() { residentOnce.Do(func() { close(resident) }) }
+	if overlap {
+		for _, v := range victims {
+			if v.m != nil {
+				v.m.fileGate = resident
+			}
+		}
+		// One goroutine a victim: each one's Close waits for resident,
+		// which needs every victim's uploader released first.
+		var closed sync.WaitGroup
+		for _, v := range victims {
+			closed.Add(1)
+			e.closing.Add(1)
+			go func() {
+				defer e.closing.Done()
+				defer closed.Done()
+				e.closeAll([]*instance{v})
+			}()
+		}
+		defer closed.Wait()
+	}
+	defer markResident() // first of the deferred calls: before waiting for the victims
+	if !overlap {
+		e.closeAll(victims)
+		gate = nil
+	}
 	o := e.openOptions()
 	o.Memory = NewMemory(0)
 	o.shared = e.gpu
+	o.afterRelease = gate
 	m, err := Open(e.ctx, inst.path, o)
 	if err != nil {
 		err = fmt.Errorf("pipeline: loading %q: %w", ent.id, err)
@@ -655,6 +724,7 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 		inst.progMu.Unlock()
 		switch ev := ev.(type) {
 		case AllResident:
+			markResident()
 			e.setState(ent, inst, StateResident)
 			sub.Close()
 		case ModelReady:
@@ -919,9 +989,14 @@ func (e *Engine) Close() error {
 			victims = append(victims, e.detach(ent, StateUnloaded))
 		}
 	}
+	subs := e.subs
+	e.subs = nil
 	e.mu.Unlock()
 	e.closeAll(victims)
 	e.wg.Wait()
 	e.gpu.close() // after every model, including victims closed by Acquire
+	for sub := range subs {
+		sub.Close()
+	}
 	return nil
 }

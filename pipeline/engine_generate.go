@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/constrain"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
 
 // EngineRequest is one request to an Engine.
 type EngineRequest struct {
+	// ID names the request in logs and results; empty: one is made up
+	// ("req-N") when it starts.
+	ID    string
 	Model string
 	// Prompt is the text to complete, used when Messages is nil.
 	Prompt string
@@ -31,18 +36,42 @@ type EngineRequest struct {
 	// IgnoreEOG generates past end-of-generation tokens (benchmarks,
 	// tests; vLLM's ignore_eos).
 	IgnoreEOG bool
+	// Grammar constrains the output (see GenerateOptions.Grammar).
+	Grammar *constrain.Grammar
 	// OnText streams the output as it is generated. Text that may be the
 	// start of a stop string is held back until it is known not to be.
 	// An error from it ends the request with that error.
 	OnText func(delta string) error
+	// Tools are the functions the model may call: the template renders
+	// them, and the output is parsed back as calls in the model's format
+	// (EngineResult.ToolCalls). Content streams to OnText as it comes;
+	// text that opens a call in that format is held, parsed once the
+	// answer is whole, and never streamed. See ToolChoice.
+	Tools []chat.Tool
+	// ToolChoice is OpenAI's tool_choice: "" or "auto", "none" (tools are
+	// not offered), "required" (the answer must be a call) or a function's
+	// name (a call of it).
+	ToolChoice string
+	// Constrain, when set, is asked for a token constraint before the
+	// request runs (the hook constrained decoding plugs into, see
+	// Constraint).
+	Constrain ConstraintFactory
 }
 
 // EngineResult is a finished engine request.
 type EngineResult struct {
 	Result
-	// FinishReason is "stop" (end of generation or a stop string) or
-	// "length" (MaxTokens or a full context), as OpenAI's API says it.
-	FinishReason string
+	// RequestID is EngineRequest.ID, or the id made up for the request.
+	RequestID string
+	// FinishReason is "stop" (end of generation or a stop string),
+	// "length" (MaxTokens or a full context) or "tool_calls", as OpenAI's
+	// API says it.
+	FinishReason FinishReason
+	// ToolCalls are the calls parsed from the output, for a request with
+	// Tools; Text is then what the model wrote besides them.
+	ToolCalls []chat.ToolCall
+	// Usage has the request's counts and timings.
+	Usage Usage
 }
 
 // errStopString ends a request whose output reached a stop string.
@@ -70,6 +99,10 @@ func (e *Engine) Generate(ctx context.Context, r EngineRequest) (EngineResult, e
 var ErrContextLength = errors.New("pipeline: prompt longer than the context")
 
 func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, error) {
+	arrived := time.Now()
+	if r.ID == "" {
+		r.ID = newRequestID()
+	}
 	lease, err := e.Acquire(ctx, r.Model)
 	if err != nil {
 		return EngineResult{}, err
@@ -77,13 +110,18 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	defer lease.Release()
 	m := lease.Model()
 
-	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG}
+	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG, Grammar: r.Grammar}
 	// The prompt is tokenized here, under the request's context, and its
 	// length checked before it is queued: a long prompt neither waits in
 	// the queue nor touches the KV cache only to be refused.
 	var ids []int32
+	var tmpl *chat.Template
+	tools, err := offeredTools(&r)
+	if err != nil {
+		return EngineResult{}, err
+	}
 	if r.Messages != nil {
-		ids, err = chatPrompt(ctx, m, r.Messages, r.Template)
+		ids, tmpl, err = chatPromptTools(ctx, m, r.Messages, r.Template, tools)
 	} else {
 		ids, err = textPrompt(ctx, m, r.Prompt)
 	}
@@ -91,16 +129,55 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return EngineResult{}, err
 	}
 	if n := ctxPositions(m.Config(), e.o.Open); len(ids) > n {
-		return EngineResult{}, fmt.Errorf("%w: %d prompt tokens, the context holds %d", ErrContextLength, len(ids), n)
+		return EngineResult{}, &ContextLengthError{Prompt: len(ids), Context: n}
 	}
 	o.PromptIDs = ids
+	if tools != nil && tmpl == nil {
+		return EngineResult{}, fmt.Errorf("%w: tools need a chat request (messages)", ErrToolChoice)
+	}
+	if r.Constrain == nil && tools != nil {
+		// Where constrained decoding holds a call to its format and
+		// arguments to the function's schema.
+		r.Constrain = e.o.ToolConstraint
+	}
+	if r.Constrain != nil {
+		// The factory sees the template the prompt was rendered with:
+		// its Family says how the model writes a call (chat.ToolCallText).
+		r.Template = tmpl
+		tok, err := m.Tokenizer(ctx)
+		if err != nil {
+			return EngineResult{}, err
+		}
+		c, err := r.Constrain(tok, &r)
+		if err != nil {
+			return EngineResult{}, err
+		}
+		o.Constraint = c
+	}
+	admitted := time.Now()
+	var first, last time.Time
 	st := &stopper{stops: r.Stop}
+	// With tools the answer may be a call: the streamer holds what may be
+	// one until the answer is whole and parsed; content streams.
+	var ts *toolStreamer
+	sent := 0 // bytes handed to OnText
+	if tools != nil {
+		ts = newToolStreamer(tmpl.Family)
+	}
 	o.OnToken = func(t Token) error {
+		last = time.Now()
+		if first.IsZero() {
+			first = last
+		}
 		delta, hit := st.add(t.Text)
+		if ts != nil {
+			delta = ts.add(delta)
+		}
 		if delta != "" && r.OnText != nil {
 			if err := r.OnText(delta); err != nil {
 				return err
 			}
+			sent += len(delta)
 		}
 		if hit {
 			return errStopString
@@ -108,23 +185,40 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		return nil
 	}
 	res, err := m.Generate(ctx, r.Prompt, o)
-	out := EngineResult{Result: res}
+	out := EngineResult{Result: res, RequestID: r.ID}
+	out.Usage = Usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens), Queued: admitted.Sub(arrived)}
+	if !first.IsZero() {
+		// OnToken's writes are ordered before Generate's return.
+		out.Usage.FirstToken, out.Usage.Decode = first.Sub(admitted), last.Sub(first)
+	}
 	switch {
-	case errors.Is(err, errStopString):
-		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", "stop"
+	case errors.Is(err, errStopString) && tools == nil:
+		out.Text, out.Stop, out.FinishReason = st.text(), "stop_string", FinishStop
 		return out, nil
+	case errors.Is(err, errStopString):
+		// A stop string with tools: the text up to it is parsed below.
+		out.Stop = "stop_string"
 	case err != nil:
 		return out, e.fail(lease.ent, lease.inst, err)
 	}
-	if rest := st.flush(); rest != "" && r.OnText != nil {
+	rest := st.flush()
+	out.Text = st.text()
+	out.FinishReason = FinishStop
+	if res.Stop == "max_tokens" || res.Stop == "context_full" {
+		out.FinishReason = FinishLength
+	}
+	if ts != nil {
+		out.Text, out.ToolCalls = ts.finish(tmpl.Family, out.Text, sent)
+		if out.ToolCalls != nil {
+			toolCallIDs(r.ID, out.ToolCalls)
+			out.FinishReason = FinishToolCalls
+		}
+		rest = out.Text[sent:]
+	}
+	if rest != "" && r.OnText != nil {
 		if err := r.OnText(rest); err != nil {
 			return out, err
 		}
-	}
-	out.Text = st.text()
-	out.FinishReason = "stop"
-	if res.Stop == "max_tokens" || res.Stop == "context_full" {
-		out.FinishReason = "length"
 	}
 	return out, nil
 }
@@ -151,15 +245,22 @@ func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
 // never in the messages' content. BOS comes from the template when it
 // writes one, else as the vocabulary asks.
 func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.Template) ([]int32, error) {
+	ids, _, err := chatPromptTools(ctx, m, msgs, tmpl, nil)
+	return ids, err
+}
+
+// chatPromptTools is chatPrompt with the tools the template renders; it
+// returns the template used (its Family says how calls are written).
+func chatPromptTools(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.Template, tools []chat.Tool) ([]int32, *chat.Template, error) {
 	if tmpl == nil {
 		var err error
 		if tmpl, err = chat.Parse(m.ChatTemplate()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	tok, err := m.Tokenizer(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var bos, eos string
 	if tok.BOS() >= 0 {
@@ -168,9 +269,9 @@ func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.T
 	if tok.EOS() >= 0 {
 		eos = tok.Token(tok.EOS())
 	}
-	segs, err := tmpl.RenderSegments(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true})
+	segs, err := tmpl.RenderSegments(msgs, chat.Options{BOS: bos, EOS: eos, AddGenerationPrompt: true, Tools: tools})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tsegs := make([]tokenizer.Segment, len(segs))
 	for i, sg := range segs {
@@ -180,9 +281,9 @@ func chatPrompt(ctx context.Context, m *Model, msgs []chat.Message, tmpl *chat.T
 	addBOS := tok.ShouldAddBOS() && (bos == "" || !startsBOS)
 	ids, err := tok.EncodeSegments(ctx, tsegs, tokenizer.EncodeOptions{AddBOS: addBOS})
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
+		return nil, nil, fmt.Errorf("pipeline: tokenizing the chat prompt: %w", err)
 	}
-	return ids, nil
+	return ids, tmpl, nil
 }
 
 // stopper cuts the output at the first stop string, holding back any

@@ -143,6 +143,7 @@ func TestEngineGPUUnloadsAndEvicts(t *testing.T) {
 	if state(c) != StateEvicted || state(b) != StateResident || state(d) != StateResident {
 		t.Errorf("after d: b %s, c %s, d %s (want c evicted)", state(b), state(c), state(d))
 	}
+	e.closing.Wait() // c closes beside d's load
 	near(t, "c evicted for d", deviceFree(t), free0-foot[b]-foot[d], slackTwo)
 	if err := e.Unload(b); err != nil {
 		t.Fatal(err)

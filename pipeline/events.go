@@ -26,9 +26,14 @@ type (
 	Done            = actors.Done
 	ErrorEvent      = actors.Error
 	// Subscription is an ordered stream of events; read C until it closes
-	// (after Close of the model) or call its Close.
+	// (after Close of the model) or call its Close. At most
+	// MaxQueuedEvents wait for the reader; past that they are dropped and
+	// counted (Dropped).
 	Subscription = actors.Subscription
 )
+
+// MaxQueuedEvents bounds the events a Subscription holds for its reader.
+const MaxQueuedEvents = actors.MaxQueued
 
 // Globals is the Layer of events about the embedding, output norm and head.
 const Globals = actors.Globals

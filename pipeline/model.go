@@ -2,8 +2,10 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +33,18 @@ type Model struct {
 	ctxAt   time.Time       // when the GPU context became current (zero on the CPU), when be is set
 	dev     *pendingDevice  // the device opening in the background, or nil
 	up      actors.Uploader // what places the weights (nil: the host's)
+	// released is closed once the uploader has freed the device weights
+	// and given back the staging ring, in Close (nil where the uploader
+	// is not the pipeline's lazy one): an Engine starts the next model's
+	// reservation there, not after the whole Close.
+	released <-chan struct{}
+	// f is the mapped file, closed by Close after everything that reads
+	// it; where fileGate is set (an Engine's evicted model) Close waits
+	// for it first: unmapping gigabytes of a file page by page took
+	// 45-70 ms and, beside the next model's load, slowed that load's
+	// reading of its own mapping by as much.
+	f        *gguf.File
+	fileGate <-chan struct{}
 
 	// prefetched is closed once the readahead hints are given (they touch
 	// the mapping, which Close unmaps).
@@ -49,8 +63,13 @@ type Model struct {
 	// rendering conversations (package chat).
 	chatTemplate string
 
+	cvocab constrainVocab // the vocabulary of constrained requests
+
 	closeOnce sync.Once
 	closeErr  error
+
+	// split is set on a model split over several devices (split.go).
+	split *splitModel
 
 	// Continuous batching (batching.go), with opts.Batching.On.
 	opts      Options
@@ -80,6 +99,17 @@ const gpuReaders = 8
 // only: cancelling it stops loading and fails the readiness futures still
 // pending. Close the model when done.
 func Open(ctx context.Context, path string, o Options) (*Model, error) {
+	if o.Backend == nil && len(o.Backends) == 1 {
+		o.Backend = o.Backends[0] // a split over one backend is that backend
+	}
+	if ok, ords, err := isSplit(o); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return openSplit(ctx, path, o, ords)
+	} else if len(ords) == 1 {
+		o.Device = fmt.Sprintf("gpu:%d", ords[0]) // gpu:all on a machine with one GPU
+	}
 	start := time.Now()
 	mem := o.Memory
 	if mem == nil {
@@ -122,12 +152,14 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 			m.dev = startDevice(o, sel)
 		}
 		if up == nil {
-			up = &lazyUploader{dev: m.dev, ctx: ctx, make: func(cpu bool) actors.Uploader {
+			lu := &lazyUploader{dev: m.dev, ctx: ctx, make: func(cpu bool) actors.Uploader {
 				if cpu {
 					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
 				}
 				return m.dev.uploader(o.Upload, o.Strategy, mem)
-			}}
+			}, after: o.afterRelease, released: make(chan struct{})}
+			m.released = lu.released
+			up = lu
 		}
 		// The GPU's types; for "auto" every type of the file is one of
 		// them (backgroundDevice), so the CPU reads the same plan.
@@ -154,7 +186,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		}
 	}
 	sys, err := actors.Start(ctx, actors.Config{
-		File: f, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
+		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
 		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks, Start: start,
 	})
 	if err != nil {
@@ -168,7 +200,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		}
 		return nil, err
 	}
-	m.sys, m.up = sys, up
+	m.sys, m.up, m.f = sys, up, f
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	go func() {
 		defer close(m.tokDone)
@@ -283,6 +315,7 @@ func (m *Model) Close() error {
 		if m.dev != nil {
 			close(m.dev.abort)
 		}
+		tb := time.Now()
 		m.closeBatched() // its requests end; its model reads the weights
 		// Both read the file, which sys.Close closes.
 		<-m.tokDone
@@ -295,8 +328,17 @@ func (m *Model) Close() error {
 		} else if m.closeBe != nil {
 			m.closeBe()
 		}
+		tDev := time.Since(t0) - tSys
+		if m.fileGate != nil {
+			<-m.fileGate
+		}
+		t1 := time.Now()
+		if m.f != nil {
+			m.closeErr = errors.Join(m.closeErr, m.f.Close())
+		}
 		// An eviction's time is on the path of the next model's load.
-		slog.Debug("pipeline: model closed", "path", m.path, "system", tSys, "device", time.Since(t0)-tSys)
+		slog.Debug("pipeline: model closed", "path", m.path, "batched", t0.Sub(tb), "system", tSys, "device", tDev,
+			"file gate", t1.Sub(t0)-tSys-tDev, "file close", time.Since(t1))
 	})
 	return m.closeErr
 }
@@ -316,6 +358,9 @@ func (m *Model) String() string {
 			}
 		default:
 		}
+	}
+	if m.split != nil {
+		name = strings.Join(m.split.names, "+")
 	}
 	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.sys.Strategy())
 }

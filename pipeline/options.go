@@ -33,7 +33,9 @@ type Hooks = actors.Hooks
 // Options configure Open.
 type Options struct {
 	Strategy Strategy
-	// Device is "cpu", "gpu" (= "gpu:0"), "gpu:N", or "auto" ("" is
+	// Device is "cpu", "gpu" (= "gpu:0"), "gpu:N", "gpu:N,M,…" or
+	// "gpu:all" (the model split by layers over those GPUs; see Split),
+	// or "auto" ("" is
 	// auto: a GPU if package rocm finds a driver and a device, else the
 	// CPU; slog Info names the GPU, Debug the reason for the CPU). On a GPU
 	// the weights stream into one device arena through
@@ -42,6 +44,15 @@ type Options struct {
 	// Backend runs the model on a backend the caller made (and closes);
 	// it overrides Device.
 	Backend kernels.Backend
+	// Backends, two or more, split the model by layers over backends the
+	// caller made (and closes), in order; it overrides Device. Tests split
+	// a model over two CPU backends this way.
+	Backends []kernels.Backend
+	// Split is each device's share of the layers of a split model
+	// ("--split 1,1": half each); nil: in proportion to each GPU's free
+	// memory (the first less the globals it holds), equal shares for
+	// Backends.
+	Split []float64
 	// Threads is the CPU backend's worker count (0: every core).
 	Threads int
 	// Ctx is the KV cache length in positions (0: the model's, at most
@@ -75,6 +86,10 @@ type Options struct {
 	// shared is the Engine's GPU, opened once for all its models (nil:
 	// the model opens its own; see sharedGPU).
 	shared *sharedGPU
+	// afterRelease holds the device's weight reservation until each
+	// channel is closed: the released uploaders of the models an Engine
+	// evicted for this one, whose other teardown runs beside the load.
+	afterRelease []<-chan struct{}
 }
 
 // UploadTuning sizes the GPU uploader's helpers (see

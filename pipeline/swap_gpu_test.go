@@ -154,6 +154,7 @@ func TestEngineGPUSwap(t *testing.T) {
 			}
 			got, _ := gen(p, tokens)
 			check(p, got)
+			e.closing.Wait() // the evicted model closes beside the load
 
 			now, free := rocm.Live(), sharedFree(t, e)
 			held := diffLive(now, base)

@@ -57,6 +57,8 @@ type api struct {
 	// CUDA 11.2 and later, HIP 5.2 and later (absent: 0): stream-ordered
 	// allocation from the device's default memory pool.
 	memAllocAsync, memFreeAsync uintptr
+	// Copies between devices (or two contexts of one), peer.go.
+	copyPeerAsync, enablePeer, canAccessPeer uintptr
 }
 
 func (a *api) symbols() []symbol {
@@ -117,6 +119,9 @@ func (a *api) symbols() []symbol {
 		{&a.funcLoad, "cuFuncLoad", "", true},
 		{&a.memAllocAsync, "cuMemAllocAsync", "hipMallocAsync", true},
 		{&a.memFreeAsync, "cuMemFreeAsync", "hipFreeAsync", true},
+		{&a.copyPeerAsync, "cuMemcpyPeerAsync", "hipMemcpyPeerAsync", true},
+		{&a.enablePeer, "cuCtxEnablePeerAccess", "hipDeviceEnablePeerAccess", true},
+		{&a.canAccessPeer, "cuDeviceCanAccessPeer", "hipDeviceCanAccessPeer", true},
 	}
 }
 

@@ -247,3 +247,87 @@ func TokenCounter(ctx context.Context, hc *http.Client, base string) func(string
 		return len(out.Tokens), nil
 	}
 }
+
+// llamaChunk is one event of llama-server's own streaming /completion.
+type llamaChunk struct {
+	Content         string          `json:"content"`
+	Stop            bool            `json:"stop"`
+	TokensPredicted int             `json:"tokens_predicted"`
+	TokensEvaluated int             `json:"tokens_evaluated"`
+	Error           json.RawMessage `json:"error"`
+}
+
+// completeLlama is complete through llama-server's native API: POST
+// /completion with n_predict, events of {"content", "stop"} until one
+// with stop true (which carries the token counts), no [DONE].
+func completeLlama(ctx context.Context, hc *http.Client, base string, r request) outcome {
+	b, err := json.Marshal(map[string]any{"prompt": r.prompt, "n_predict": r.maxTokens, "temperature": 0,
+		"ignore_eos": true, "stream": true, "cache_prompt": true})
+	if err != nil {
+		return outcome{err: err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/completion", bytes.NewReader(b))
+	if err != nil {
+		return outcome{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Idempotency-Key", fmt.Sprintf("forge-bench-%d", requestSeq.Add(1)))
+	start := time.Now()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return outcome{err: err, total: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	o := outcome{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		eb, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		o.total = time.Since(start)
+		o.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorText(eb))
+		return o
+	}
+	var text strings.Builder
+	var last time.Time
+	rd := bufio.NewReaderSize(resp.Body, 64<<10)
+	for {
+		line, err := rd.ReadString('\n')
+		now := time.Now()
+		if err != nil {
+			o.total, o.text = now.Sub(start), text.String()
+			if errors.Is(err, io.EOF) {
+				o.err = errors.New("stream ended without a stop event")
+			} else {
+				o.err = fmt.Errorf("reading the stream: %w", err)
+			}
+			return o
+		}
+		value, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: ")
+		if !ok {
+			continue
+		}
+		var c llamaChunk
+		if err := json.Unmarshal([]byte(value), &c); err != nil {
+			o.err = fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
+			break
+		}
+		if len(c.Error) > 0 && string(c.Error) != "null" {
+			o.err = fmt.Errorf("error in the stream: %s", errorText(c.Error))
+			break
+		}
+		if c.Content != "" {
+			text.WriteString(c.Content)
+			o.chunks++
+			if o.chunks == 1 {
+				o.ttft = now.Sub(start)
+			} else {
+				o.gaps = append(o.gaps, now.Sub(last))
+			}
+			last = now
+		}
+		if c.Stop {
+			o.usage = &usage{PromptTokens: c.TokensEvaluated, CompletionTokens: c.TokensPredicted}
+			break
+		}
+	}
+	o.total, o.text = time.Since(start), text.String()
+	return o
+}

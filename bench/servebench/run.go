@@ -19,6 +19,12 @@ type Target struct {
 	// Models are the ids sent as "model"; clients take them in turn
 	// (client i uses Models[i%len]). Empty: no model field.
 	Models []string `json:"models,omitempty"`
+	// API is how requests are sent: "" or "openai" (streaming
+	// /v1/completions), or "llama" for llama-server's own streaming
+	// /completion, whose newer versions refuse to send OpenAI streams of
+	// text their chat parser cannot match (a random-weight model's
+	// output) with "does not match the expected Content-only format".
+	API string `json:"api,omitempty"`
 }
 
 func (t Target) model(i int) string {
@@ -210,6 +216,9 @@ func (c *Config) send(ctx context.Context, t Target, r request) outcome {
 		ctx, cancel = context.WithTimeout(ctx, c.RequestTimeout)
 		defer cancel()
 	}
+	if t.API == "llama" {
+		return completeLlama(ctx, c.Client, t.URL, r)
+	}
 	return complete(ctx, c.Client, t.URL, r)
 }
 
@@ -282,31 +291,43 @@ func (c *Config) loadStep(ctx context.Context, t Target, n int) ([]Record, time.
 
 // turnsStep holds n conversations at once, then sends each turn's new
 // text alone, n clients at once again; it returns both phases' records
-// and wall times.
+// and wall times. A turn's new text is what its prompt adds to the one
+// before: the previous reply and the turn's own words (for turn 1, the
+// whole prompt, since nothing came before it). The reply counts because
+// the server never saw it as prompt: on a random-weight model its text,
+// tokenized again, can be several times the tokens generated.
 func (c *Config) turnsStep(ctx context.Context, t Target, n int) ([]Record, time.Duration, time.Duration) {
 	history := c.Prompter.Text("history", c.HistoryTokens)
 	newText := func(client, turn int) string {
 		return c.Prompter.Text(fmt.Sprintf("turn/%d/%d/%d", n, client, turn), c.TurnTokens)
 	}
+	added := make([][]string, n) // added[client][turn-1]: the text turn added
 	conv, convWall := clients(n, func(client int, start time.Time) []Record {
 		var recs []Record
-		prompt := history
+		prompt, reply := history, ""
 		for turn := 1; turn <= c.Turns && ctx.Err() == nil; turn++ {
+			before := prompt
 			prompt = join(prompt, newText(client, turn))
+			if turn == 1 {
+				added[client] = append(added[client], prompt)
+			} else {
+				added[client] = append(added[client], strings.TrimLeft(join(reply, prompt[len(before):]), " "))
+			}
 			r := request{model: t.model(client), prompt: prompt, maxTokens: c.MaxTokens}
 			rec := c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: turn - 1, Kind: "turn", Turn: turn})
 			recs = append(recs, rec)
 			if rec.Err != "" {
 				break // the conversation has no reply to go on with
 			}
+			reply = rec.text
 			prompt += rec.text
 		}
 		return recs
 	})
 	alone, aloneWall := clients(n, func(client int, start time.Time) []Record {
 		var recs []Record
-		for turn := 1; turn <= c.Turns && ctx.Err() == nil; turn++ {
-			r := request{model: t.model(client), prompt: newText(client, turn), maxTokens: c.MaxTokens}
+		for turn := 1; turn <= len(added[client]) && ctx.Err() == nil; turn++ {
+			r := request{model: t.model(client), prompt: added[client][turn-1], maxTokens: c.MaxTokens}
 			recs = append(recs, c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: turn - 1, Kind: "alone", Turn: turn}))
 		}
 		return recs

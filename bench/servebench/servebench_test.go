@@ -409,9 +409,15 @@ func TestTurns(t *testing.T) {
 			prev = p
 		}
 	}
+	// Alone, a turn sends what it added: turn 1 its whole prompt (history
+	// and 5 words), later turns the reply before them (2 words) and 5 new.
 	for _, r := range rep.Requests {
-		if r.Kind == "alone" && r.PromptWords != 5 {
-			t.Errorf("alone request of %d words", r.PromptWords)
+		want := 7
+		if r.Turn == 1 {
+			want = 45
+		}
+		if r.Kind == "alone" && r.PromptWords != want {
+			t.Errorf("alone request of turn %d: %d words, want %d", r.Turn, r.PromptWords, want)
 		}
 	}
 	for i, ts := range rep.Turns {
@@ -662,5 +668,42 @@ func TestClosedKeepAlive(t *testing.T) {
 	}
 	if st := rep.Steps[0]; st.Errors != 0 || st.Requests != 3 || drops != 2 {
 		t.Errorf("%d dropped connections: %+v", drops, st)
+	}
+}
+
+// TestCompleteLlamaNative reads llama-server's own streaming /completion:
+// content events timed like chunks, the stop event's token counts as the
+// usage, and a stream cut before the stop event is an error.
+func TestCompleteLlamaNative(t *testing.T) {
+	cut := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Prompt   string `json:"prompt"`
+			NPredict int    `json:"n_predict"`
+			Stream   bool   `json:"stream"`
+		}
+		if r.URL.Path != "/completion" || json.NewDecoder(r.Body).Decode(&body) != nil || !body.Stream || body.NPredict != 3 {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		for _, piece := range []string{"a", "b", "c"} {
+			fmt.Fprintf(w, "data: {\"content\":%q,\"stop\":false}\n\n", piece)
+			w.(http.Flusher).Flush()
+		}
+		if !cut {
+			fmt.Fprint(w, "data: {\"content\":\"\",\"stop\":true,\"tokens_predicted\":3,\"tokens_evaluated\":7}\n\n")
+		}
+	}))
+	defer srv.Close()
+	o := completeLlama(context.Background(), srv.Client(), srv.URL, request{prompt: "x y z", maxTokens: 3})
+	if o.err != nil || o.text != "abc" || o.chunks != 3 || len(o.gaps) != 2 || o.ttft <= 0 {
+		t.Fatalf("outcome %+v", o)
+	}
+	if o.usage == nil || o.usage.CompletionTokens != 3 || o.usage.PromptTokens != 7 {
+		t.Errorf("usage %+v, want 3 predicted of 7 evaluated", o.usage)
+	}
+	cut = true
+	if o := completeLlama(context.Background(), srv.Client(), srv.URL, request{prompt: "x", maxTokens: 3}); o.err == nil {
+		t.Error("a stream without its stop event is not an error")
 	}
 }

@@ -36,7 +36,7 @@ func init() {
 					&cli.StringFlag{Name: "cache", Value: "both", Usage: "page cache before each run: warm, cold or both"},
 					&cli.StringFlag{Name: "prompt-tokens", Value: "32", Usage: "prompt lengths in tokens drawn from the vocabulary, comma-separated (a sweep: 1,8,32,128,512)"},
 					&cli.BoolFlag{Name: "fresh-kernel-cache", Usage: "give every run an empty kernel cache folder, as on a machine that never ran forge"},
-					&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
+					&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage},
 					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
 					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},

@@ -56,7 +56,7 @@ func benchGenCommand() *cli.Command {
 			&cli.IntFlag{Name: "p", Value: 512, Usage: "prompt tokens (0: no pp test)"},
 			&cli.IntFlag{Name: "n", Value: 128, Usage: "generated tokens (0: no tg test)"},
 			&cli.IntFlag{Name: "r", Value: 3, Usage: "repetitions"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.StringFlag{Name: "peer", Usage: "llama-bench command line (e.g. 'llama-bench -ngl 99'); -m, -p, -n, -r and -o json are appended"},
 			&cli.BoolFlag{Name: "json", Usage: "print the rows as JSON instead of the table"},

@@ -46,6 +46,7 @@ func benchServeCommand() *cli.Command {
 			&cli.DurationFlag{Name: "duration", Usage: "instead of --requests-per-client: each client keeps sending for this long"},
 			&cli.StringFlag{Name: "url", Usage: "measure this running server (`[NAME=]URL`) instead of starting forge serve"},
 			&cli.StringSliceFlag{Name: "peer-url", Usage: "another server to measure in the same run, `[NAME=]URL` (repeatable)"},
+			&cli.StringFlag{Name: "peer-api", Value: "openai", Usage: "how to talk to the peers: openai (streaming /v1/completions) or llama (llama-server's own /completion, for outputs its OpenAI stream refuses)"},
 			&cli.BoolFlag{Name: "json", Usage: "print every request and the summary as JSON instead of the table"},
 			&cli.StringFlag{Name: "svg", Usage: "write a chart of tokens/s by clients per target (--swap: first token per swap) to this `FILE`"},
 			&cli.IntFlag{Name: "turns", Usage: "hold conversations of this many turns, each resending the history"},
@@ -126,6 +127,9 @@ func benchServeCmd(c *cli.Context) error {
 		if c.Int(f) <= 0 {
 			return fmt.Errorf("--%s %d: must be positive", f, c.Int(f))
 		}
+	}
+	if api := c.String("peer-api"); api != "openai" && api != "llama" {
+		return fmt.Errorf("--peer-api %q: want openai or llama", api)
 	}
 	if c.Int("turns") < 0 {
 		return fmt.Errorf("--turns %d: must not be negative", c.Int("turns"))
@@ -217,6 +221,9 @@ func benchServeCmd(c *cli.Context) error {
 			return fmt.Errorf("--peer-url %s: %w", name, err)
 		}
 		t := servebench.Target{Name: name, URL: u, Models: peerModels(ctx, hc, u, primary.Models, c.Bool("swap"))}
+		if c.String("peer-api") == "llama" {
+			t.API = "llama"
+		}
 		if c.Bool("swap") && len(t.Models) < 2 {
 			return fmt.Errorf("--peer-url %s: --swap needs two models and its /v1/models lists fewer", name)
 		}

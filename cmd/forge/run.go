@@ -34,7 +34,7 @@ func init() {
 			"is not a terminal and neither -p nor -f is given; one trailing newline of a file or of " +
 			"stdin is dropped. --json prints one JSON result object on stdout at the end instead of " +
 			"streaming the text.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file or store name (or give it as MODEL)"},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt `TEXT` (-: read stdin)"},
 			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the prompt from `FILE` (-: stdin)"},
@@ -49,7 +49,8 @@ func init() {
 			&cli.Int64Flag{Name: "seed", Value: -1, Usage: "random seed (-1: random)"},
 			&cli.IntFlag{Name: "ctx", Aliases: []string{"c", "ctx-size"}, Usage: "context length to allocate (0: the model's, at most 4096)"},
 			&cli.IntFlag{Name: "batch", Value: model.DefaultBatch, Usage: "most prompt tokens per forward step"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N (auto: a GPU if there is one, else cpu)"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage + " (auto: a GPU if there is one, else cpu)"},
+			splitFlag(),
 			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32"},
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "load display on stderr: auto (tty on a terminal, else plain), tty, plain or json"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
@@ -59,7 +60,7 @@ func init() {
 			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
 			// For tests and demonstrations: a slow generation, to interrupt.
 			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
-		},
+		}, constrainFlags()...),
 		Action: runCmd,
 	})
 }
@@ -73,8 +74,11 @@ func checkDevice(s string) error {
 		if n, err := strconv.Atoi(s[4:]); err == nil && n >= 0 {
 			return nil
 		}
+		if deviceFlag.MatchString(s) { // gpu:N,M,… or gpu:all: a split
+			return nil
+		}
 	}
-	return usageErrorf("--device %q: want auto, cpu, gpu or gpu:N", s)
+	return usageErrorf("--device %q: want auto, cpu, gpu, gpu:N, gpu:N,M,… or gpu:all", s)
 }
 
 // isTerminal reports whether w is a terminal.
@@ -226,8 +230,15 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	if err := checkGenerate(gopts); err != nil {
 		return err
 	}
+	split, err := splitShares(c)
+	if err != nil {
+		return err
+	}
+	if gopts.Grammar, err = grammarFlags(c); err != nil {
+		return err
+	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
-		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers")}
+		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split}
 	if s := c.String("throttle"); s != "" {
 		rate, err := parseBytes(s)
 		if err != nil || rate == 0 {

@@ -41,7 +41,8 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.StringFlag{Name: "keep-alive", Value: "5m", Usage: "how long an idle model stays loaded (0: unload when idle, negative: forever)"},
 			&cli.StringFlag{Name: "budget", Usage: "memory budget for all loaded models, e.g. 8GiB (empty: none); least recently used idle models are evicted"},
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "on shutdown, how long in-flight requests may finish before they are cancelled"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto or cpu"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage + "; a split model runs its requests one at a time"},
+			splitFlag(),
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU worker threads (0: every core)"},
 			&cli.IntFlag{Name: "ctx", Aliases: []string{"c", "ctx-size"}, Usage: "KV cache positions per model (0: the model's, at most 4096)"},
 			&cli.StringFlag{Name: "api-key", EnvVars: []string{"FORGE_API_KEY"}, Usage: "require Authorization: Bearer KEY on every route but /health"},
@@ -121,6 +122,10 @@ func serveAction(c *cli.Context) error {
 	if err := checkServeFlags(c); err != nil {
 		return err
 	}
+	split, err := splitShares(c)
+	if err != nil {
+		return err
+	}
 	addr, err := serveAddr(c)
 	if err != nil {
 		return err
@@ -138,7 +143,7 @@ func serveAction(c *cli.Context) error {
 	cfg.maxPrompt = int64(mp)
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
-		Open: pipeline.Options{Device: c.String("device"), Threads: c.Int("threads"), Ctx: c.Int("ctx"),
+		Open: pipeline.Options{Device: c.String("device"), Split: split, Threads: c.Int("threads"), Ctx: c.Int("ctx"),
 			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks"), Deterministic: c.Bool("deterministic"), GPU: c.IsSet("batch-seqs")}},
 		SingleSequence: c.Bool("single-sequence"),
 	}
@@ -162,13 +167,15 @@ func serveAction(c *cli.Context) error {
 }
 
 // deviceFlag is what --device takes.
-var deviceFlag = regexp.MustCompile(`^(auto|cpu|gpu(:[0-9]{1,3})?)$`)
+var deviceFlag = regexp.MustCompile(`^(auto|cpu|gpu(:([0-9]{1,3}(,[0-9]{1,3})*|all))?)$`)
 
 // checkServeFlags range-checks the numeric and enumerated flags.
 func checkServeFlags(c *cli.Context) error {
 	switch {
 	case !deviceFlag.MatchString(c.String("device")):
-		return fmt.Errorf("--device %q: want auto, cpu, gpu or gpu:N", c.String("device"))
+		return fmt.Errorf("--device %q: want auto, cpu, gpu, gpu:N, gpu:N,M,… or gpu:all", c.String("device"))
+	case c.IsSet("batch-seqs") && (strings.Contains(c.String("device"), ",") || c.String("device") == "gpu:all"):
+		return fmt.Errorf("--batch-seqs with --device %s: continuous batching runs on one device; a model split over several runs its requests one at a time", c.String("device"))
 	case c.Int("threads") < 0 || c.Int("threads") > 4096:
 		return fmt.Errorf("--threads %d: want 0 (every core) to 4096", c.Int("threads"))
 	case c.Int("ctx") < 0 || c.Int("ctx") > 1<<24:

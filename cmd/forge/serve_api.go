@@ -139,7 +139,7 @@ func (s *server) engineError(w http.ResponseWriter, r *http.Request, model strin
 		writeError(w, http.StatusRequestEntityTooLarge, "prompt_too_large", err.Error())
 	case errors.Is(err, pipeline.ErrContextLength):
 		writeError(w, http.StatusBadRequest, "context_length_exceeded", err.Error())
-	case errors.Is(err, chat.ErrNoTemplate), errors.Is(err, chat.ErrUnsupported), errors.Is(err, chat.ErrConversation), errors.Is(err, errBadRequest):
+	case errors.Is(err, chat.ErrNoTemplate), errors.Is(err, chat.ErrUnsupported), errors.Is(err, chat.ErrConversation), errors.Is(err, errBadRequest), errors.Is(err, pipeline.ErrToolChoice):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 	case errors.As(err, new(*pipeline.ModelFailedError)):
 		// The model's file changed under its mapping: it was unloaded and
@@ -367,6 +367,13 @@ type completionRequest struct {
 	// (parseLogprobs).
 	Logprobs    json.RawMessage `json:"logprobs"`
 	TopLogprobs *int            `json:"top_logprobs"`
+	// Tools and ToolChoice are OpenAI's (serve_tools.go).
+	Tools      []chat.Tool     `json:"tools"`
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	// Constrained output (serve_constrain.go).
+	ResponseFormat json.RawMessage `json:"response_format"`
+	Grammar        string          `json:"grammar"`
+	JSONSchema     json.RawMessage `json:"json_schema"`
 
 	// prompts are a completion's prompts (OpenAI takes an array, each
 	// answered as its own choice); Prompt above is the first.
@@ -377,11 +384,17 @@ type completionRequest struct {
 
 // chatMessage takes content as a string or as an array of text parts.
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCalls  []chat.ToolCall `json:"tool_calls"`
+	ToolCallID string          `json:"tool_call_id"`
+	Name       string          `json:"name"`
 }
 
 func (m chatMessage) text() (string, error) {
+	if len(m.Content) == 0 && (m.Role == "assistant" && len(m.ToolCalls) > 0) {
+		return "", nil // an assistant turn that only called tools
+	}
 	var s string
 	if err := json.Unmarshal(m.Content, &s); err == nil {
 		return s, nil
@@ -451,14 +464,23 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 			if err != nil {
 				return req, er, fmt.Errorf("messages[%d]: %w", i, err)
 			}
-			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
-				return req, er, badRequest("messages[%d].role %q is not system, user or assistant", i, m.Role)
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" && m.Role != "tool" {
+				return req, er, badRequest("messages[%d].role %q is not system, user, assistant or tool", i, m.Role)
 			}
-			er.Messages = append(er.Messages, chat.Message{Role: m.Role, Content: text})
+			er.Messages = append(er.Messages, chat.Message{Role: m.Role, Content: text, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, Name: m.Name})
 			if total += int64(len(text)); total > s.maxPrompt {
 				return req, er, fmt.Errorf("%w: messages hold over %d bytes (--max-prompt-bytes)", errPromptTooLarge, s.maxPrompt)
 			}
 		}
+		if err := checkTools(req.Tools); err != nil {
+			return req, er, err
+		}
+		er.Tools = req.Tools
+		choice, err := toolChoice(req.ToolChoice, req.Tools)
+		if err != nil {
+			return req, er, err
+		}
+		er.ToolChoice = choice
 	} else {
 		p, err := stringOrList(req.Prompt, "prompt")
 		if err != nil {
@@ -536,6 +558,12 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	if req.logprobs && req.Stream {
 		return req, er, badRequest("logprobs with stream is not supported: ask without stream")
 	}
+	if er.Grammar, err = openAIGrammar(req.ResponseFormat, req.Grammar, req.JSONSchema); err != nil {
+		return req, er, err
+	}
+	if err := checkConstrained(er.Grammar, er.IgnoreEOG); err != nil {
+		return req, er, err
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		if mt != nil && req.MaxCompletionTokens != nil {
 			var fe *sample.FieldError
@@ -589,7 +617,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 		for i, res := range results {
 			choice := map[string]any{"index": i, "finish_reason": res.FinishReason}
 			if chatReq {
-				choice["message"] = map[string]string{"role": "assistant", "content": res.Text}
+				choice["message"] = assistantMessage(res)
 			} else {
 				choice["text"] = res.Text
 			}
@@ -797,6 +825,9 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 		return
 	}
 	start()
+	if chatReq && len(o.res.ToolCalls) > 0 {
+		sse.event("", toolCallsChunk(id, object, er.Model, created, o.res.ToolCalls))
+	}
 	sse.event("", chunk("", false, o.res.FinishReason))
 	if withUsage {
 		// OpenAI's usage chunk: after the finish reason, with no

@@ -265,8 +265,11 @@ type ollamaRequest struct {
 	System   string         `json:"system"`
 	Raw      bool           `json:"raw"`
 	Messages []chat.Message `json:"messages"`
+	Tools    []chat.Tool    `json:"tools"`
 	Stream   *bool          `json:"stream"`
 	Options  ollamaOptions  `json:"options"`
+	// Format is "json" or a JSON schema (serve_constrain.go).
+	Format json.RawMessage `json:"format"`
 }
 
 // ollamaDecode reads a generate or chat request into an engine request.
@@ -288,12 +291,16 @@ func (s *server) ollamaDecode(r *http.Request, chatReq bool) (ollamaRequest, pip
 			return req, er, badRequest("messages must be a non-empty array")
 		}
 		for i, m := range req.Messages {
-			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" {
-				return req, er, badRequest("messages[%d].role %q is not system, user or assistant", i, m.Role)
+			if m.Role != "system" && m.Role != "user" && m.Role != "assistant" && m.Role != "tool" {
+				return req, er, badRequest("messages[%d].role %q is not system, user, assistant or tool", i, m.Role)
 			}
 			total += int64(len(m.Content))
 		}
 		er.Messages = req.Messages
+		if err := checkTools(req.Tools); err != nil {
+			return req, er, err
+		}
+		er.Tools = req.Tools
 	} else {
 		total = int64(len(req.Prompt) + len(req.System))
 		switch {
@@ -339,6 +346,9 @@ func (s *server) ollamaDecode(r *http.Request, chatReq bool) (ollamaRequest, pip
 		return req, er, err
 	}
 	er.Stop = stops
+	if er.Grammar, err = ollamaGrammar(req.Format); err != nil {
+		return req, er, err
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		return req, er, err
 	}
@@ -421,7 +431,7 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request, chatReq 
 		s.ollamaError(w, r, er.Model, err)
 		return
 	}
-	m := text(res.Text)
+	m := ollamaWithCalls(text(res.Text), res.ToolCalls)
 	for k, v := range ollamaStats(res, start, loaded, first, time.Now()) {
 		m[k] = v
 	}
@@ -496,6 +506,9 @@ func (s *server) ollamaStream(ctx context.Context, w http.ResponseWriter, r *htt
 			msg = "the server is shutting down"
 		}
 		send(map[string]any{"error": msg})
+		return
+	}
+	if len(o.res.ToolCalls) > 0 && !send(ollamaWithCalls(text(""), o.res.ToolCalls)) {
 		return
 	}
 	m := text("")

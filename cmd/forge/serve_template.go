@@ -15,8 +15,8 @@ import (
 var defaultTemplate = &chat.Template{Family: chat.ChatML}
 
 // loadChatTemplate reads --chat-template: a family pipeline/chat renders
-// (chatml, llama2, llama3, mistral), or a file holding a template text it
-// recognises.
+// in Go (chatml, llama2, llama3, mistral), or a file holding any Jinja
+// chat template.
 func loadChatTemplate(arg string) (*chat.Template, error) {
 	switch f := chat.Family(arg); f {
 	case chat.ChatML, chat.Llama2, chat.Llama3, chat.Mistral:

@@ -86,9 +86,9 @@ func TestServeChatTemplateFlag(t *testing.T) {
 		t.Error("--chat-template of an unknown name: no error")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.jinja")
-	os.WriteFile(bad, []byte("{{ messages }}"), 0o644)
+	os.WriteFile(bad, []byte("{% if messages %}unclosed"), 0o644)
 	if _, err := loadChatTemplate(bad); err == nil || !strings.Contains(err.Error(), "unsupported") {
-		t.Errorf("--chat-template of an unrecognised template: %v", err)
+		t.Errorf("--chat-template of a template that does not compile: %v", err)
 	}
 	for _, f := range []chat.Family{chat.ChatML, chat.Llama2, chat.Llama3, chat.Mistral} {
 		if tm, err := loadChatTemplate(string(f)); err != nil || tm.Family != f {

@@ -368,6 +368,7 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		maxPos = max(maxPos, pos)
 	}
+	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
@@ -389,6 +390,12 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 			return err
 		}
 		a.Reset()
+		if prefill { // a prompt piece: tiles of rows read each chunk of the prefix once (prefill.cu)
+			a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+			l := planPrefill(pfName, at.Heads, n)
+			return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
+		}
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
 		if err := b.launch(c, attnL.Kernel, attnL.Grid, attnL.Block, &a); err != nil {
@@ -406,9 +413,10 @@ func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
 }
 
 // matvecRows queues dst [n][rows] = x [n][cols] · wᵀ for 2 ≤ n ≤
-// kernels.MaxBatchRows through the multi-row matvec kernels planRows
-// chooses, 8 or 16 rows per launch: each row bit for bit what MatMul gives
-// it alone (see rowFamily), the weight read once per launch.
+// kernels.MaxBatchRows through the tensor-core kernels (mmq.go) where they
+// fit, else the multi-row matvec kernels planRows chooses, 8 or 16 rows per
+// launch: each row bit for bit what MatMul gives it alone (see rowFamily),
+// the weight read once per launch.
 func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
 	p, err := planRows(b.launchDevice(), w.Type, w.Rows, w.Cols, n, uintptr(wp)%16 == 0, b.mvVariant, b.mxVariant)
 	if err != nil {
@@ -428,6 +436,9 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	xq, xd, err := b.quantizeX(c, dptr(x), n*w.Cols) // row by row as for one row: groups of 32 within a row
 	if err != nil {
 		return err
+	}
+	if b.mmqUse(w, wp, n) {
+		return b.mmqRows(c, kt, w, wp, xq, xd, dst, n)
 	}
 	for i0 := 0; i0 < n; i0 += p.Group {
 		nx := min(p.Group, n-i0)

@@ -29,7 +29,8 @@ func sameBits(got, want []float32) int {
 // that take the generic kernel (Q5_K, F16): the batch invariance of
 // kernels.Batcher. Q6_K at 9000 rows checks the one-row kernel the
 // backend picks for many rows (c2); Q4_K also against MatMuls (its
-// grouped one-row kernel).
+// grouped one-row kernel). The multi-row matrix-vector variants run with
+// the mmq kernels off, then MatMul's default path (mmq where it fits).
 func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 18))
@@ -83,11 +84,14 @@ func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 		if variants == nil {
 			variants = []string{""}
 		}
+		b.mmqOff = true // the matrix-vector kernels; mmq_test.go checks the tensor-core ones
 		for _, mv := range variants {
 			b.mxVariant = mv
 			checkRows(t, b, w, x, alone, mv)
 		}
 		b.mxVariant = ""
+		b.mmqOff = false
+		checkRows(t, b, w, x, alone, "default")
 		t.Logf("%s %d×%d (%s kernel for n > 1, variants %q): rows bit-identical to n = 1", tc.typ, tc.rows, tc.cols,
 			map[string]string{"x8": "8-bit x", "": "generic"}[b.rowKernel(w, rocm.DevPtr(w.Dev))], variants)
 		b.FreeWeight(w)
@@ -418,7 +422,8 @@ func BenchmarkBatchMatMul(b *testing.B) {
 				kt, _ := kernelType(sh.typ)
 				if rn.variant != "gemm" {
 					bk.mxVariant = rn.variant
-					defer func() { bk.mxVariant = "" }()
+					bk.mmqOff = true // the matrix-vector kernels (BenchmarkMMQ times mmq)
+					defer func() { bk.mxVariant, bk.mmqOff = "", false }()
 				}
 				var ms float32
 				err := bk.do(func(c *rocm.Ctx) error {

@@ -15,7 +15,7 @@ import (
 func kernelNames(t *testing.T, module, src string) []string {
 	t.Helper()
 	var names []string
-	for _, m := range regexp.MustCompile(`KERNEL void (?:__launch_bounds__\(\d+\) )?([a-z0-9_]+)\(`).FindAllStringSubmatch(src, -1) {
+	for _, m := range regexp.MustCompile(`KERNEL void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?([a-z0-9_]+)\(`).FindAllStringSubmatch(src, -1) {
 		if !strings.HasPrefix(m[1], "__") {
 			names = append(names, m[1])
 		}
@@ -42,6 +42,10 @@ func kernelNames(t *testing.T, module, src string) []string {
 	case "attn.cu":
 		for _, kv := range []string{"f16", "f32"} {
 			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_prompt_"+kv, "kv_store_paged_"+kv, "attn_paged_"+kv)
+		}
+	case "prefill.cu":
+		for _, d := range []string{"64", "128"} {
+			names = append(names, "attn_prefill_f16_d"+d, "attn_prefill_plain_f16_d"+d)
 		}
 	}
 	return names

@@ -222,3 +222,49 @@ func TestEmuPagedAttention(t *testing.T) {
 }
 
 func ctxFor(l int) int { return max(l, 16) }
+
+// TestEmuPrefill: the paged prefill attention of a prompt piece
+// (prefill.cu, the plain path HIP compiles) of 70 rows at positions
+// 150…219 of one sequence (two tiles of prefillRows, the second partial)
+// over a shuffled block table, head sizes 64 and 128, at both widths,
+// against the CPU backend's Attention.
+func TestEmuPrefill(t *testing.T) {
+	rng := emuRNG(t)
+	const bs, blocks, pos0, n = 16, 20, 150, 70
+	for _, ed := range emuDevices {
+		for _, hd := range []int{64, 128} {
+			at := kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: hd}
+			at.Scale = float32(1 / math.Sqrt(float64(hd)))
+			qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, pos0+n
+			q := conformance.RandomVector(rng, tot*qDim, 1)
+			k := conformance.RandomVector(rng, tot*kvDim, 1)
+			v := conformance.RandomVector(rng, tot*kvDim, 1)
+			perm := rng.Perm(blocks)
+			tab := make([]int32, ceilDiv(tot, bs))
+			for i := range tab {
+				tab[i] = int32(perm[i])
+			}
+			var job emuJob
+			kc, vc := job.zeros(blocks*bs*kvDim*2, false), job.zeros(blocks*bs*kvDim*2, false)
+			toffb, tabsb := job.i32([]int32{0}), job.i32(tab)
+			pos := make([]int32, tot)
+			for i := range pos {
+				pos[i] = int32(i)
+			}
+			posb, seqb := job.i32(pos), job.i32(make([]int32, tot))
+			// the prefix (an earlier step), then the piece
+			for _, r := range [][2]int{{0, pos0}, {pos0, n}} {
+				job.launch("kv_store_paged_f16", grid1(r[1]*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
+					eP(job.f32(k[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0), eP(job.f32(v[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0),
+					eI(r[1]), eI(kvDim), eI(bs), eP(posb, 4*r[0]), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
+			}
+			out := job.zeros(4*n*qDim, true)
+			l := planPrefill(fmt.Sprintf("attn_prefill_f16_d%d", hd), at.Heads, n)
+			job.launch(l.Kernel, l.Grid, l.Block, eP(out, 0), eP(job.f32(q[pos0*qDim:]), 0), eP(kc, 0), eP(vc, 0),
+				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(bs), eI(pos0), eI(0), eP(toffb, 0), eP(tabsb, 0))
+			res := runEmu(t, ed.dev.Warp, &job)
+			want := cpuAttention(t, q, f16Round(k), f16Round(v), pos0, n, tot, at)
+			emuCheck(t, fmt.Sprintf("warp %d: %s pos0 %d n %d D %d", ed.dev.Warp, l.Kernel, pos0, n, hd), res.f32(out), want, 2e-5)
+		}
+	}
+}

@@ -40,7 +40,8 @@ func (b *Backend) Fork() (*Backend, error) {
 		scratch: map[string]devBuf{},
 
 		mvVariant: b.mvVariant, mvBlocksPerSM: b.mvBlocksPerSM, gemmKernel: b.gemmKernel, noFuse: b.noFuse,
-		rowsMax: b.rowsMax, mxVariant: b.mxVariant,
+		rowsMax: b.rowsMax, mxVariant: b.mxVariant, mmqOff: b.mmqOff, mmqMin: b.mmqMin, mmqNoPrompt: b.mmqNoPrompt,
+		mmqVariant: b.mmqVariant, mmqChoice: b.mmqChoice,
 	}
 	b.mu.Unlock()
 	if sw, err := b.w.Sibling(); err == nil {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -96,13 +97,23 @@ type Backend struct {
 	// mxVariant forces the Q4_K/Q6_K multi-row kernel ("x{NX}r{R}", see
 	// planRows); "" is planRows' choice. For tests and benchmarks.
 	mxVariant string
-	lay       layoutState // the step layout of the Batcher ops (batch.go)
+	// mmqOff keeps MatMul off the tensor-core kernels (mmq.go), mmqMin,
+	// when > 0, replaces mmqMinRows, and mmqNoPrompt keeps MatMulPrompt's
+	// pieces on the GEMM path, mmqVariant forces a kernel variant
+	// (mmqVariants). For tests and benchmarks.
+	mmqOff      bool
+	mmqVariant  string
+	mmqChoice   map[gguf.Type]string // the variant per type: mmqDefault, or as EnvMMQVariant says
+	mmqMin      int
+	mmqNoPrompt bool
+	lay         layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	q8     q8Cache             // the 8-bit copy of the last quantized vector
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
 	graphs map[*stepGraph]bool // live recorded steps, destroyed by Close
 	prof   *profiler           // per-kernel timing, when on (step.go)
+	peer   peerState           // copies from other devices (peer.go)
 }
 
 type devBuf struct {
@@ -207,11 +218,13 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	}
 	b := &Backend{
 		w: w, opts: o, warp: w.Device.WarpSize,
-		name:    fmt.Sprintf("%s:%d", strings.ToLower(w.Device.Backend.String()), w.Device.Ordinal),
-		fns:     map[string]rocm.Function{},
-		allocs:  map[uintptr]int64{},
-		weights: map[*kernels.Weight]devBuf{},
-		scratch: map[string]devBuf{},
+		name:      fmt.Sprintf("%s:%d", strings.ToLower(w.Device.Backend.String()), w.Device.Ordinal),
+		fns:       map[string]rocm.Function{},
+		allocs:    map[uintptr]int64{},
+		weights:   map[*kernels.Weight]devBuf{},
+		scratch:   map[string]devBuf{},
+		mmqOff:    os.Getenv(EnvNoMMQ) == "1",
+		mmqChoice: mmqVariantsFromEnv(os.Getenv(EnvMMQVariant)),
 	}
 	if b.warp <= 0 {
 		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)
@@ -409,6 +422,7 @@ func (b *Backend) release() error {
 		keep(b.freeLayout(c))
 		keep(b.prof.release(c))
 		b.prof = nil
+		keep(b.releasePeer(c))
 		for _, d := range b.scratch {
 			keep(c.Free(d.ptr, d.size))
 		}

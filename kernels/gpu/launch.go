@@ -323,3 +323,9 @@ func dequantItems(t gguf.Type, rows, cols, kpad int) (deq16, deq32 int) {
 	}
 	return rows * kpad, rows * cols
 }
+
+// planPrefill is the paged prefill attention of a prompt piece of n rows
+// (prefill.cu): a block of 128 threads per head and prefillRows rows.
+func planPrefill(kernel string, heads, n int) kLaunch {
+	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, prefillRows)), Z: 1}, rocm.D1(128)}
+}

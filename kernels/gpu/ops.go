@@ -112,7 +112,10 @@ const promptGEMMMinN = 16
 // MatMulPrompt implements kernels.PromptMatMuler: pieces of promptGEMMMinN
 // rows or more go through the GEMM path (gemm.cu, cuBLAS from vendorMinN
 // rows), shorter ones through MatMul's kernels. The choice depends on n
-// alone.
+// alone (and the weight): where the mmq kernels fit (mmq.go), pieces of up
+// to kernels.MaxBatchRows rows take them instead of the GEMM: on the H100 up
+// to 8× faster at 16 rows, level at 64 rows of the widest Q4_K weight
+// (bench/results/2026-11-25-mmq-h100.md).
 func (b *Backend) MatMulPrompt(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	return b.matMul(dst, w, x, n, n >= promptGEMMMinN)
 }
@@ -145,6 +148,9 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// stale afterwards (the copy of x itself stays good for the next
 		// product on the same input, as Q, K and V or gate and up are).
 		defer b.q8Written(dst)
+		if gemm && n <= b.batchRows() && !b.mmqNoPrompt && b.mmqUse(w, wp, n) {
+			gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
+		}
 		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}

@@ -170,6 +170,9 @@ func (s *Scheduler) Close() {
 	}
 }
 
+// Ctx is the most positions one sequence holds.
+func (s *Scheduler) Ctx() int { return s.cfg.Ctx }
+
 // Stats returns the current counters.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
@@ -555,6 +558,7 @@ func (s *Scheduler) retire(q *seq, stop string, err error) {
 	}
 	s.mu.Unlock()
 	q.admitted = false
+	q.smp.Close() // a constraint's background work ends with the sequence
 	q.out.finish(Result{Tokens: q.gen, Stop: stop, PromptTokens: q.prompt, CachedTokens: q.cached}, err)
 }
 
@@ -574,9 +578,14 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 		q := plan[i]
 		n := len(q.tokens) - q.done // 1 for a decode step
 		if n > 1 {
-			// The prompt piece ends at the next multiple of Chunk: a
-			// function of the sequence alone, as in the single path.
-			end := min(len(q.tokens), (q.done/s.cfg.Chunk+1)*s.cfg.Chunk)
+			// A prompt piece is Chunk tokens from where the sequence
+			// stands: from 0 that cuts a prompt at multiples of Chunk, as
+			// the single path does; after a prefix-cache hit (done at a
+			// block boundary) the rest of a conversation's next turn runs
+			// in one piece, not one piece to the next multiple of Chunk
+			// and another. Either way a function of the sequence and its
+			// cached prefix alone.
+			end := min(len(q.tokens), q.done+s.cfg.Chunk)
 			n = end - q.done
 			if n > budget && budget < s.cfg.Chunk {
 				alive = append(alive, q) // next step
@@ -693,8 +702,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 // row on the device. (Its logits are then not checked for NaN, as the
 // single-sequence path's greedy decode does not check them either.)
 func (q *seq) argmaxOnly() bool {
-	p := q.smp.Params()
-	return p.Temp <= 0 && !p.FullRow()
+	return q.smp.Params().Temp <= 0 && !q.smp.NeedsFullRow()
 }
 
 // register puts q's newly completed full blocks in the prefix cache.

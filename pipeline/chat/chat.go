@@ -2,16 +2,20 @@
 // template (GGUF key tokenizer.chat_template).
 //
 // Chat templates are Jinja programs written for Hugging Face's tokenizers.
-// Rather than embed a Jinja engine, this package does what llama.cpp's
-// llama_chat_apply_template does: it recognises the template of a known
-// family by its markers (the special tokens and phrases it writes) and
-// renders that family's format in Go. A template it does not recognise is
-// an error that says so, never a guess.
+// Parse compiles the model's own template with a Jinja engine
+// (github.com/ardanlabs/jinja) and Render runs it with the variables
+// apply_chat_template passes (messages, tools, add_generation_prompt,
+// bos_token, eos_token, raise_exception, strftime_now, tojson as Python
+// writes it), so any template renders as the model was trained on it:
+// testdata holds the real templates of the common families and their
+// renderings by Python's Jinja2, which the tests match byte for byte.
 //
-// Families: Llama 2 ([INST] with <<SYS>>), Llama 3 (<|start_header_id|>),
-// ChatML as used by Qwen2/2.5, OpenHermes and others (<|im_start|>, with
-// the template's default system message when it has one), and Mistral
-// Instruct v0.1/v0.2 ([INST] without <<SYS>>).
+// Parse also names the template's family when it recognises one (Family):
+// the tool-call format the model answers in follows from it (see
+// ParseToolCalls). A Template built from a Family alone, with no source,
+// renders that family's format in Go, as before templates were compiled:
+// Llama 2 ([INST] with <<SYS>>), Llama 3 (<|start_header_id|>), ChatML
+// (<|im_start|>) and Mistral Instruct v0.1/v0.2 ([INST] without <<SYS>>).
 package chat
 
 import (
@@ -20,14 +24,29 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 	"unicode"
+
+	"github.com/ardanlabs/jinja"
 )
 
-// Message is one turn of a conversation. Role is "system", "user" or
-// "assistant".
+// Message is one turn of a conversation. Role is "system", "user",
+// "assistant" or "tool" (a tool's result, answering the assistant's call
+// ToolCallID). An assistant turn that called tools lists them in ToolCalls.
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// ToolCalls are the calls an assistant turn made (OpenAI's shape).
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is, on a tool message, the id of the call it answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// Name is, on a tool message, the function that produced it.
+	Name string `json:"name,omitempty"`
+	// Thinking is an assistant turn's reasoning, for templates that render
+	// it (reasoning_content, thinking).
+	Thinking string `json:"reasoning_content,omitempty"`
 }
 
 // Family is a chat format this package can render.
@@ -41,6 +60,29 @@ const (
 	Mistral Family = "mistral"
 )
 
+// Families recognised in a compiled template for their tool-call format;
+// they have no Go renderer (a Template with one of them and no source
+// cannot render).
+const (
+	// Llama31 is Llama 3.1/3.2/3.3: tools in the system or first user turn,
+	// calls as {"name": …, "parameters": …} or <|python_tag|>.
+	Llama31 Family = "llama3.1"
+	// Hermes is Qwen 2.5/3, Hermes and others: <tool_call>{…}</tool_call>.
+	Hermes Family = "hermes"
+	// MistralTools is Mistral v0.3+, Nemo, Small: [TOOL_CALLS][…].
+	MistralTools Family = "mistral-tools"
+	// Gemma is Gemma's <start_of_turn> format.
+	Gemma Family = "gemma"
+	// Phi is Phi-3 (<|user|>) and Phi-4 (<|im_sep|>).
+	Phi Family = "phi"
+	// Harmony is gpt-oss: <|channel|>, calls to=functions.name.
+	Harmony Family = "harmony"
+	// DeepSeek is DeepSeek (<｜User｜>, <｜tool▁call▁begin｜>).
+	DeepSeek Family = "deepseek"
+	// Other is a template no family matched; it renders all the same.
+	Other Family = "other"
+)
+
 // ErrNoTemplate is returned for a model whose file has no chat template.
 var ErrNoTemplate = errors.New("chat: the model has no chat template (tokenizer.chat_template)")
 
@@ -52,12 +94,19 @@ var ErrUnsupported = errors.New("chat: unsupported chat template")
 // themselves (roles, order): the caller's mistake, not the template's.
 var ErrConversation = errors.New("chat: invalid conversation")
 
-// Template is a recognised chat template.
+// Template is a chat template: a compiled Jinja source (from Parse), or a
+// family rendered in Go (a Template literal with Family set).
 type Template struct {
 	Family Family
 	// DefaultSystem is the system message a ChatML template inserts when
 	// the conversation has none (Qwen2: "You are a helpful assistant.").
+	// Only the Go renderer reads it; a compiled template writes its own.
 	DefaultSystem string
+	// Source is the template text Parse compiled; empty for a family
+	// rendered in Go.
+	Source string
+
+	compiled *jinja.Template
 }
 
 // chatmlDefault finds a default system turn written by the template
@@ -66,38 +115,80 @@ type Template struct {
 // template was stored.
 var chatmlDefault = regexp.MustCompile(`'<\|im_start\|>system(?:\\n|\n)((?:[^'\\]|\\.)*?)<\|im_end\|>(?:\\n|\n)'`)
 
-// Parse recognises a template's family from its text.
+// Parse compiles a template's source and recognises its family. A source
+// the Jinja engine cannot compile is an error wrapping ErrUnsupported.
+// Templates are cached by source: the one returned may be shared, and is
+// not to be modified.
 func Parse(src string) (*Template, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, ErrNoTemplate
 	}
-	switch {
-	case strings.Contains(src, "<|start_header_id|>") && strings.Contains(src, "<|end_header_id|>"):
-		if strings.Contains(src, "Cutting Knowledge Date") || strings.Contains(src, "tools") {
-			// Llama 3.1+ write a dated system header and tool
-			// definitions; rendering them without Jinja would guess.
-			return nil, fmt.Errorf("%w: Llama 3.1+ template (dated system header, tools)", ErrUnsupported)
-		}
-		return &Template{Family: Llama3}, nil
-	case strings.Contains(src, "<|im_start|>"):
-		t := &Template{Family: ChatML}
+	if t, ok := parsed.Load(src); ok {
+		return t.(*Template), nil
+	}
+	c, err := compile(src)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
+	}
+	t := &Template{Family: detect(src), Source: src, compiled: c}
+	if t.Family == ChatML {
 		if m := chatmlDefault.FindStringSubmatch(src); m != nil {
 			t.DefaultSystem = unescape(m[1])
 		}
-		return t, nil
-	case strings.Contains(src, "[INST]") && strings.Contains(src, "<<SYS>>"):
-		return &Template{Family: Llama2}, nil
-	case strings.Contains(src, "[INST]") && strings.Contains(src, "eos_token"):
-		if strings.Contains(src, "[AVAILABLE_TOOLS]") || strings.Contains(src, "[SYSTEM_PROMPT]") {
-			return nil, fmt.Errorf("%w: Mistral v0.3+ template (tools, system prompt tokens)", ErrUnsupported)
+	}
+	if parsedN.Add(1) <= maxParsed {
+		parsed.Store(src, t)
+	}
+	return t, nil
+}
+
+// parsed caches compiled templates by source: a server parses its models'
+// templates on every chat request, and a compiled template is read-only
+// (safe for concurrent renders). At most maxParsed are kept, so sources
+// sent by clients (--chat-template files, tests) cannot grow it without
+// bound.
+var (
+	parsed    sync.Map // source → *Template
+	parsedN   atomic.Int64
+	maxParsed int64 = 256
+)
+
+// detect names a template's family by the markers it writes.
+func detect(src string) Family {
+	has := func(s ...string) bool {
+		for _, x := range s {
+			if !strings.Contains(src, x) {
+				return false
+			}
 		}
-		return &Template{Family: Mistral}, nil
+		return true
 	}
-	head := src
-	if len(head) > 60 {
-		head = head[:60] + "…"
+	switch {
+	case has("<|channel|>"):
+		return Harmony
+	case has("<｜tool▁call▁begin｜>") || has("<｜Assistant｜>"):
+		return DeepSeek
+	case has("<|start_header_id|>", "<|end_header_id|>"):
+		if has("tools") || has("Cutting Knowledge Date") || has("<|python_tag|>") {
+			return Llama31
+		}
+		return Llama3
+	case has("<tool_call>"):
+		return Hermes
+	case has("[TOOL_CALLS]") || has("[AVAILABLE_TOOLS]"):
+		return MistralTools
+	case has("<start_of_turn>"):
+		return Gemma
+	case has("<|im_sep|>") || has("<|user|>", "<|end|>"):
+		return Phi
+	case has("<|im_start|>"):
+		return ChatML
+	case has("[INST]", "<<SYS>>"):
+		return Llama2
+	case has("[INST]", "eos_token"):
+		return Mistral
 	}
-	return nil, fmt.Errorf("%w: not Llama 2, Llama 3, ChatML or Mistral (starts %q)", ErrUnsupported, head)
+	return Other
 }
 
 // unescape turns Jinja string escapes (\n, \', \\) into their characters.
@@ -112,6 +203,16 @@ type Options struct {
 	// AddGenerationPrompt ends the prompt with the opening of an
 	// assistant turn, for the model to complete.
 	AddGenerationPrompt bool
+	// Tools are the functions the model may call; the template renders
+	// them (the tools variable is undefined when there are none).
+	Tools []Tool
+	// Now is strftime_now's clock (dated templates: Llama 3.2); zero is
+	// the current time.
+	Now time.Time
+	// Vars are further template variables (enable_thinking,
+	// reasoning_effort…), passed as apply_chat_template's keyword
+	// arguments are; values are JSON-encodable.
+	Vars map[string]any
 }
 
 // Segment is a piece of a rendered prompt: the template's own text
@@ -142,6 +243,36 @@ func (t *Template) RenderSegments(msgs []Message, o Options) ([]Segment, error) 
 	if len(msgs) == 0 {
 		return nil, fmt.Errorf("%w: no messages", ErrConversation)
 	}
+	c := t.compiled
+	if c == nil && t.Source != "" {
+		// A Template literal with a Source: compiled per call, as a
+		// shared Template is never written to.
+		var err error
+		if c, err = compile(t.Source); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
+		}
+	}
+	if c != nil {
+		for i, m := range msgs {
+			switch m.Role {
+			case "system", "user", "assistant", "tool":
+			default:
+				return nil, fmt.Errorf("%w: message %d: role %q is not system, user, assistant or tool", ErrConversation, i, m.Role)
+			}
+		}
+		out, err := renderJinja(c, msgs, o)
+		if errors.Is(err, ErrConversation) && goRenders(t.Family) {
+			// The template refuses the conversation (Mistral v0.1/v0.2
+			// reject a system message): its family's Go renderer writes
+			// it as llama.cpp does (the system message before the first
+			// user message), or says why not.
+			return (&Template{Family: t.Family, DefaultSystem: t.DefaultSystem}).RenderSegments(msgs, o)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return locateContents(out, msgs), nil
+	}
 	for i, m := range msgs {
 		switch m.Role {
 		case "system", "user", "assistant":
@@ -163,6 +294,15 @@ func (t *Template) RenderSegments(msgs []Message, o Options) ([]Segment, error) 
 		return b, renderMistral(&b, msgs, o)
 	}
 	return nil, fmt.Errorf("%w: family %q", ErrUnsupported, t.Family)
+}
+
+// goRenders reports whether a family has a Go renderer.
+func goRenders(f Family) bool {
+	switch f {
+	case Llama2, Llama3, ChatML, Mistral:
+		return true
+	}
+	return false
 }
 
 // segments builds a rendered prompt.

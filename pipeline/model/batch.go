@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/forge-llm/forge/kernels"
 )
@@ -46,7 +47,22 @@ type BatchOptions struct {
 	MaxRows int
 	// MaxSeqs is the most sequences one step holds; 0: kernels.MaxBatchRows.
 	MaxSeqs int
+	// MergePrompts runs the prompt pieces of several sequences that start
+	// near the beginning of their context (see mergeMaxPos) as one group,
+	// so each weight is read once for all of them rather than once per
+	// piece: 16 short prompts arriving together cost one pass, not 16.
+	// A row's numbers may then depend on the other pieces of its step (a
+	// GPU's prompt product changes with the row count), so a
+	// deterministic server leaves it off.
+	MergePrompts bool
 }
+
+// mergeMaxPos is the furthest start position of a prompt piece that
+// MergePrompts merges: a piece deep into its context (the next turn of a
+// long conversation) stays alone, where the backend's attention can read
+// the prefix once for all of the piece's rows (a merged group's rows each
+// read their own sequence's prefix).
+const mergeMaxPos = 256
 
 // batchState is what a batched model keeps between steps.
 type batchState struct {
@@ -58,6 +74,7 @@ type batchState struct {
 	toks             []int32
 	outRow           []int   // per sequence of the step: its logits row, or -1
 	picks            []int32 // per sequence: the argmax of its logits row (Greedy), or -1
+	merge            bool    // BatchOptions.MergePrompts
 }
 
 // group is a run of rows that go through the blocks together.
@@ -85,7 +102,7 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs}
+	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs, merge: o.MergePrompts}
 	if st.maxRows <= 0 {
 		st.maxRows = DefaultBatch + kernels.MaxBatchRows
 	}
@@ -320,8 +337,49 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 		st.outRow[i] = out
 		out++
 	}
+	// Pieces to merge (MergePrompts): one group whose rows are every
+	// piece's rows but its last, then the last rows of the pieces that
+	// want logits, in order, so those are the group's final rows (the
+	// ones that go on past the last block). Row order inside a group
+	// does not matter: every row's key and value are stored before any
+	// row attends, and each attends by its own sequence and position.
+	var merged []int
+	if st.merge {
+		for i, s := range seqs {
+			if len(s.Tokens) > 1 && s.Pos0 < mergeMaxPos {
+				merged = append(merged, i)
+			}
+		}
+		if len(merged) < 2 {
+			merged = nil
+		}
+	}
+	if merged != nil {
+		g := newGroup()
+		g.prompt = true
+		var lasts, lastQ []int32
+		for _, i := range merged {
+			s := seqs[i]
+			q := int32(len(g.lay.Tables))
+			g.lay.Tables = append(g.lay.Tables, s.Table)
+			if s.Logits {
+				m.addRowsFrom(g, s, q, 0, len(s.Tokens)-1)
+				lasts, lastQ = append(lasts, int32(i)), append(lastQ, q)
+			} else {
+				m.addRowsFrom(g, s, q, 0, len(s.Tokens))
+			}
+		}
+		g.out0 = out
+		for k, i := range lasts {
+			s := seqs[i]
+			m.addRowsFrom(g, s, lastQ[k], len(s.Tokens)-1, len(s.Tokens))
+			st.outRow[i] = out
+			out++
+		}
+		g.nOut = len(lasts)
+	}
 	for i, s := range seqs {
-		if len(s.Tokens) == 1 {
+		if len(s.Tokens) == 1 || slices.Contains(merged, i) {
 			continue
 		}
 		g := newGroup()
@@ -336,15 +394,21 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 	return nil
 }
 
-// addRows appends a sequence's rows to g.
+// addRows appends a sequence's rows to g, with its table.
 func (m *Model) addRows(g *group, s SeqRows) {
-	st := m.bat
 	q := int32(len(g.lay.Tables))
 	g.lay.Tables = append(g.lay.Tables, s.Table)
-	for j, t := range s.Tokens {
-		st.toks = append(st.toks, t)
+	m.addRowsFrom(g, s, q, 0, len(s.Tokens))
+}
+
+// addRowsFrom appends rows [from, to) of a sequence's piece to g, reading
+// its keys and values through g's table q.
+func (m *Model) addRowsFrom(g *group, s SeqRows, q int32, from, to int) {
+	st := m.bat
+	for j := from; j < to; j++ {
+		st.toks = append(st.toks, s.Tokens[j])
 		g.lay.Pos = append(g.lay.Pos, int32(s.Pos0+j))
 		g.lay.Seq = append(g.lay.Seq, q)
 	}
-	g.n += len(s.Tokens)
+	g.n += to - from
 }

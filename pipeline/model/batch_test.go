@@ -16,15 +16,29 @@ import (
 // lengths through batched steps (joining at different steps, prompts
 // split into pieces, decode rows of several sequences together, block
 // tables shuffled through one pool) and requires every logit of every
-// sequence to equal bit for bit what Forward gives that sequence alone.
+// sequence to equal bit for bit what Forward gives that sequence alone;
+// with MergePrompts too, where the prompt pieces of a step share one group
+// (on the CPU a row's product does not depend on the others').
 func TestStepBatchMatchesForward(t *testing.T) {
-	for _, file := range []string{"stories260K-F32.gguf", "stories260K-Q4_0.gguf", "stories260K-Q4_K_M.gguf", "synth-kq-Q4_K_M.gguf"} {
-		t.Run(file, func(t *testing.T) {
+	for _, merge := range []bool{false, true} {
+		for _, file := range []string{"stories260K-F32.gguf", "stories260K-Q4_0.gguf", "stories260K-Q4_K_M.gguf", "synth-kq-Q4_K_M.gguf"} {
+			name := file
+			if merge {
+				name += "/merged"
+			}
+			t.Run(name, func(t *testing.T) { stepBatchMatchesForward(t, file, merge) })
+		}
+	}
+}
+
+func stepBatchMatchesForward(t *testing.T, file string, merge bool) {
+	{
+		{
 			be := cpu.New(2)
 			t.Cleanup(be.Close)
 			path := testmodels.Path(t, file)
 			_, cfg, w := openWeights(t, path)
-			bm, err := NewBatched(be, cfg, w, BatchOptions{MaxRows: 96, MaxSeqs: 8})
+			bm, err := NewBatched(be, cfg, w, BatchOptions{MaxRows: 96, MaxSeqs: 8, MergePrompts: merge})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,6 +79,7 @@ func TestStepBatchMatchesForward(t *testing.T) {
 				defer s.single.Close()
 			}
 			const gen = 6
+			mergedSteps := 0
 			for step := 0; step < 20; step++ {
 				var rows []SeqRows
 				var who []*seq
@@ -101,6 +116,18 @@ func TestStepBatchMatchesForward(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
+				prompts := 0
+				for _, g := range bm.bat.groups {
+					if g.prompt {
+						prompts++
+						if len(g.lay.Tables) > 1 {
+							mergedSteps++
+						}
+					}
+				}
+				if merge && prompts > 1 {
+					t.Fatalf("step %d: %d prompt groups with MergePrompts", step, prompts)
+				}
 				k := 0
 				for i, r := range rows {
 					s := who[i]
@@ -129,7 +156,10 @@ func TestStepBatchMatchesForward(t *testing.T) {
 					t.Errorf("seq %d generated %d tokens, want %d", i, len(s.gen), gen)
 				}
 			}
-		})
+			if merge != (mergedSteps > 0) {
+				t.Errorf("MergePrompts %v, yet %d steps ran a group of several pieces", merge, mergedSteps)
+			}
+		}
 	}
 }
 

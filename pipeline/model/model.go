@@ -106,11 +106,22 @@ type Model struct {
 	// run is such a piece.
 	promptMM kernels.PromptMatMuler
 	inPrompt bool
+	// lo is the first layer of this model's KV cache (a segment of a model
+	// split over devices holds layers lo… only); split, on the first
+	// segment, runs the others (split.go).
+	lo    int
+	split *splitState
 }
 
 // newModel is what New and NewBatched share: the architecture's block
 // function and the global weights.
 func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
+	return newPart(be, cfg, w, true)
+}
+
+// newPart is newModel for one device of a split model: only the part
+// that embeds tokens and runs the output head (head) needs those weights.
+func newPart(be kernels.Backend, cfg Config, w Weights, head bool) (*Model, error) {
 	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
 	switch cfg.Arch {
 	case "llama":
@@ -120,7 +131,7 @@ func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
 	default:
 		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
 	}
-	if m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil {
+	if head && (m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil) {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
 	m.ropeParams.Freqs = m.g.RopeFreqs
@@ -129,13 +140,21 @@ func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
 
 // New allocates a model's KV cache and scratch on be.
 func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
+	return newSpan(be, cfg, w, o, 0, cfg.Layers, true)
+}
+
+// newSpan is New for a model whose KV cache holds layers [lo, hi) only (a
+// part of a split model; head: the part with the embedding and output
+// head).
+func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, head bool) (*Model, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	m, err := newModel(be, cfg, w)
+	m, err := newPart(be, cfg, w, head)
 	if err != nil {
 		return nil, err
 	}
+	m.lo = lo
 	m.allLogits = o.AllLogits
 	m.ctx = o.Ctx
 	if m.ctx <= 0 {
@@ -157,7 +176,7 @@ func New(be kernels.Backend, cfg Config, w Weights, o Options) (*Model, error) {
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 
-	if m.kv, err = be.NewKVCache(cfg.Layers, m.ctx, cfg.KVDim()); err != nil {
+	if m.kv, err = be.NewKVCache(hi-lo, m.ctx, cfg.KVDim()); err != nil {
 		return nil, fmt.Errorf("model: KV cache for %d positions: %w", m.ctx, err)
 	}
 	if err := m.allocScratch(); err != nil {
@@ -206,8 +225,10 @@ func (m *Model) allocScratch() error {
 	return nil
 }
 
-// Close releases the recorded decode step, the KV cache and scratch.
+// Close releases the recorded decode step, the KV cache and scratch (of
+// every part of a split model).
 func (m *Model) Close() {
+	m.closeSplit()
 	if m.graph != nil {
 		m.graphs.FreeStep(m.graph)
 		m.graph = nil
@@ -294,6 +315,9 @@ func (m *Model) eval(ctx context.Context, tokens []int32, pos0 int) error {
 		return fmt.Errorf("model: positions [%d, %d) outside the %d-position context", pos0, pos0+n, m.ctx)
 	case m.allLogits && n > m.batch:
 		return fmt.Errorf("model: %d tokens with all logits exceed the batch of %d", n, m.batch)
+	}
+	if m.split != nil {
+		return m.evalSplit(ctx, tokens, pos0)
 	}
 	if n == 1 && m.graphs != nil && !m.graphOff && !m.allLogits {
 		return m.decodeStep(ctx, tokens[0], pos0)

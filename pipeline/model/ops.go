@@ -168,7 +168,7 @@ func (m *Model) attention(out, q, k, v kernels.Tensor, layer, pos0, n int) {
 		return
 	}
 	if m.err == nil {
-		if err := m.be.Attention(out, q, k, v, m.kv, layer, pos0, n, m.attn); err != nil {
+		if err := m.be.Attention(out, q, k, v, m.kv, layer-m.lo, pos0, n, m.attn); err != nil {
 			m.err = fmt.Errorf("attention: %w", err)
 		}
 	}

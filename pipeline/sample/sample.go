@@ -109,6 +109,11 @@ type Sampler struct {
 	counts  []int32
 	seen    []int32
 	sampled bool
+
+	// con restricts the picks (constrained decoding); conErr is the error
+	// of its last Accept, reported by the next Sample.
+	con    Constraint
+	conErr error
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -175,6 +180,11 @@ func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPen
 // repetition penalty; one accepted after a Sample is a generated token,
 // counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
+	if s.con != nil && s.sampled && s.conErr == nil {
+		if err := s.con.Accept(id); err != nil {
+			s.conErr = fmt.Errorf("sample: constraint: %w", err)
+		}
+	}
 	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
 		if s.counts[id] == 0 {
 			s.seen = append(s.seen, id)
@@ -253,6 +263,20 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 		return 0, ErrNoLogits
 	}
 	s.sampled = true
+	if s.con != nil && !s.penalising() {
+		// Constrained without penalties: only the allowed tokens become
+		// candidates (no pass writing a candidate per token).
+		for i, l := range logits[:n] {
+			if l-l != 0 {
+				return 0, fmt.Errorf("sample: token %d has logit %v: %w", i, l, ErrNonFinite)
+			}
+		}
+		c, err := s.maskedCandidates(logits[:n])
+		if err != nil {
+			return 0, err
+		}
+		return s.pick(c)
+	}
 	c := s.cand[:n]
 	for i := range c {
 		l := logits[i]
@@ -264,6 +288,23 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 	}
 	s.applyPenalty(c)
 	s.applyOpenAIPenalties(c)
+	if s.con != nil {
+		var err error
+		if c, err = s.allowedCandidates(c); err != nil {
+			return 0, err
+		}
+	}
+	return s.pick(c)
+}
+
+// penalising reports whether a penalty changes some logit this step.
+func (s *Sampler) penalising() bool {
+	return s.hist != nil && s.nh > 0 || len(s.seen) > 0
+}
+
+// pick chooses among the candidates c (after penalties and the
+// constraint): greedy, or the sampling chain.
+func (s *Sampler) pick(c []candidate) (int32, error) {
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}

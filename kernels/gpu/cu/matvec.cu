@@ -18,6 +18,7 @@
 // copied through shared memory with 16-byte loads, since their blocks are
 // only 2-byte aligned). Choices and timings: bench/results/.
 #include "quants.h"
+#include "q8terms.h"
 
 #define MV_MAXNX 8
 
@@ -568,8 +569,18 @@ KERNEL void __launch_bounds__(128) mv_q6_k_s2(const u8* w, const float* x, float
 // a dot product of random data (the conformance bound for quantized weights
 // allows 2 %).
 
+// On AMD the four-way int8 dot product is an instruction where the target
+// has one (v_dot4_i32_i8: CDNA and gfx906, RDNA2; v_dot4_i32_iu8 with
+// signed operands: RDNA3/4); elsewhere four multiply-adds.
 #if defined(FORGE_CUDA)
 DEV int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__) || defined(__gfx1030__) || defined(__gfx1031__) ||  \
+    defined(__gfx1032__) || defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+DEV int dp4a(int a, int b, int c) { return __builtin_amdgcn_sdot4(a, b, c, false); }
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+DEV int dp4a(int a, int b, int c) { return __builtin_amdgcn_sudot4(true, a, true, b, c, false); }
 #else
 DEV int dp4a(int a, int b, int c) {
   return c + (int)(i8)a * (int)(i8)b + (int)(i8)(a >> 8) * (int)(i8)(b >> 8) +
@@ -612,20 +623,9 @@ DEV float q4k_q8_term(uint4 hd, uint4 q, uint4 xl, uint4 xh, float dx1, float dx
   const int ones = 0x01010101;
   int sxl = dp4a(ones, xl.x, dp4a(ones, xl.y, dp4a(ones, xl.z, dp4a(ones, xl.w, 0))));
   int sxh = dp4a(ones, xh.x, dp4a(ones, xh.y, dp4a(ones, xh.z, dp4a(ones, xh.w, 0))));
-  float fl = dx1 * (float)sxl, fh = dx2 * (float)sxh;  // Σx of this lane's halves
   float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
   u32 sc1, m1, sc2, m2;
-  {
-    u32 Y = hd.y >> sh, Z = hd.z >> sh, W = hd.w >> sh;
-    u32 Y2 = hd.y >> (sh + 8), Z2 = hd.z >> (sh + 8), W2 = hd.w >> (sh + 8);
-    if (p0 < 4) {
-      sc1 = Y & 63; m1 = Z & 63;
-      sc2 = Y2 & 63; m2 = Z2 & 63;
-    } else {
-      sc1 = (W & 15) | (((Y >> 6) & 3) << 4); m1 = ((W >> 4) & 15) | (((Z >> 6) & 3) << 4);
-      sc2 = (W2 & 15) | (((Y2 >> 6) & 3) << 4); m2 = ((W2 >> 4) & 15) | (((Z2 >> 6) & 3) << 4);
-    }
-  }
+  q4k_scales(hd, p0, sh, sc1, m1, sc2, m2);
   int il = dp4a((int)(q.x & 0x0F0F0F0Fu), (int)xl.x, 0);
   il = dp4a((int)(q.y & 0x0F0F0F0Fu), (int)xl.y, il);
   il = dp4a((int)(q.z & 0x0F0F0F0Fu), (int)xl.z, il);
@@ -634,8 +634,7 @@ DEV float q4k_q8_term(uint4 hd, uint4 q, uint4 xl, uint4 xh, float dx1, float dx
   ih = dp4a((int)((q.y >> 4) & 0x0F0F0F0Fu), (int)xh.y, ih);
   ih = dp4a((int)((q.z >> 4) & 0x0F0F0F0Fu), (int)xh.z, ih);
   ih = dp4a((int)((q.w >> 4) & 0x0F0F0F0Fu), (int)xh.w, ih);
-  return d * (u2f_small(sc1) * dx1 * (float)il + u2f_small(sc2) * dx2 * (float)ih) -
-         dmin * (u2f_small(m1) * fl + u2f_small(m2) * fh);
+  return q4k_q8_float(d, dmin, sc1, m1, sc2, m2, dx1, dx2, il, ih, sxl, sxh);
 }
 
 // Q4_K · q8 x, R rows per warp, lanes laid out as in mv_q4_k_fast (lane j
@@ -770,10 +769,10 @@ DEV float q6_q8_term(const u32* a, const u32* b, const u32* h, u32 s01, u32 s23,
     ik[2] = dp4a((int)(((wa >> 4) & 0x0F0F0F0Fu) | (wh & 0x30303030u)), (int)xg2, ik[2]);
     ik[3] = dp4a((int)(((wb >> 4) & 0x0F0F0F0Fu) | ((wh >> 2) & 0x30303030u)), (int)xg3, ik[3]);
   }
-  float s = 0.0f;
+  int sk[4];
 #pragma unroll
-  for (int k = 0; k < 4; k++) s += sck[k] * dxk[k] * (float)(ik[k] - 32 * sx[k]);
-  return d * s;
+  for (int k = 0; k < 4; k++) sk[k] = ik[k] - 32 * sx[k];
+  return q6_q8_float(d, sck, dxk, sk);
 }
 
 // q6_q8_x loads one lane's 8-bit x of super-block sb (see mv_q6_k_q8).

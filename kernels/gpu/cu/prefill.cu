@@ -1,0 +1,291 @@
+// prefill.cu: attention of a prompt piece over the paged KV pool (the rows
+// of one sequence at consecutive positions in a batched step).
+//
+//   q, out [n][heads][D] f32; the pool per layer keys then values, each
+//   [blocks·bs][kvDim] f16 (kvDim = kvHeads·D); row t is at position
+//   pos0 + t of the sequence whose block table is tabs[toff[s] …], and
+//   attends to its positions 0 … pos0 + t (its own new keys were stored by
+//   kv_store_paged before this kernel runs).
+//
+// attn_paged (attn.cu) gives every row its own blocks, which read the whole
+// prefix again for each row: right for decode rows, slow for a piece of a
+// few hundred rows over a few thousand cached positions (a conversation's
+// next turn). Here one block takes a tile of PF_ROWS rows of one head and
+// reads each chunk of PF_CH positions of the prefix once for the whole
+// tile, keys staged row-major and values transposed in shared memory, with
+// an online softmax (running max m, sum l, output rescaled by e^(m_old −
+// m_new)) so that shared memory does not grow with the prefix.
+//
+// Batch invariance: chunks start at multiples of PF_CH in absolute
+// positions and each row keeps its own m, l and output, so a row's result
+// depends on its own query, its sequence's keys and values and its
+// position, never on which other rows share its tile or its piece. Chunks
+// past a row's end add exact zeros (p = 0, e^0 = 1).
+//
+// NVIDIA sm_80 and later: four warps of 16 rows, scores and p·V with
+// mma.sync m16n8k16 (f16 operands, f32 accumulation; the query and the
+// probabilities are rounded to f16 for the product). Elsewhere (HIP, older
+// NVIDIA) the same tiles feed a plain path of two threads per row.
+// attn_prefill_plain_* is that plain path on every device (for tests).
+//   grid (heads, ceil(n/PF_ROWS)), block 128, D = 64 or 128
+#include "common.h"
+
+#define PF_ROWS 64
+#define PF_CH 64
+#define PF_VS (PF_CH + 8)  // transposed value row stride: distinct banks for a fragment's 8 rows
+
+#if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+#define PREFILL_MMA 1
+#endif
+
+DEV size_t pf_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
+
+DEV float2 pf_f2(float x, float y) {
+  float2 v;
+  v.x = x;
+  v.y = y;
+  return v;
+}
+
+DEV u32 pack_h2(float a, float b) { return (u32)f2h(a) | ((u32)f2h(b) << 16); }
+
+// pf_stage copies positions c0 … c0+PF_CH−1 (zeros past L) of key/value
+// head kvh into ks [PF_CH][D+8] and vt [D][PF_VS].
+template <int D>
+DEV void pf_stage(u16* ks, u16* vt, const u16* kc, const u16* vc, const i32* tab, int bs, int kvDim, int kvh,
+                  int c0, int L) {
+  constexpr int KS = D + 8;
+  constexpr int V8 = D / 8;
+  for (int i = threadIdx.x; i < PF_CH * V8; i += blockDim.x) {
+    int j = i / V8, c8 = i % V8;
+    int p = c0 + j;
+    uint4 kv, vv;
+    kv.x = kv.y = kv.z = kv.w = 0;
+    vv = kv;
+    if (p < L) {
+      size_t o = pf_row(tab, p, bs) * kvDim + (size_t)kvh * D + c8 * 8;
+      kv = *(const uint4*)(kc + o);
+      vv = *(const uint4*)(vc + o);
+    }
+    *(uint4*)(ks + j * KS + c8 * 8) = kv;
+    u16* vd = vt + (c8 * 8) * PF_VS + j;
+    vd[0 * PF_VS] = vv.x & 0xFFFF;
+    vd[1 * PF_VS] = vv.x >> 16;
+    vd[2 * PF_VS] = vv.y & 0xFFFF;
+    vd[3 * PF_VS] = vv.y >> 16;
+    vd[4 * PF_VS] = vv.z & 0xFFFF;
+    vd[5 * PF_VS] = vv.z >> 16;
+    vd[6 * PF_VS] = vv.w & 0xFFFF;
+    vd[7 * PF_VS] = vv.w >> 16;
+  }
+}
+
+#if defined(PREFILL_MMA)
+DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The mma path: warp w owns rows 16w … 16w+15 of the tile; lane (g, t) =
+// (lane/4, lane%4) holds, in the fragment layout of m16n8k16, rows g and
+// g+8 and columns 2t, 2t+1 of every 8-column tile.
+template <int D>
+DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
+                     float scale, int bs, int pos0, const i32* tab) {
+  constexpr int KS = D + 8;
+  __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
+  __shared__ __attribute__((aligned(16))) u16 vt[D * PF_VS];
+  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
+  int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
+  int L = pos0 + last + 1;              // positions the tile reads
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int g = lane >> 2, t = lane & 3;
+  int r0 = t0 + 16 * w + g, r1 = r0 + 8;  // this lane's rows
+  int wlast = min(t0 + 16 * w + 15, last);  // the warp's last row (< its first: no rows)
+  int P0 = pos0 + r0, P1 = pos0 + r1;
+
+  u32 qa[D / 16][4];
+  {
+    const float* q0 = q + ((size_t)min(r0, n - 1) * heads + h) * D;
+    const float* q1 = q + ((size_t)min(r1, n - 1) * heads + h) * D;
+    bool v0 = r0 < n, v1 = r1 < n;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      int c = 16 * kk + 2 * t;
+      float2 a = v0 ? *(const float2*)(q0 + c) : pf_f2(0.0f, 0.0f);
+      float2 b = v1 ? *(const float2*)(q1 + c) : pf_f2(0.0f, 0.0f);
+      float2 a8 = v0 ? *(const float2*)(q0 + c + 8) : pf_f2(0.0f, 0.0f);
+      float2 b8 = v1 ? *(const float2*)(q1 + c + 8) : pf_f2(0.0f, 0.0f);
+      qa[kk][0] = pack_h2(a.x, a.y);
+      qa[kk][1] = pack_h2(b.x, b.y);
+      qa[kk][2] = pack_h2(a8.x, a8.y);
+      qa[kk][3] = pack_h2(b8.x, b8.y);
+    }
+  }
+  float m0 = -3.0e38f, m1 = -3.0e38f, l0 = 0.0f, l1 = 0.0f;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  for (int c0 = 0; c0 < L; c0 += PF_CH) {
+    __syncthreads();
+    pf_stage<D>(ks, vt, kc, vc, tab, bs, kvDim, kvh, c0, L);
+    __syncthreads();
+    if (wlast < t0 + 16 * w || c0 > pos0 + wlast) continue;  // no rows, or every position past them
+    float s[PF_CH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < PF_CH / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      const u16* kr = ks + (nt * 8 + g) * KS + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++)
+        mma16816(s[nt], qa[kk], *(const u32*)(kr + 16 * kk), *(const u32*)(kr + 16 * kk + 8));
+    }
+    float cm0 = -3.0e38f, cm1 = -3.0e38f;
+#pragma unroll
+    for (int nt = 0; nt < PF_CH / 8; nt++) {
+      int p = c0 + nt * 8 + 2 * t;
+      s[nt][0] = p <= P0 ? s[nt][0] * scale : -3.0e38f;
+      s[nt][1] = p + 1 <= P0 ? s[nt][1] * scale : -3.0e38f;
+      s[nt][2] = p <= P1 ? s[nt][2] * scale : -3.0e38f;
+      s[nt][3] = p + 1 <= P1 ? s[nt][3] * scale : -3.0e38f;
+      cm0 = fmaxf(cm0, fmaxf(s[nt][0], s[nt][1]));
+      cm1 = fmaxf(cm1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    cm0 = fmaxf(cm0, __shfl_xor_sync(0xffffffffu, cm0, 1));
+    cm0 = fmaxf(cm0, __shfl_xor_sync(0xffffffffu, cm0, 2));
+    cm1 = fmaxf(cm1, __shfl_xor_sync(0xffffffffu, cm1, 1));
+    cm1 = fmaxf(cm1, __shfl_xor_sync(0xffffffffu, cm1, 2));
+    float mn0 = fmaxf(m0, cm0), mn1 = fmaxf(m1, cm1);
+    float a0 = expf(m0 - mn0), a1 = expf(m1 - mn1);
+    float ls0 = 0.0f, ls1 = 0.0f;
+    u32 pa[PF_CH / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < PF_CH / 8; nt++) {
+      float p0 = s[nt][0] <= -3.0e38f ? 0.0f : expf(s[nt][0] - mn0);
+      float p1 = s[nt][1] <= -3.0e38f ? 0.0f : expf(s[nt][1] - mn0);
+      float p2 = s[nt][2] <= -3.0e38f ? 0.0f : expf(s[nt][2] - mn1);
+      float p3 = s[nt][3] <= -3.0e38f ? 0.0f : expf(s[nt][3] - mn1);
+      ls0 += p0 + p1;
+      ls1 += p2 + p3;
+      // score tiles 2k and 2k+1 are the A fragment of p·V's k-step k
+      pa[nt / 2][(nt & 1) * 2 + 0] = pack_h2(p0, p1);
+      pa[nt / 2][(nt & 1) * 2 + 1] = pack_h2(p2, p3);
+    }
+    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+    l0 = l0 * a0 + ls0;
+    l1 = l1 * a1 + ls1;
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+      o[dt][0] *= a0;
+      o[dt][1] *= a0;
+      o[dt][2] *= a1;
+      o[dt][3] *= a1;
+      const u16* vr = vt + (dt * 8 + g) * PF_VS + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < PF_CH / 16; kk++)
+        mma16816(o[dt], pa[kk], *(const u32*)(vr + 16 * kk), *(const u32*)(vr + 16 * kk + 8));
+    }
+  }
+  float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; dt++) {
+    int c = dt * 8 + 2 * t;
+    if (r0 < n) *(float2*)(out + ((size_t)r0 * heads + h) * D + c) = pf_f2(o[dt][0] * i0, o[dt][1] * i0);
+    if (r1 < n) *(float2*)(out + ((size_t)r1 * heads + h) * D + c) = pf_f2(o[dt][2] * i1, o[dt][3] * i1);
+  }
+}
+#endif
+
+// The plain path: thread pair (2r, 2r+1) owns row r of the tile, each half
+// of its dimensions; per chunk one pass for the row's maximum score, one
+// for the probabilities and the output (the scores are computed twice:
+// correct everywhere, not fast).
+template <int D>
+DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
+                       float scale, int bs, int pos0, const i32* tab) {
+  constexpr int KS = D + 8;
+  constexpr int H = D / 2;
+  __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
+  __shared__ __attribute__((aligned(16))) u16 vt[D * PF_VS];
+  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
+  int last = min(n, t0 + PF_ROWS) - 1;
+  int L = pos0 + last + 1;
+  int r = t0 + (int)threadIdx.x / 2, half = threadIdx.x & 1;
+  int P = pos0 + min(r, last);  // a row past the tile's end reads like the last (never written)
+  float qf[H], o[H];
+  const float* qr = q + ((size_t)min(r, n - 1) * heads + h) * D + half * H;
+#pragma unroll
+  for (int d = 0; d < H; d++) {
+    qf[d] = qr[d];
+    o[d] = 0.0f;
+  }
+  float m = -3.0e38f, l = 0.0f;
+  for (int c0 = 0; c0 < L; c0 += PF_CH) {
+    __syncthreads();
+    pf_stage<D>(ks, vt, kc, vc, tab, bs, kvDim, kvh, c0, L);
+    __syncthreads();
+    float cm = -3.0e38f;
+    for (int j = 0; j < PF_CH; j++) {
+      const u16* kr = ks + j * KS + half * H;
+      float s = 0.0f;
+#pragma unroll
+      for (int d = 0; d < H; d++) s = fmaf(qf[d], h2f(kr[d]), s);
+      s += SHFL_XOR(s, 1);
+      if (c0 + j <= P) cm = fmaxf(cm, s * scale);
+    }
+    float mn = fmaxf(m, cm);
+    float a = expf(m - mn);
+    l *= a;
+#pragma unroll
+    for (int d = 0; d < H; d++) o[d] *= a;
+    for (int j = 0; j < PF_CH; j++) {
+      const u16* kr = ks + j * KS + half * H;
+      float s = 0.0f;
+#pragma unroll
+      for (int d = 0; d < H; d++) s = fmaf(qf[d], h2f(kr[d]), s);
+      s += SHFL_XOR(s, 1);
+      float p = c0 + j <= P ? expf(s * scale - mn) : 0.0f;
+      l += p;
+#pragma unroll
+      for (int d = 0; d < H; d++) o[d] = fmaf(p, h2f(vt[(half * H + d) * PF_VS + j]), o[d]);
+    }
+    m = mn;
+  }
+  if (r < n) {
+    float* orow = out + ((size_t)r * heads + h) * D + half * H;
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int d = 0; d < H; d++) orow[d] = o[d] * inv;
+  }
+}
+
+#if defined(PREFILL_MMA)
+#define PREFILL_BODY prefill_mma
+#else
+#define PREFILL_BODY prefill_plain
+#endif
+
+#define PREFILL_KERNELS(DD)                                                                                      \
+  KERNEL void __launch_bounds__(128)                                                                             \
+      attn_prefill_f16_d##DD(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads,         \
+                             int kvHeads, float scale, int bs, int pos0, int s, const i32* toff, const i32* tabs) { \
+    PREFILL_BODY<DD>(out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]);                        \
+  }                                                                                                              \
+  KERNEL void __launch_bounds__(128)                                                                             \
+      attn_prefill_plain_f16_d##DD(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads,   \
+                                   int kvHeads, float scale, int bs, int pos0, int s, const i32* toff,           \
+                                   const i32* tabs) {                                                            \
+    prefill_plain<DD>(out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]);                       \
+  }
+PREFILL_KERNELS(64)
+PREFILL_KERNELS(128)

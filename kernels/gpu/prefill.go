@@ -1,0 +1,53 @@
+package gpu
+
+import (
+	"github.com/forge-llm/forge/kernels"
+)
+
+// prefillRows is prefill.cu's PF_ROWS: the query rows one block takes.
+const prefillRows = 64
+
+// Prefill kernel choice for PagedAttention's prompt pieces (prefill.cu).
+const (
+	prefillAuto  = iota // attn_prefill_f16_d* (tensor cores on sm_80+)
+	prefillPlain        // attn_prefill_plain_f16_d*: the plain path on every device
+	prefillOff          // attn_paged for every row (the per-row kernel)
+)
+
+// prefillMode selects the kernel of a prompt piece; tests set it to check
+// both paths of prefill.cu against the per-row kernel and the CPU.
+var prefillMode = prefillAuto
+
+// prefillKernel names the tiled kernel that computes the attention of the
+// current layout's n rows when they are one prompt piece: n ≥ 2 rows of
+// one sequence at consecutive positions, over an f16 pool, with a head
+// dimension prefill.cu is built for. Then it returns the sequence and the
+// first row's position too; otherwise ok is false and PagedAttention runs
+// its per-row kernel (decode rows, steps of several sequences, f32 pools).
+// Called with b.mu held.
+func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string, seq, pos0 int32, ok bool) {
+	if prefillMode == prefillOff || n < 2 || esize != 2 {
+		return "", 0, 0, false
+	}
+	var sfx string
+	switch at.HeadDim {
+	case 64:
+		sfx = "d64"
+	case 128:
+		sfx = "d128"
+	default:
+		return "", 0, 0, false
+	}
+	ls := &b.lay
+	seq, pos0 = ls.seq[0], ls.pos[0]
+	for i := 1; i < n; i++ {
+		if ls.seq[i] != seq || ls.pos[i] != pos0+int32(i) {
+			return "", 0, 0, false
+		}
+	}
+	name = "attn_prefill_f16_" + sfx
+	if prefillMode == prefillPlain {
+		name = "attn_prefill_plain_f16_" + sfx
+	}
+	return name, seq, pos0, true
+}

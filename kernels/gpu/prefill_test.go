@@ -1,0 +1,205 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/cpu"
+)
+
+// prefillCase is one attention shape and how far its sequences grow.
+type prefillCase struct {
+	a      kernels.Attn
+	bs     int
+	upTo   int   // prefix length the schedule reaches
+	pieces []int // piece lengths, cycled
+}
+
+// pieceSchedule is the piece lengths of a sequence grown to upTo: every
+// length in pieces in turn (so every one meets many prefix lengths), then
+// a last piece of 64 rows past upTo.
+func pieceSchedule(pieces []int, upTo int) []int {
+	var out []int
+	for p, i := 0, 0; p < upTo; i++ {
+		n := pieces[i%len(pieces)]
+		out = append(out, n)
+		p += n
+	}
+	return append(out, 64)
+}
+
+// TestPrefillMatchesCPU grows two sequences of a paged pool piece by piece
+// (pieces of 1…64 rows and a few of several tiles, prefixes 0…3000, block
+// tables in shuffled and reversed order) on the GPU and on the CPU backend,
+// and compares every piece's attention output by relative error: the
+// tiled prompt kernel (tensor cores on sm_80+), its plain path, and the
+// per-row kernel it replaces.
+func TestPrefillMatchesCPU(t *testing.T) {
+	b := gpuBackend(t, false)
+	cb := cpu.New(0)
+	defer cb.Close()
+	var grow []int
+	for n := 1; n <= 64; n++ {
+		grow = append(grow, n)
+	}
+	grow = append(grow, 300, 7, 129, 2)
+	cases := []prefillCase{
+		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, bs: 16, upTo: 3000, pieces: grow},
+		{a: kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, bs: 32, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17}},
+	}
+	for _, mode := range []int{prefillAuto, prefillPlain, prefillOff} {
+		for _, pc := range cases {
+			name := fmt.Sprintf("mode=%d/D=%d", mode, pc.a.HeadDim)
+			t.Run(name, func(t *testing.T) {
+				defer func(m int) { prefillMode = m }(prefillMode)
+				prefillMode = mode
+				checkPrefill(t, b, cb, pc)
+			})
+		}
+	}
+}
+
+func checkPrefill(t *testing.T, b *Backend, cb *cpu.Backend, pc prefillCase) {
+	a := pc.a
+	a.Scale = float32(1 / math.Sqrt(float64(a.HeadDim)))
+	kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+	rng := rand.New(rand.NewPCG(uint64(a.HeadDim), 31))
+	sched := pieceSchedule(pc.pieces, pc.upTo)
+	total := 0
+	for _, n := range sched {
+		total += n
+	}
+	perSeq := (total + pc.bs - 1) / pc.bs
+	blocks := 2*perSeq + 3
+	const layers, layer = 2, 1
+	gp, err := b.NewKVPool(layers, blocks, pc.bs, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeKVPool(gp)
+	cp, err := cb.NewKVPool(layers, blocks, pc.bs, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perm := rng.Perm(blocks)
+	tables := [][]int32{make([]int32, perSeq), make([]int32, perSeq)}
+	for i := range perSeq {
+		tables[0][i] = int32(perm[i])                 // shuffled
+		tables[1][perSeq-1-i] = int32(perm[perSeq+i]) // the other blocks, last first
+	}
+	lens := [2]int{}
+	worst := 0.0
+	for step := 0; step < 2*len(sched); step++ {
+		s := step % 2
+		n := sched[step/2]
+		if s == 1 {
+			n = sched[len(sched)-1-step/2] // the other sequence takes the schedule backwards
+		}
+		l := kernels.Layout{Tables: tables}
+		for i := range n {
+			l.Pos = append(l.Pos, int32(lens[s]+i))
+			l.Seq = append(l.Seq, int32(s))
+		}
+		qs, ks, vs := randVec(rng, n*qDim, 1), randVec(rng, n*kvDim, 1), randVec(rng, n*kvDim, 1)
+		run := func(be kernels.Backend, bt kernels.Batcher, pool *kernels.KVPool) []float32 {
+			if err := bt.SetLayout(&l); err != nil {
+				t.Fatal(err)
+			}
+			tensor := func(v []float32) kernels.Tensor {
+				x, err := be.Alloc(len(v))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := be.Write(x, 0, v); err != nil {
+					t.Fatal(err)
+				}
+				return x
+			}
+			out, q, k, v := tensor(nanVec(n*qDim)), tensor(qs), tensor(ks), tensor(vs)
+			defer func() {
+				for _, x := range []kernels.Tensor{out, q, k, v} {
+					be.Free(x)
+				}
+			}()
+			if err := bt.PagedAttention(out, q, k, v, pool, layer, n, a); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float32, n*qDim)
+			if err := be.Read(got, out, 0); err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		got := run(b, b, gp)
+		want := run(cb, cb, cp)
+		wf := make([]float64, len(want))
+		for i, x := range want {
+			wf[i] = float64(x)
+		}
+		e := relNorm(got, wf)
+		if !(e < 4e-3) {
+			t.Fatalf("sequence %d, piece of %d rows at positions %d…%d: relative error %.3g against the CPU", s, n, lens[s], lens[s]+n-1, e)
+		}
+		worst = max(worst, e)
+		lens[s] += n
+	}
+	t.Logf("%d pieces, sequences of %d and %d positions: worst relative error %.3g", 2*len(sched), lens[0], lens[1], worst)
+}
+
+// TestPrefillPieceInvariant: a prompt row's attention is the same bits
+// whichever piece (and so whichever tile and warp) it is computed in.
+func TestPrefillPieceInvariant(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(7, 32))
+	a := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128, Scale: float32(1 / math.Sqrt(128))}
+	kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+	const bs, blocks = 16, 200
+	pool, err := b.NewKVPool(1, blocks, bs, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeKVPool(pool)
+	var tab []int32
+	for _, p := range rng.Perm(blocks) {
+		tab = append(tab, int32(p))
+	}
+	piece := func(pos0 int, q, k, v []float32) []float32 {
+		n := len(q) / qDim
+		l := kernels.Layout{Tables: [][]int32{tab}}
+		for i := range n {
+			l.Pos = append(l.Pos, int32(pos0+i))
+			l.Seq = append(l.Seq, 0)
+		}
+		if err := b.SetLayout(&l); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := b.Alloc(n * qDim)
+		defer b.Free(out)
+		if err := b.PagedAttention(out, upload(t, b, q), upload(t, b, k), upload(t, b, v), pool, 0, n, a); err != nil {
+			t.Fatal(err)
+		}
+		return download(t, b, out)
+	}
+	const prefix = 1500
+	piece(0, randVec(rng, prefix*qDim, 1), randVec(rng, prefix*kvDim, 1), randVec(rng, prefix*kvDim, 1))
+	const n = 150
+	q, k, v := randVec(rng, n*qDim, 1), randVec(rng, n*kvDim, 1), randVec(rng, n*kvDim, 1)
+	whole := piece(prefix, q, k, v)
+	// (n is a multiple of no cut plus one: a lone row would be a decode
+	// row, computed by attn_paged)
+	for _, cut := range []int{2, 10, 64, 77} {
+		var parts []float32
+		for lo := 0; lo < n; lo += cut {
+			hi := min(n, lo+cut)
+			parts = append(parts, piece(prefix+lo, q[lo*qDim:hi*qDim], k[lo*kvDim:hi*kvDim], v[lo*kvDim:hi*kvDim])...)
+		}
+		for i := range whole {
+			if math.Float32bits(whole[i]) != math.Float32bits(parts[i]) {
+				t.Fatalf("pieces of %d: row %d element %d is %g, in one piece %g", cut, i/qDim, i%qDim, parts[i], whole[i])
+			}
+		}
+	}
+}
