@@ -408,3 +408,4 @@ func TestEmu8B(t *testing.T) {
 		})
 	}
 }
+

@@ -63,6 +63,13 @@ extern "C" void emu_switch(void** save_sp, void* sp);
 #define __constant__
 #define __launch_bounds__(...)
 #define warpSize WARP
+// The target's own code paths: gfx90a's at warp 64, gfx1030's at warp 32
+// (both take the sdot4 dot product in matvec.cu).
+#if WARP == 64
+#define __gfx90a__ 1
+#else
+#define __gfx1030__ 1
+#endif
 
 struct uint4 { unsigned x, y, z, w; } __attribute__((aligned(16)));
 struct int4 { int x, y, z, w; } __attribute__((aligned(16)));
@@ -325,6 +332,17 @@ inline int emu_sdot4(int a, int b, int c, bool) {
   return s;
 }
 #define __builtin_amdgcn_sdot4(a, b, c, clamp) emu_sdot4((a), (b), (c), (clamp))
+// sudot4: as sdot4, each operand signed or unsigned as its flag says.
+inline int emu_sudot4(bool as, int a, bool bs, int b, int c, bool) {
+  int s = c;
+  for (int i = 0; i < 4; i++) {
+    int x = as ? (int)(signed char)(a >> (8 * i)) : (int)(unsigned char)(a >> (8 * i));
+    int y = bs ? (int)(signed char)(b >> (8 * i)) : (int)(unsigned char)(b >> (8 * i));
+    s += x * y;
+  }
+  return s;
+}
+#define __builtin_amdgcn_sudot4(as, a, bs, b, c, clamp) emu_sudot4((as), (a), (bs), (b), (c), (clamp))
 
 #define EMU_MINMAX(T)                               \
   inline T min(T a, T b) { return a < b ? a : b; } \
