@@ -155,6 +155,9 @@ type generator struct {
 }
 
 func (g *generator) Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (string, error) {
+	if j, ok := opts.(*evalJob); ok { // an evaluation between requests (eval.go)
+		return "", j.run(ctx)
+	}
 	r := opts.(*request)
 	smp := sample.New(r.o.Sampling, g.mdl.Cfg.Vocab)
 	defer smp.Close()

@@ -220,9 +220,14 @@ func (s *server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		s.ollamaError(w, r, id, err)
 		return
 	}
+	// modelfile and parameters as Ollama writes them for a model
+	// imported from a GGUF file with no Modelfile options; capabilities
+	// are what forge serves on any model.
 	writeJSON(w, http.StatusOK, map[string]any{
+		"modelfile": "# Modelfile served by forge\nFROM " + id + "\n", "parameters": "",
 		"details": f.details, "model_info": f.info, "template": f.template,
-		"modified_at": f.modified.UTC().Format(time.RFC3339Nano),
+		"capabilities": []string{"completion", "embedding"},
+		"modified_at":  f.modified.UTC().Format(time.RFC3339Nano),
 	})
 }
 
