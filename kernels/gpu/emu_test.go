@@ -409,3 +409,5 @@ func TestEmu8B(t *testing.T) {
 	}
 }
 
+// emuSeeded is a random source from a seed drawn from a logged one.
+func emuSeeded(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 27)) }

@@ -329,3 +329,9 @@ func dequantItems(t gguf.Type, rows, cols, kpad int) (deq16, deq32 int) {
 func planPrefill(kernel string, heads, n int) kLaunch {
 	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, prefillRows)), Z: 1}, rocm.D1(128)}
 }
+
+// planAttnExt is attention with a sliding window and/or a score soft-cap
+// (archops.cu): a block of 128 threads per (head, token).
+func planAttnExt(sfx string, heads, n int) kLaunch {
+	return kLaunch{"attn_ext_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: 1}, rocm.D1(128)}
+}
