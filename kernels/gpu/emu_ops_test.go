@@ -38,7 +38,7 @@ func q8Check(t *testing.T, what string, v []float32, q []byte, d []float32) {
 // TestEmuOps: quantize_q8, the norms (rmsnorm_row for one row, fused with
 // the 8-bit copy, and for a batched step; rmsnorm and add_rmsnorm for a
 // prompt), silu_mul(_q8), add, add_bias, rope and rope_at, argmax (the
-// sliced long row and per-row), top-k, at both widths, launched as ops.go
+// sliced long row and per-row), top-k and set_step, at both widths, launched as ops.go
 // launches them, against the CPU backend (top-k against a sort).
 func TestEmuOps(t *testing.T) {
 	rng := emuRNG(t)
@@ -165,7 +165,14 @@ func emuOps(t *testing.T, rng *rand.Rand, warp int) {
 		}
 	}
 
+	// set_step: the token and position a replayed decode step reads
+	st := job.zeros(8, true)
+	job.launch("set_step", rocm.D1(1), rocm.D1(32), eP(st, 0), eI(1234), eI(567))
+
 	res := runEmu(t, warp, &job)
+	if g := res.i32(st); g[0] != 1234 || g[1] != 567 {
+		t.Errorf("%s: %v, want [1234 567]", tag("set_step"), g)
+	}
 
 	// quantize_q8
 	q8Check(t, tag("quantize_q8"), qx, res.bufs[qq], res.f32(qd))
