@@ -66,5 +66,6 @@ func (b *Backend) attnExt(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 		I32(int32(pos0)).F32(at.Scale).I32(int32(at.Window)).F32(at.Softcap).Ptr(b.stepPos())
-	return b.launch(c, "attn_ext_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+	l := planAttnExt(sfx, at.Heads, n)
+	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 
-	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
 )
@@ -369,12 +368,12 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		maxPos = max(maxPos, pos)
 	}
-	splits := ceilDiv(int(maxPos)+1, pagedSplit)
 	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
 	}
+	splits, attnL, mergeL := planPaged(sfx, at.Heads, n, int(maxPos))
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)
@@ -394,88 +393,41 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		if prefill { // a prompt piece: tiles of rows read each chunk of the prefix once (prefill.cu)
 			a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
-			return b.launch(c, pfName, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, prefillRows)), Z: 1}, rocm.D1(128), &a)
+			l := planPrefill(pfName, at.Heads, n)
+			return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 		}
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
-		grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
-		if err := b.launch(c, "attn_paged_"+sfx, grid, rocm.D1(128), &a); err != nil {
+		if err := b.launch(c, attnL.Kernel, attnL.Grid, attnL.Block, &a); err != nil {
 			return err
 		}
 		a.Reset()
 		a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
-		return b.launch(c, "attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
+		return b.launch(c, mergeL.Kernel, mergeL.Grid, mergeL.Block, &a)
 	})
 }
 
-// rowKernel names the matvec family MatMul runs w with for one row (n = 1),
-// so that more rows can take the family that computes each row the same
-// way: "x8" where the one-row product is an 8-bit-activation kernel (Q4_K
-// and Q6_K on 16-byte aligned weights, the default kernel choice; Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits), whose multi-row kernels
-// (mxKernel) add the same terms in the same order; "" for the generic
-// float kernel mv_{type}, which computes each of its activation rows
-// independently whatever their number. Forcing a float-activation Q4_K/Q6_K
-// kernel through mvVariant (tests, benchmarks) breaks the pairing.
+// rowKernel is rowFamily (launch.go) for w at device address wp.
 func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
-	switch w.Type {
-	case gguf.TypeQ4_K, gguf.TypeQ6_K:
-		if uintptr(wp)%16 == 0 && w.Cols%256 == 0 {
-			return "x8"
-		}
-		return ""
-	}
-	if b.mvVariant != "g" && b.b32Fits(w, wp) {
-		return "x8"
-	}
-	return ""
-}
-
-// mxKernel returns the multi-row kernel for w's type (rowKernel "x8") and
-// n rows, the rows of x per launch and the weight rows per warp. Q4_K and
-// Q6_K kernels are named x{NX}r{R}: NX rows of x per launch, R weight rows
-// per warp (each x load serves R weight rows). On the H100 at the Llama 3
-// 8B shapes, R = 2 was the fastest (R = 1 and 4 were measured too), and
-// for Q4_K 16 rows of x per launch from 16 rows on
-// (bench/results/2026-11-25-batch-matmul-h100.md). Every variant gives
-// every row the bits of n = 1, so the choice may depend on n. mxVariant
-// overrides it (tests, benchmarks).
-func (b *Backend) mxKernel(kt string, w *kernels.Weight, n int) (name string, nx, r int) {
-	var v string
-	switch w.Type {
-	case gguf.TypeQ4_K:
-		v = "x8r2"
-		if n > 8 {
-			v = "x16r2"
-		}
-	case gguf.TypeQ6_K:
-		v = "x8r2"
-	default:
-		return "mv_" + kt + "_x8", 8, 1
-	}
-	if b.mxVariant != "" {
-		v = b.mxVariant
-	}
-	if _, err := fmt.Sscanf(v, "x%dr%d", &nx, &r); err != nil || nx <= 0 || r <= 0 {
-		nx, r, v = 8, 2, "x8r2"
-	}
-	return "mv_" + kt + "_" + v, nx, r
+	return rowFamily(b.warp, w.Type, w.Cols, uintptr(wp)%16 == 0, b.mvVariant)
 }
 
 // matvecRows queues dst [n][rows] = x [n][cols] · wᵀ for 2 ≤ n ≤
 // kernels.MaxBatchRows through the tensor-core kernels (mmq.go) where they
-// fit, else the multi-row matvec kernels, 8 or 16 rows per launch: each row
-// bit for bit what MatMul gives it alone (see rowKernel), the weight read
-// once per launch.
+// fit, else the multi-row matvec kernels planRows chooses, 8 or 16 rows per
+// launch: each row bit for bit what MatMul gives it alone (see rowFamily),
+// the weight read once per launch.
 func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
-	const block = 128
-	wpb := block / b.warp
-	if b.rowKernel(w, wp) == "" {
-		for i0 := 0; i0 < n; i0 += mxRows {
-			nx := min(mxRows, n-i0)
+	p, err := planRows(b.launchDevice(), w.Type, w.Rows, w.Cols, n, uintptr(wp)%16 == 0, b.mvVariant, b.mxVariant)
+	if err != nil {
+		return err
+	}
+	if p.Args == mvArgsGeneric {
+		for i0 := 0; i0 < n; i0 += p.Group {
+			nx := min(p.Group, n-i0)
 			var a rocm.Args
 			a.Ptr(wp).Ptr(off(x, i0*w.Cols)).Ptr(off(dst, i0*w.Rows)).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
-			if err := b.launch(c, "mv_"+kt, rocm.D1(ceilDiv(w.Rows, wpb)), rocm.D1(block), &a); err != nil {
+			if err := b.launch(c, p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), &a); err != nil {
 				return err
 			}
 		}
@@ -488,17 +440,12 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	if b.mmqUse(w, wp, n) {
 		return b.mmqRows(c, kt, w, wp, xq, xd, dst, n)
 	}
-	name, group, r := b.mxKernel(kt, w, n)
-	grid := ceilDiv(w.Rows, wpb*r)
-	if perSM := 8; b.w.Device.SMs > 0 { // a grid-strided wave, as the one-row Q4_K kernel
-		grid = min(grid, perSM*b.w.Device.SMs)
-	}
-	for i0 := 0; i0 < n; i0 += group {
-		nx := min(group, n-i0)
+	for i0 := 0; i0 < n; i0 += p.Group {
+		nx := min(p.Group, n-i0)
 		var a rocm.Args
 		a.Ptr(wp).Ptr(xq + rocm.DevPtr(i0*w.Cols)).Ptr(xd + rocm.DevPtr(4*i0*(w.Cols/32))).Ptr(off(dst, i0*w.Rows)).
 			I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
-		if err := b.launch(c, name, rocm.D1(grid), rocm.D1(block), &a); err != nil {
+		if err := b.launch(c, p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), &a); err != nil {
 			return err
 		}
 	}

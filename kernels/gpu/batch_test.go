@@ -379,7 +379,7 @@ func TestPagedAttentionBatchInvariant(t *testing.T) {
 // shapes (Q4_K 4096×4096 and 14336×4096; Q6_K 4096×14336, a Q4_K_M
 // model's ffn_down in half the layers), n = 1, 8, 16, 64 rows through
 // MatMul's kernels (x quantized each time, as a step does), each multi-row
-// variant "x{NX}r{R}" (mxKernel), and the GEMM path at 16 and 64 rows for
+// variant "x{NX}r{R}" (planRows), and the GEMM path at 16 and 64 rows for
 // comparison. GB/s counts the weight's bytes once per product; rows/s is
 // n over the time.
 func BenchmarkBatchMatMul(b *testing.B) {
@@ -393,7 +393,7 @@ func BenchmarkBatchMatMul(b *testing.B) {
 		w := conformance.RandomWeight(rng, "w", sh.typ, rows, cols)
 		copies, free := weightCopies(b, bk, w)
 		x := upload(b, bk, conformance.RandomVector(rng, kernels.MaxBatchRows*cols, 1))
-		mx := []string{"", "x8r2", "x16r2"} // "": mxKernel's choice
+		mx := []string{"", "x8r2", "x16r2"} // "": planRows' choice
 		if sh.typ == gguf.TypeQ6_K {
 			mx = []string{""}
 		}

@@ -95,7 +95,7 @@ type Backend struct {
 	// MatMul sends to the multi-row matvec (benchmarks compare the GEMM).
 	rowsMax int
 	// mxVariant forces the Q4_K/Q6_K multi-row kernel ("x{NX}r{R}", see
-	// mxKernel); "" is mxKernel's choice. For tests and benchmarks.
+	// planRows); "" is planRows' choice. For tests and benchmarks.
 	mxVariant string
 	// mmqOff keeps MatMul off the tensor-core kernels (mmq.go), mmqMin,
 	// when > 0, replaces mmqMinRows, and mmqNoPrompt keeps MatMulPrompt's

@@ -3,8 +3,6 @@ package gpu
 import (
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -169,83 +167,33 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	})
 }
 
-// matvec queues y [nx][rows] = x [nx][cols] · wᵀ.
+// launchDevice is what launch choice (launch.go) knows of this device.
+func (b *Backend) launchDevice() LaunchDevice {
+	return LaunchDevice{Warp: b.warp, SMs: b.w.Device.SMs}
+}
+
+// matvec queues y [nx][rows] = x [nx][cols] · wᵀ with the kernel
+// planMatvec chooses.
 func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x rocm.DevPtr, nx int) error {
-	const block = 128
-	wpb := block / b.warp // warps (one row each) per block
-	var a rocm.Args
-	if nx == 1 && (w.Type == gguf.TypeQ4_K || w.Type == gguf.TypeQ6_K) && uintptr(wp)%16 == 0 {
-		v := b.mvVariant
-		if v == "" {
-			v = autoVariant(w)
-		}
-		if strings.IndexByte("qntc", v[0]) >= 0 { // 8-bit activations: any x alignment (x is copied)
-			xq, xd, err := b.quantizeX(c, x, w.Cols)
-			if err != nil {
-				return err
-			}
-			return b.mvQ8(c, kt, v, w, wp, y, xq, xd)
-		}
-		if uintptr(x)%16 == 0 {
-			if v[0] == 's' && (w.Cols/256)%8 != 0 {
-				v = "p2" // staging copies 16-byte runs: rows must start 16-byte aligned
-			}
-			rows := int(v[1] - '0') // rows per warp: "p2", "r2u1", "s2"
-			a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
-			return b.launch(c, "mv_"+kt+"_"+v, rocm.D1(ceilDiv(w.Rows, wpb*rows)), rocm.D1(block), &a)
-		}
+	p, err := planMatvec(b.launchDevice(), w.Type, w.Rows, w.Cols, nx, uintptr(wp)%16 == 0, uintptr(x)%16 == 0,
+		mvOverrides{Variant: b.mvVariant, BlocksPerSM: b.mvBlocksPerSM})
+	if err != nil {
+		return err
 	}
-	if nx == 1 && b.mvVariant != "g" && b.b32Fits(w, wp) {
-		v := b.mvVariant
-		if len(v) != 2 || v[0] != 'b' {
-			v = "b2"
-		}
+	var a rocm.Args
+	switch p.Args {
+	case mvArgsQ8:
 		xq, xd, err := b.quantizeX(c, x, w.Cols)
 		if err != nil {
 			return err
 		}
-		grid := ceilDiv(w.Rows, wpb*int(v[1]-'0'))
-		if b.mvBlocksPerSM > 0 { // the kernel grid-strides over rows
-			grid = min(grid, b.mvBlocksPerSM*max(b.w.Device.SMs, 1))
-		}
 		a.Ptr(wp).Ptr(xq).Ptr(xd).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
-		return b.launch(c, "mv_"+kt+"_"+v, rocm.D1(grid), rocm.D1(block), &a)
-	}
-	a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
-	return b.launch(c, "mv_"+kt, rocm.D1(ceilDiv(w.Rows, wpb)), rocm.D1(block), &a)
-}
-
-// b32Fits reports whether the 8-bit-activation kernel for 32-element blocks
-// (mv_{type}_b{R}: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) can run w: it copies runs
-// of warpSize whole blocks with 16-byte loads, so rows must start 16-byte
-// aligned and hold a whole number of runs.
-func (b *Backend) b32Fits(w *kernels.Weight, wp rocm.DevPtr) bool {
-	switch w.Type {
-	case gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0:
+	case mvArgsFloat:
+		a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
 	default:
-		return false
+		a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
 	}
-	nb := w.Cols / 32
-	return uintptr(wp)%16 == 0 && nb%b.warp == 0 && (nb*w.Type.BlockBytes())%16 == 0
-}
-
-// autoVariant picks the Q4_K/Q6_K matvec kernel, on 8-bit activations:
-// the fastest variants on an H100 at Llama 8B shapes
-// (bench/results/2026-11-22-kernels-h100.md). Q4_K: one row per warp, two
-// super-blocks per lane in flight, L1-bypassing loads, the grid capped at
-// 8 blocks per multiprocessor. Q6_K: two rows per warp staged through
-// shared memory; with many rows (short ones, e.g. 14336×4096) a grid of 4
-// blocks per multiprocessor whose warps stream on from one row pair to the
-// next (c2), else one row pair per warp (t2).
-func autoVariant(w *kernels.Weight) string {
-	switch {
-	case w.Type == gguf.TypeQ4_K:
-		return "n12@8"
-	case w.Rows >= 8192:
-		return "c2@4"
-	default:
-		return "t2@12"
-	}
+	return b.launch(c, p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), &a)
 }
 
 // quantizeX queues x [cols] f32 -> int8 blocks of 32 with f32 scales, into
@@ -269,32 +217,13 @@ func (b *Backend) quantizeX(c *rocm.Ctx, x rocm.DevPtr, cols int) (xq, xd rocm.D
 	return p, d, nil
 }
 
-// mvQ8 queues the Q4_K/Q6_K kernel on 8-bit activations ("q{R}{U}": R rows
-// per warp, U super-blocks per lane in flight).
-//
-// "n{R}{U}" (Q4_K) is q{R}{U} with the weight loads skipping L1; "t{R}"
-// (Q6_K) stages runs of whole super-blocks through shared memory with
-// 16-byte loads, and needs warpSize/4 to divide the super-blocks of a row
-// (else q21 runs); "c{R}" is t{R} streaming on across row groups. A
-// suffix "@N" caps the grid at N blocks per multiprocessor unless
-// mvBlocksPerSM is set.
+// mvQ8 queues the Q4_K/Q6_K kernel variant v on 8-bit activations
+// (planQ8; benchmarks call it directly).
 func (b *Backend) mvQ8(c *rocm.Ctx, kt, v string, w *kernels.Weight, wp, y, xq, xd rocm.DevPtr) error {
-	v, capped, _ := strings.Cut(v, "@") // "…@N": the grid capped at N blocks per SM
-	perSM := b.mvBlocksPerSM
-	if perSM == 0 && capped != "" {
-		perSM, _ = strconv.Atoi(capped)
-	}
-	if (v[0] == 't' || v[0] == 'c') && (kt != "q6_k" || (w.Cols/256)%(b.warp/4) != 0) {
-		v = "q21"
-	}
-	rows := int(v[1] - '0')
-	grid := ceilDiv(w.Rows, 128/b.warp*rows)
-	if perSM > 0 { // fewer blocks than row groups: the kernel loops over rows
-		grid = min(grid, perSM*max(b.w.Device.SMs, 1))
-	}
+	p := planQ8(b.launchDevice(), kt, v, w.Rows, w.Cols, b.mvBlocksPerSM)
 	var a rocm.Args
 	a.Ptr(wp).Ptr(xq).Ptr(xd).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
-	return b.launch(c, "mv_"+kt+"_"+v, rocm.D1(grid), rocm.D1(128), &a)
+	return b.launch(c, p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), &a)
 }
 
 // gemm queues the prompt path: w to f16 [rows][kpad], x to f16 [n][kpad],
@@ -336,14 +265,12 @@ func (b *Backend) gemmF16(c *rocm.Ctx, wh, xh, dst rocm.DevPtr, m, n, k int) err
 	if b.gemmKernel != "" {
 		name = b.gemmKernel
 	}
-	return b.launch(c, name, rocm.Dim3{X: uint32(ceilDiv(m, 128)), Y: uint32(ceilDiv(n, 128)), Z: 1}, rocm.D1(256), &a)
+	l := planGEMM(name, m, n)
+	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }
 
 func (b *Backend) dequantF16(c *rocm.Ctx, kt string, w *kernels.Weight, wp, out rocm.DevPtr, kpad int) error {
-	items := w.Rows * kpad
-	if bs := w.Type.BlockSize(); bs > 1 {
-		items = w.Rows * (w.Cols / 32) // one thread per 32-value part
-	}
+	items, _ := dequantItems(w.Type, w.Rows, w.Cols, kpad)
 	var a rocm.Args
 	a.Ptr(wp).Ptr(out).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(kpad))
 	return b.launch(c, "deq16_"+kt, grid1(items), rocm.D1(256), &a)
@@ -368,10 +295,7 @@ func (b *Backend) Dequantize(dst kernels.Tensor, w *kernels.Weight) error {
 	if err != nil {
 		return err
 	}
-	items := w.Rows * w.Cols
-	if w.Type.BlockSize() > 1 {
-		items /= 32
-	}
+	_, items := dequantItems(w.Type, w.Rows, w.Cols, w.Cols)
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var a rocm.Args
@@ -477,16 +401,17 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var a rocm.Args
-		if n == 1 {
+		l, fuse := planNorm(n, cols, r.Dev != 0, !b.noFuse)
+		if l.Kernel == "rmsnorm_row" {
 			var q, d rocm.DevPtr
-			if cols%32 == 0 && !b.noFuse {
+			if fuse {
 				var err error
 				if q, d, err = b.q8Buf(c, cols); err != nil {
 					return err
 				}
 			}
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(q).Ptr(d)
-			if err := b.launch(c, "rmsnorm_row", rocm.D1(1), rocm.D1(1024), &a); err != nil {
+			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
 				return err
 			}
 			if q != 0 {
@@ -494,16 +419,12 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 			}
 			return nil
 		}
-		if n <= kernels.MaxBatchRows { // a block of rmsnorm_row per row: each row as alone (batch invariance)
-			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(0).Ptr(0)
-			return b.launch(c, "rmsnorm_row", rocm.D1(n), rocm.D1(1024), &a)
-		}
 		if r.Dev != 0 {
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)
-			return b.launch(c, "add_rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+		} else {
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
 		}
-		a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(wp).I32(int32(cols)).F32(eps)
-		return b.launch(c, "rmsnorm", rocm.D1(n), rocm.D1(256), &a)
+		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
 }
 
@@ -673,7 +594,8 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
-		return b.launch(c, "attn_prompt_"+sfx, rocm.Dim3{X: uint32(at.Heads), Y: uint32(ceilDiv(n, 8)), Z: 1}, rocm.D1(256), &a)
+		l := planAttnPrompt(sfx, at.Heads, n)
+		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
 }
 
@@ -687,9 +609,7 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 // identical results. The kernel divides the pos0+n positions in use among
 // the splits (splits past the end are empty).
 func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
-	splits := ceilDiv(4*max(b.w.Device.SMs, 1), at.Heads*n)
-	splits = max(1, min(splits, ceilDiv(ctx, 64)))
-	splitLen := ceilDiv(pos0+n, splits) // as the kernel computes it from posp
+	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
 		var err error
@@ -714,8 +634,7 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
 		Ptr(oq).Ptr(od)
-	grid := rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: uint32(splits)}
-	if err := b.launch(c, "attn_decode_"+sfx, grid, rocm.D1(128), &a); err != nil {
+	if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
 		return err
 	}
 	if oq != 0 {
@@ -798,26 +717,26 @@ func (b *Backend) Argmax(x kernels.Tensor, rows, cols int) ([]int32, error) {
 			return err
 		}
 		var a rocm.Args
-		if rows == 1 && cols >= 2*argmaxChunk {
+		parts, ls := planArgmax(rows, cols)
+		if parts > 0 {
 			// One long row (a vocabulary): slices on many blocks, then
 			// one block over their winners.
-			parts := ceilDiv(cols, argmaxChunk)
 			pp, err := b.scratchBuf(c, "argmax-parts", int64(8*parts))
 			if err != nil {
 				return err
 			}
 			a.Ptr(dptr(x)).I32(int32(cols)).I32(argmaxChunk).Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts))
-			if err := b.launch(c, "argmax_slices", rocm.D1(parts), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[0].Kernel, ls[0].Grid, ls[0].Block, &a); err != nil {
 				return err
 			}
 			a.Reset()
 			a.Ptr(pp).Ptr(pp + rocm.DevPtr(4*parts)).I32(int32(parts)).Ptr(p)
-			if err := b.launch(c, "argmax_parts", rocm.D1(1), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[1].Kernel, ls[1].Grid, ls[1].Block, &a); err != nil {
 				return err
 			}
 		} else {
 			a.Ptr(dptr(x)).Ptr(p).I32(int32(cols))
-			if err := b.launch(c, "argmax_rows", rocm.D1(rows), rocm.D1(256), &a); err != nil {
+			if err := b.launch(c, ls[0].Kernel, ls[0].Grid, ls[0].Block, &a); err != nil {
 				return err
 			}
 		}

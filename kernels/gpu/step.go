@@ -446,8 +446,6 @@ func (b *Backend) matvecQ4KMulti(dsts []kernels.Tensor, ws []*kernels.Weight, id
 			a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
 		}
 		a.Ptr(xq).Ptr(xd).I32(int32(cols))
-		wpb := 128 / b.warp
-		grid := min(ceilDiv(total, wpb), 8*max(b.w.Device.SMs, 1)) // as n12@8
-		return b.launch(c, "mv_q4_k_n12m", rocm.D1(grid), rocm.D1(128), &a)
+		return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total)), rocm.D1(mvBlock), &a)
 	})
 }
