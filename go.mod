@@ -9,6 +9,7 @@ require (
 	github.com/dustin/go-humanize v1.1.0
 	github.com/ebitengine/purego v0.11.3
 	github.com/edsrzf/mmap-go v1.2.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/vbauerster/mpb/v8 v8.9.3
 	go.uber.org/goleak v1.3.0
@@ -46,5 +47,6 @@ require (
 	go.opentelemetry.io/otel/sdk v1.21.0 // indirect
 	go.opentelemetry.io/otel/sdk/metric v1.21.0 // indirect
 	go.opentelemetry.io/otel/trace v1.21.0 // indirect
+	golang.org/x/text v0.14.0 // indirect
 	google.golang.org/protobuf v1.33.0 // indirect
 )

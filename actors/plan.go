@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"sort"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/forge-llm/forge/gguf"
@@ -88,12 +87,11 @@ func NewPlan(f *gguf.File, layers int) (*Plan, error) {
 	for i := range f.Tensors {
 		ti := &f.Tensors[i]
 		layer := Globals
-		if rest, ok := strings.CutPrefix(ti.Name, "blk."); ok {
-			n, _, _ := strings.Cut(rest, ".")
-			l, err := strconv.Atoi(n)
-			if err != nil || l < 0 {
-				return nil, fmt.Errorf("actors: %s: tensor %q: bad block number", f.Path, ti.Name)
-			}
+		l, inBlock, err := gguf.BlockOf(ti.Name)
+		if err != nil {
+			return nil, fmt.Errorf("actors: %s: %w", f.Path, err)
+		}
+		if inBlock {
 			if l >= layers {
 				slog.Debug("actors: tensor outside the model's blocks is not loaded", "tensor", ti.Name, "layers", layers)
 				continue

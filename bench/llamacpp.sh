@@ -22,7 +22,7 @@ echo "deb http://deb.debian.org/debian sid main" >"$apt/sources.list"
 o=(-oDir::Etc::SourceList="$apt/sources.list" -oDir::Etc::SourceParts=/dev/null
   -oDir::State::Lists="$apt/lists" -oDir::Cache="$apt/cache" -oAPT::Architecture=amd64)
 apt-get "${o[@]}" update -qq
-(cd "$dir/debs" && apt-get "${o[@]}" download llama.cpp-tools libllama0 libggml0 \
+(cd "$dir/debs" && apt-get "${o[@]}" download llama.cpp-tools llama.cpp-tools-extra libllama0 libggml0 \
   libc6 libgcc-s1 libstdc++6 libgomp1 libssl3t64 libzstd1 zlib1g)
 for f in "$dir"/debs/*.deb; do dpkg -x "$f" "$dir/root"; done
 # The packaged tools look for their CPU backends in /usr/lib/…/ggml; pick

@@ -70,6 +70,10 @@ for phase in "$@"; do
       echo "rc=$?" >>"$o/short.txt"
       llama_down
     } ;;
+  determ) # the batch-invariant mode next to the default, 16 clients
+    $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=64 --serve-flag=--deterministic --clients 16 --prompt-tokens 32 --max-tokens 128 \
+      --requests-per-client ${RPC:-2} >"$o/determ.txt" 2>&1
+    echo "rc=$?" >>"$o/determ.txt" ;;
   single) # one client on a server that runs one sequence at a time (no --batch-seqs)
     $F bench serve -m l8=$L8 --device gpu --clients 1 --prompt-tokens 32 --max-tokens 128 --requests-per-client 3 >"$o/single.txt" 2>&1
     $F bench serve -m l8=$L8 --device gpu --clients 1 --prompt-tokens 10 --max-tokens 16 --requests-per-client 8 >>"$o/single.txt" 2>&1
@@ -92,6 +96,17 @@ for phase in "$@"; do
   swap)
     $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 >"$o/swap.txt" 2>&1
     echo "rc=$?" >>"$o/swap.txt" ;;
+  presets) # the architectures' real shapes (issue 20): first token and decode next to llama.cpp on the same files
+    for pr in ${PRESETS:-qwen3-8b gemma3-4b gemma2-2b phi3-mini mistral-7b}; do
+      f=/tmp/$pr.gguf
+      $F gen --preset $pr --quant q4_k_m -o $f --progress plain >"$o/preset-$pr-gen.txt" 2>&1 || { echo "$pr: gen failed" >>"$o/presets.txt"; tail -3 "$o/preset-$pr-gen.txt" >>"$o/presets.txt"; continue; }
+      cat $f >/dev/null
+      echo "=== $pr ($(stat -c %s $f) bytes)" >>"$o/presets.txt"
+      $F bench gen -m $f --device gpu -p 512 -n 128 -r 2 --peer "/tmp/llama/bin/llama-bench -ngl 99 -fa 1" >>"$o/presets.txt" 2>&1
+      $F bench load -m $f --device gpu --runs 2 --cache warm --strategies prefetch --prompt-tokens 8 \
+        --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >>"$o/presets.txt" 2>&1
+      rm -f $f
+    done ;;
   *) echo "unknown phase $phase" >&2 ;;
   esac
   echo "$phase: $(( $(date +%s) - s )) s" | tee -a "$o/phases.txt"

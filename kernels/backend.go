@@ -74,6 +74,12 @@ type Attn struct {
 	KVHeads int     // key/value heads; Heads is a multiple of it
 	HeadDim int     // dimensions per head
 	Scale   float32 // score scale, normally 1/sqrt(HeadDim)
+	// Window, when > 0, is sliding-window attention: the token at position
+	// p sees only positions p-Window+1 … p (Mistral, Gemma's local layers).
+	Window int
+	// Softcap, when > 0, caps each scaled score s to Softcap·tanh(s/Softcap)
+	// before the softmax (Gemma 2).
+	Softcap float32
 }
 
 // KVCache holds the keys and values of every layer for up to Ctx positions,
@@ -137,6 +143,19 @@ type Backend interface {
 
 	// Add computes dst = a + b over n values (the residual connection).
 	Add(dst, a, b Tensor, n int) error
+
+	// GELUMul computes the GeGLU gate of Gemma's feed-forward: dst =
+	// gelu(gate) ⊙ up over n values, GELU in its tanh approximation
+	// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+	GELUMul(dst, gate, up Tensor, n int) error
+
+	// Scale computes dst = x·s over n values (Gemma's embedding, scaled by
+	// √Embd).
+	Scale(dst, x Tensor, s float32, n int) error
+
+	// Softcap caps n values in place: x = c·tanh(x/c), c > 0 (Gemma 2's
+	// final logits).
+	Softcap(x Tensor, c float32, n int) error
 }
 
 // ErrStaleStep is returned (wrapped) by StepCapturer.RunStep when the

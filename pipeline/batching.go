@@ -204,7 +204,12 @@ func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOpti
 		return Result{PromptTokens: len(ids)}, fmt.Errorf("pipeline: batching: %w", err)
 	}
 	id := m.batchReqs.Add(1)
-	r := batch.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampler: sample.New(o.Sampling, m.cfg.Vocab)}
+	smp := sample.New(o.Sampling, m.cfg.Vocab)
+	defer smp.Close() // the scheduler closes it too when it retires the request
+	if err := m.constrainSampler(smp, o, tok, s.Ctx()-len(ids)+1); err != nil {
+		return Result{PromptTokens: len(ids)}, err
+	}
+	r := batch.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampler: smp}
 	if !o.IgnoreEOG && tok != nil {
 		r.IsEOG = tok.IsEOG
 	}

@@ -36,25 +36,30 @@ func ForceText(text string) ConstraintFactory {
 		if tok.EOS() < 0 {
 			return nil, fmt.Errorf("pipeline: forced text: the vocabulary has no end-of-sequence token")
 		}
-		return &forced{ids: ids, eos: tok.EOS()}, nil
+		return &forced{ids: ids, eos: tok.EOS(), mask: make([]uint64, (tok.VocabSize()+63)/64)}, nil
 	}
 }
 
 // forced allows the next token of ids, then EOS.
 type forced struct {
-	ids []int32
-	eos int32
-	n   int
+	ids  []int32
+	eos  int32
+	n    int
+	mask []uint64 // the one allowed token's bit (sample.Constraint's bitset)
 }
 
-func (f *forced) Allow(allow []bool) {
+func (f *forced) Allowed() ([]uint64, error) {
 	next := f.eos
 	if f.n < len(f.ids) {
 		next = f.ids[f.n]
 	}
-	if int(next) < len(allow) {
-		allow[next] = true
+	clear(f.mask)
+	if int(next)/64 < len(f.mask) {
+		f.mask[next/64] |= 1 << (next % 64)
 	}
+	return f.mask, nil
 }
 
-func (f *forced) Accept(int32) { f.n++ }
+func (f *forced) Accept(int32) error { f.n++; return nil }
+
+func (f *forced) Close() {}

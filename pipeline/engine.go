@@ -527,7 +527,7 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 		kv = kvBytes(cfg.Layers, blocks*bs, cfg.KVDim())
 		rows, logitRows = int64(batch+seqs), int64(seqs)
 	}
-	scratch := 4 * (rows*int64(3*cfg.Embd+2*cfg.QDim()+2*cfg.KVDim()+3*cfg.FF) + logitRows*int64(cfg.Vocab) + int64(cfg.QDim()+cfg.KVDim()))
+	scratch := 4 * model.ScratchFloats(cfg, int(rows), int(logitRows))
 	return perDevice(weights+kv+scratch, o), weights, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/constrain"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
@@ -35,6 +36,8 @@ type EngineRequest struct {
 	// IgnoreEOG generates past end-of-generation tokens (benchmarks,
 	// tests; vLLM's ignore_eos).
 	IgnoreEOG bool
+	// Grammar constrains the output (see GenerateOptions.Grammar).
+	Grammar *constrain.Grammar
 	// OnText streams the output as it is generated. Text that may be the
 	// start of a stop string is held back until it is known not to be.
 	// An error from it ends the request with that error.
@@ -107,7 +110,7 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 	defer lease.Release()
 	m := lease.Model()
 
-	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG}
+	o := GenerateOptions{MaxTokens: r.MaxTokens, Sampling: r.Sampling, IgnoreEOG: r.IgnoreEOG, Grammar: r.Grammar}
 	// The prompt is tokenized here, under the request's context, and its
 	// length checked before it is queued: a long prompt neither waits in
 	// the queue nor touches the KV cache only to be refused.
@@ -149,7 +152,7 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 		if err != nil {
 			return EngineResult{}, err
 		}
-		o.Sampling.Constraint = c
+		o.Constraint = c
 	}
 	admitted := time.Now()
 	var first, last time.Time

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/forge-llm/forge/actors"
+	"github.com/forge-llm/forge/pipeline/constrain"
 	"github.com/forge-llm/forge/pipeline/generate"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
@@ -23,6 +24,16 @@ type GenerateOptions struct {
 	PromptIDs []int32
 	// IgnoreEOG keeps generating past end-of-generation tokens.
 	IgnoreEOG bool
+	// Grammar constrains the output to its language (a JSON Schema, a
+	// GBNF grammar, any JSON object: package constrain); the request
+	// ends with an end-of-generation token once the output is complete,
+	// and tokens that could not be completed within MaxTokens or the
+	// context are never picked. nil: unconstrained.
+	Grammar *constrain.Grammar
+	// Constraint restricts the output by some other rule than a grammar
+	// (a ConstraintFactory's, such as ForceText); one per request, closed
+	// when it ends. Not with Grammar.
+	Constraint sample.Constraint
 	// OnToken streams the output: it receives each token as it is sampled,
 	// with the text it completes (possibly "" while a multi-byte character
 	// is incomplete). It runs on the executor's goroutine and is never
@@ -144,10 +155,18 @@ type generator struct {
 }
 
 func (g *generator) Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (string, error) {
+	if j, ok := opts.(*evalJob); ok { // an evaluation between requests (eval.go)
+		return "", j.run(ctx)
+	}
 	r := opts.(*request)
+	smp := sample.New(r.o.Sampling, g.mdl.Cfg.Vocab)
+	defer smp.Close()
+	if err := g.m.constrainSampler(smp, r.o, r.tok, g.mdl.Ctx()-len(prompt)+1); err != nil {
+		return "", err
+	}
 	o := generate.Options{
 		MaxTokens: r.o.MaxTokens,
-		Sampler:   sample.New(r.o.Sampling, g.mdl.Cfg.Vocab),
+		Sampler:   smp,
 		OnToken:   emit,
 	}
 	if !r.o.IgnoreEOG && r.tok != nil {

@@ -62,6 +62,10 @@ type Model struct {
 	// chatTemplate is tokenizer.chat_template ("" when absent), for
 	// rendering conversations (package chat).
 	chatTemplate string
+	// pooling is how Embed pools token states (eval.go).
+	pooling Pooling
+
+	cvocab constrainVocab // the vocabulary of constrained requests
 
 	closeOnce sync.Once
 	closeErr  error
@@ -123,7 +127,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	}
 	cfg, err := model.ConfigFromFile(f)
 	if err == nil {
-		err = checkShapes(f, cfg)
+		err = model.CheckShapes(f, cfg)
 	}
 	var sel rocm.Selection
 	var background bool
@@ -200,6 +204,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	}
 	m.sys, m.up, m.f = sys, up, f
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
+	m.pooling = poolingOf(f, cfg.Arch)
 	go func() {
 		defer close(m.tokDone)
 		m.tok, m.tokErr = tokenizer.FromFile(f)

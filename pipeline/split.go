@@ -387,7 +387,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 	}
 	cfg, err := model.ConfigFromFile(f)
 	if err == nil {
-		err = checkShapes(f, cfg)
+		err = model.CheckShapes(f, cfg)
 	}
 	var bounds []int
 	if err == nil {
@@ -503,19 +503,16 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 
 // splitBytes is what the globals and the largest block take in the file.
 func splitBytes(f *gguf.File, cfg model.Config) (globals, perLayer int64) {
+	layer := make([]int64, cfg.Layers)
 	for i := range f.Tensors {
 		ti := &f.Tensors[i]
-		if !strings.HasPrefix(ti.Name, "blk.") {
+		if b, ok, err := gguf.BlockOf(ti.Name); err == nil && ok && b >= 0 && b < cfg.Layers {
+			layer[b] += int64(ti.Size)
+		} else {
 			globals += int64(ti.Size)
 		}
 	}
-	for i := range cfg.Layers {
-		var n int64
-		for _, s := range layerSpecs(cfg, i) {
-			if ti, ok := f.Tensor(s.name); ok {
-				n += int64(ti.Size)
-			}
-		}
+	for _, n := range layer {
 		perLayer = max(perLayer, n)
 	}
 	return globals, perLayer

@@ -3,10 +3,10 @@ package loadbench
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/pipeline"
 )
 
@@ -45,12 +45,7 @@ func (t *tracer) readHook(_ context.Context, tensor string, _, _ int64) error {
 // layerOf is the block index in a tensor name, -1 (the globals) outside
 // blocks.
 func layerOf(name string) int {
-	rest, ok := strings.CutPrefix(name, "blk.")
-	if !ok {
-		return -1
-	}
-	n, _, _ := strings.Cut(rest, ".")
-	l, err := strconv.Atoi(n)
+	l, _, err := gguf.BlockOf(name)
 	if err != nil {
 		return -1
 	}

@@ -35,6 +35,7 @@ func init() {
 			&cli.StringFlag{Name: "quant", Aliases: []string{"q"}, Value: string(synth.MixQ4_KM), Usage: "quantization mix: " + strings.Join(mixes, ", ")},
 			&cli.StringFlag{Name: "vocab", Usage: "GGUF file whose tokenizer to copy (default: a byte-level one)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "file to write", Required: true},
+			&cli.StringFlag{Name: "chat-template", Usage: "store a chat template: `NAME` (chatml, llama2, llama3, mistral) or a FILE holding one (default: --vocab's, else none)"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "random seed of the weights"},
 			&cli.StringFlag{Name: "fill", Value: synth.FillBlocks.String(), Usage: "blocks (random valid blocks, at disk speed) or quantize " +
 				"(quantize Gaussian weights, as llama-quantize would; CPU-bound)"},
@@ -81,6 +82,11 @@ func gen(ctx context.Context, c *cli.Context) error {
 		}
 		if len(o.Vocab.Tokens) > o.Shape.Vocab {
 			o.Shape.Vocab = len(o.Vocab.Tokens)
+		}
+	}
+	if t := c.String("chat-template"); t != "" {
+		if o.ChatTemplate, err = templateText(t, stderr); err != nil {
+			return err
 		}
 	}
 	mode := c.String("progress")

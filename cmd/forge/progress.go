@@ -41,9 +41,7 @@ func newLoadInfo(f *gguf.File, layers int) loadInfo {
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		u := 0
-		if rest, ok := strings.CutPrefix(t.Name, "blk."); ok {
-			n, _, _ := strings.Cut(rest, ".")
-			l, err := strconv.Atoi(n)
+		if l, inBlock, err := gguf.BlockOf(t.Name); inBlock {
 			if err != nil || l >= layers {
 				continue
 			}

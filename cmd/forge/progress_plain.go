@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/dustin/go-humanize"
 
@@ -15,36 +17,66 @@ import (
 // plainDisplay writes one line per milestone (globals ready, each layer
 // resident, everything resident, first token, errors): for logs and
 // pipes, where a redrawn display would be noise.
+//
+// Once the generated text starts (Finish), the lines of later events are
+// held back and written at Close, before the statistics: the text goes
+// to stdout as it comes, and a "first token" line written to stderr
+// between two of its pieces would land in the middle of it on a screen
+// showing both.
 type plainDisplay struct {
 	w io.Writer
 	s *stats
+
+	mu       sync.Mutex
+	finished bool
+	held     bytes.Buffer
 }
 
 func (d *plainDisplay) Event(e pipeline.Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := d.w
+	if _, isErr := e.(pipeline.ErrorEvent); d.finished && !isErr {
+		w = &d.held // errors are never held: an error return skips Close
+	}
+	d.event(w, e)
+}
+
+func (d *plainDisplay) event(w io.Writer, e pipeline.Event) {
 	d.s.add(e)
 	switch e := e.(type) {
 	case pipeline.ModelReady:
-		fmt.Fprintf(d.w, "ready %s: embedding, output norm and head resident (%s)\n", fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
+		fmt.Fprintf(w, "ready %s: embedding, output norm and head resident (%s)\n", fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
 	case pipeline.LayerReady:
-		fmt.Fprintf(d.w, "layer %d resident %s (%s)\n", e.Layer, fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
+		fmt.Fprintf(w, "layer %d resident %s (%s)\n", e.Layer, fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
 	case pipeline.AllResident:
-		fmt.Fprintf(d.w, "all resident %s: read %s at %s, placed %s\n", fmtDur(e.At),
+		fmt.Fprintf(w, "all resident %s: read %s at %s, placed %s\n", fmtDur(e.At),
 			humanize.Bytes(uint64(d.s.read)), bytesRate(d.s.read, d.s.lastRead), humanize.Bytes(uint64(e.Bytes)))
 	case pipeline.FirstToken:
-		fmt.Fprintf(d.w, "first token %s (%s after the request started)\n", fmtDur(e.At), fmtDur(e.Latency))
+		fmt.Fprintf(w, "first token %s (%s after the request started)\n", fmtDur(e.At), fmtDur(e.Latency))
 	case pipeline.ErrorEvent:
 		if errors.Is(e.Err, context.Canceled) {
 			// Ctrl-C: whatever wait it cut short is not the failure.
-			fmt.Fprintf(d.w, "interrupted %s\n", fmtDur(e.At))
+			fmt.Fprintf(w, "interrupted %s\n", fmtDur(e.At))
 			return
 		}
-		fmt.Fprintf(d.w, "error %s: %v\n", fmtDur(e.At), e.Err)
+		fmt.Fprintf(w, "error %s: %v\n", fmtDur(e.At), e.Err)
 	}
 }
 
-func (d *plainDisplay) Finish() {}
+func (d *plainDisplay) Finish() {
+	d.mu.Lock()
+	d.finished = true
+	d.mu.Unlock()
+}
 
-func (d *plainDisplay) Close(stop string) { fmt.Fprintln(d.w, d.s.line(stop)) }
+func (d *plainDisplay) Close(stop string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.w.Write(d.held.Bytes())
+	d.held.Reset()
+	fmt.Fprintln(d.w, d.s.line(stop))
+}
 
 // jsonDisplay writes one JSON object per line: an "open" header, every
 // event as pipeline.EventJSON encodes it, and a closing "stats" object.

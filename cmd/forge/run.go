@@ -34,7 +34,7 @@ func init() {
 			"is not a terminal and neither -p nor -f is given; one trailing newline of a file or of " +
 			"stdin is dropped. --json prints one JSON result object on stdout at the end instead of " +
 			"streaming the text.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file or store name (or give it as MODEL)"},
 			&cli.StringFlag{Name: "prompt", Aliases: []string{"p"}, Usage: "prompt `TEXT` (-: read stdin)"},
 			&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the prompt from `FILE` (-: stdin)"},
@@ -55,14 +55,17 @@ func init() {
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "load display on stderr: auto (tty on a terminal, else plain), tty, plain or json"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.BoolFlag{Name: "echo", Usage: "print the prompt before the generated text"},
+			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "talk with the model: forge chat (--system, --chat-template)"},
 			// For tests and demonstrations: a slow disk, one reader.
 			&cli.StringFlag{Name: "throttle", Hidden: true, Usage: "limit reads to this many bytes per second (e.g. 2MB)"},
 			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
 			// For tests and demonstrations: a slow generation, to interrupt.
 			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
-		},
+		}, constrainFlags()...),
 		Action: runCmd,
 	})
+	run := commands[len(commands)-1]
+	run.Flags = append(run.Flags, chatFlags()...)
 }
 
 // checkDevice accepts auto, cpu, gpu and gpu:N.
@@ -185,6 +188,10 @@ func runCmd(c *cli.Context) error {
 	// Ctrl-C cancels the load and the request; the partial text and the
 	// statistics are still printed, then the exit status is 130 (143 for
 	// SIGTERM).
+	if c.Bool("interactive") {
+		// A conversation handles Ctrl-C itself: it stops a reply.
+		return runChat(ctx, c, "run")
+	}
 	ctx, sigs := watchSignals(ctx)
 	defer sigs.Stop()
 	err := runModel(ctx, c)
@@ -232,6 +239,9 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	}
 	split, err := splitShares(c)
 	if err != nil {
+		return err
+	}
+	if gopts.Grammar, err = grammarFlags(c); err != nil {
 		return err
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
@@ -315,6 +325,15 @@ func runModel(ctx context.Context, c *cli.Context) error {
 			}
 		}
 		return nil
+	}
+	if c.String("system") != "" || c.String("chat-template") != "" {
+		// The prompt is a user turn of a conversation (chat.go).
+		if gopts.PromptIDs, err = chatTurn(ctx, c, m, text); err != nil {
+			m.Close()
+			<-drained
+			disp.Finish()
+			return err
+		}
 	}
 	res, err := m.Generate(ctx, text, gopts)
 	stop := res.Stop

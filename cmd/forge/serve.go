@@ -55,7 +55,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
-			&cli.StringFlag{Name: "chat-template", Usage: "chat template for every model: chatml, llama2, llama3, mistral, or a FILE holding a template (default: each model's own, else chatml)"},
+			&cli.StringSliceFlag{Name: "chat-template", Usage: "chat template: chatml, llama2, llama3, mistral, or a FILE holding a template, for every model, or ID=NAME|FILE for the -m model ID (repeatable; default: each model's own, else chatml)"},
 			&cli.BoolFlag{Name: "deterministic", Usage: "no KV prefix shared between requests, so that a request gives the same tokens alone or among others on a GPU too"},
 		},
 		Action: serveAction,
@@ -73,8 +73,10 @@ type serveConfig struct {
 	allowOrigins []string
 	allowPaths   []string
 	maxPrompt    int64 // 0: DefaultMaxPrompt
-	// chatTemplate is --chat-template ("": each model's own).
-	chatTemplate string
+	// chatTemplate is --chat-template ("": each model's own);
+	// modelTemplates are the ID=NAME|FILE ones (serve_templates.go).
+	chatTemplate   string
+	modelTemplates map[string]string
 	// Timeouts; 0 takes the flags' defaults.
 	readTimeout, writeTimeout, idleTimeout time.Duration
 }
@@ -133,8 +135,7 @@ func serveAction(c *cli.Context) error {
 	cfg := serveConfig{
 		addr: addr, grace: c.Duration("grace"),
 		apiKey: c.String("api-key"), allowOrigins: c.StringSlice("allow-origin"), allowPaths: c.StringSlice("allow-paths"),
-		chatTemplate: c.String("chat-template"),
-		readTimeout:  c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
+		readTimeout: c.Duration("read-timeout"), writeTimeout: c.Duration("write-timeout"), idleTimeout: c.Duration("idle-timeout"),
 	}
 	mp, err := humanize.ParseBytes(c.String("max-prompt-bytes"))
 	if err != nil || mp == 0 || mp > 1<<30 {
@@ -156,6 +157,9 @@ func serveAction(c *cli.Context) error {
 	}
 	for _, m := range c.StringSlice("model") {
 		cfg.models = append(cfg.models, parseModelArg(m))
+	}
+	if cfg.chatTemplate, cfg.modelTemplates, err = splitTemplates(c.StringSlice("chat-template"), cfg.models); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -218,6 +222,11 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 			ln.Close()
 			return fmt.Errorf("serve: %w", err)
 		}
+	}
+	if s.modelTemplates, err = loadModelTemplates(cfg.modelTemplates); err != nil {
+		eng.Close()
+		ln.Close()
+		return fmt.Errorf("serve: %w", err)
 	}
 	for _, m := range cfg.models {
 		if err := eng.Add(m.id, m.name); err != nil {

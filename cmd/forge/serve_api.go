@@ -43,6 +43,7 @@ type server struct {
 	// template is --chat-template (nil: each model's own, else ChatML);
 	// templateWarned holds the models already warned about.
 	template       *chat.Template
+	modelTemplates map[string]*chat.Template // --chat-template ID=…, before template
 	templateWarned sync.Map
 }
 
@@ -71,6 +72,7 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("GET /metrics", s.metricsHandler)
 	s.ollamaRoutes(mux)
+	s.embedRoutes(mux) // serve_embed.go
 	// Known paths with another method get a JSON 405 (a pattern with a
 	// method is more specific than the same path without one).
 	for _, p := range append([]string{"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/forge/status", "/forge/load", "/tokenize", "/detokenize", "/metrics"}, ollamaPaths...) {
@@ -370,6 +372,10 @@ type completionRequest struct {
 	// Tools and ToolChoice are OpenAI's (serve_tools.go).
 	Tools      []chat.Tool     `json:"tools"`
 	ToolChoice json.RawMessage `json:"tool_choice"`
+	// Constrained output (serve_constrain.go).
+	ResponseFormat json.RawMessage `json:"response_format"`
+	Grammar        string          `json:"grammar"`
+	JSONSchema     json.RawMessage `json:"json_schema"`
 
 	// prompts are a completion's prompts (OpenAI takes an array, each
 	// answered as its own choice); Prompt above is the first.
@@ -551,8 +557,11 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 	if req.logprobs, er.Sampling.TopLogprobs, err = parseLogprobs(req, chatReq); err != nil {
 		return req, er, err
 	}
-	if req.logprobs && req.Stream {
-		return req, er, badRequest("logprobs with stream is not supported: ask without stream")
+	if er.Grammar, err = openAIGrammar(req.ResponseFormat, req.Grammar, req.JSONSchema); err != nil {
+		return req, er, err
+	}
+	if err := checkConstrained(er.Grammar, er.IgnoreEOG); err != nil {
+		return req, er, err
 	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		if mt != nil && req.MaxCompletionTokens != nil {
@@ -629,7 +638,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 		})
 		return
 	}
-	s.stream(w, r, er, chatReq, id, object+chunkSuffix(chatReq), created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	s.stream(w, r, er, chatReq, id, object+chunkSuffix(chatReq), created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.logprobs)
 }
 
 // generateAll runs one generation per prompt (prompts nil: er as it
@@ -750,9 +759,22 @@ func (s *server) follow(d *deltas, done <-chan outcome, cancel func(), flush fun
 // stream answers with server-sent events: one chunk per piece of text,
 // a last chunk with the finish reason (and usage when asked), then
 // "data: [DONE]". The request is cancelled as soon as the client goes.
-func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.EngineRequest, chatReq bool, id, object string, created int64, withUsage bool) {
+func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.EngineRequest, chatReq bool, id, object string, created int64, withUsage, logprobs bool) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	// With logprobs, each chunk carries the picks since the last one
+	// (serve_logprobs.go).
+	var lp *streamLogprobs
+	if logprobs {
+		tok, release, err := s.tokenizer(r, er.Model)
+		if err != nil {
+			s.engineError(w, r, er.Model, err)
+			return
+		}
+		defer release()
+		lp = &streamLogprobs{col: &logprobCollector{}, tok: tok, chat: chatReq}
+		er.Sampling.OnLogprob = lp.col.add
+	}
 	d := &deltas{wake: make(chan struct{}, 1)}
 	er.OnText = func(t string) error { d.push(t); return nil }
 	done := make(chan outcome, 1)
@@ -760,6 +782,8 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 		res, err := s.eng.Generate(ctx, er)
 		done <- outcome{res, err}
 	}()
+	var ended bool    // the generation ended, its tokens are known:
+	var final []int32 // the returned tokens
 	chunk := func(delta string, role bool, finish any) map[string]any {
 		c := map[string]any{"index": 0, "finish_reason": finish}
 		if chatReq {
@@ -773,6 +797,9 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 			c["delta"] = dl
 		} else {
 			c["text"] = delta
+		}
+		if lp != nil && !role {
+			c["logprobs"] = lp.next(ended, final)
 		}
 		return map[string]any{"id": id, "object": object, "created": created, "model": er.Model, "choices": []any{c}}
 	}
@@ -804,6 +831,7 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, er pipeline.Engi
 		s.engineError(w, r, er.Model, o.err)
 		return
 	}
+	ended, final = true, o.res.Tokens
 	flush()
 	if o.err != nil {
 		var e apiError

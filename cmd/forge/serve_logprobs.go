@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sync"
 
 	"github.com/forge-llm/forge/pipeline"
@@ -112,13 +113,13 @@ func chatLogprobs(tok *tokenizer.Tokenizer, lps []sample.Logprob) map[string]any
 
 // completionLogprobs is a completion choice's "logprobs" in the legacy
 // shape: tokens, token_logprobs, top_logprobs (token → logprob) and
-// text_offset (each token's byte offset in the text).
-func completionLogprobs(tok *tokenizer.Tokenizer, lps []sample.Logprob) map[string]any {
+// text_offset (each token's byte offset in the text, the first at base).
+func completionLogprobs(tok *tokenizer.Tokenizer, lps []sample.Logprob, base int) map[string]any {
 	tokens := make([]string, len(lps))
 	lp := make([]float32, len(lps))
 	top := make([]map[string]float32, len(lps))
 	off := make([]int, len(lps))
-	at := 0
+	at := base
 	for i, l := range lps {
 		tokens[i], lp[i], off[i] = tok.Piece(l.ID), l.Logprob, at
 		at += len(tokens[i])
@@ -143,8 +144,49 @@ func (s *server) addLogprobs(r *http.Request, model string, chatReq bool, choice
 		if chatReq {
 			c.(map[string]any)["logprobs"] = chatLogprobs(tok, lps)
 		} else {
-			c.(map[string]any)["logprobs"] = completionLogprobs(tok, lps)
+			c.(map[string]any)["logprobs"] = completionLogprobs(tok, lps, 0)
 		}
 	}
 	return nil
+}
+
+// streamLogprobs gives each streamed chunk the picks the sampler made
+// since the previous chunk: a chunk's text and its tokens come from the
+// same stretch of generation, though text held back while it may begin a
+// stop string arrives a chunk later than its token's logprob. The last
+// chunk takes the rest, without the end-of-generation pick that is not a
+// returned token.
+type streamLogprobs struct {
+	col  *logprobCollector
+	tok  *tokenizer.Tokenizer
+	chat bool
+	sent int
+	off  int // bytes of the pieces sent: the next text_offset
+}
+
+// next is the "logprobs" of the next chunk: the picks not yet sent (with
+// final, only those of the returned tokens).
+func (sl *streamLogprobs) next(final bool, tokens []int32) any {
+	var lps []sample.Logprob
+	if final {
+		lps = sl.col.forTokens(tokens)
+	} else {
+		sl.col.mu.Lock()
+		lps = slices.Clone(sl.col.lps)
+		sl.col.mu.Unlock()
+	}
+	if sl.sent >= len(lps) {
+		lps = nil
+	} else {
+		lps = lps[sl.sent:]
+	}
+	sl.sent += len(lps)
+	if sl.chat {
+		return chatLogprobs(sl.tok, lps)
+	}
+	base := sl.off
+	for _, l := range lps {
+		sl.off += len(sl.tok.Piece(l.ID))
+	}
+	return completionLogprobs(sl.tok, lps, base)
 }

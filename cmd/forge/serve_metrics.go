@@ -308,6 +308,7 @@ func (s *server) metricsHandler(w http.ResponseWriter, r *http.Request) {
 		p.sample("forge_kv_blocks", float64(b.st.Cached), "model", b.id, "state", "cached")
 		p.sample("forge_kv_blocks", float64(b.st.Blocks-b.st.Held-b.st.Cached), "model", b.id, "state", "free")
 	}
+	constrainMetrics(p)
 	bw.Flush()
 }
 

@@ -220,9 +220,14 @@ func (s *server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		s.ollamaError(w, r, id, err)
 		return
 	}
+	// modelfile and parameters as Ollama writes them for a model
+	// imported from a GGUF file with no Modelfile options; capabilities
+	// are what forge serves on any model.
 	writeJSON(w, http.StatusOK, map[string]any{
+		"modelfile": "# Modelfile served by forge\nFROM " + id + "\n", "parameters": "",
 		"details": f.details, "model_info": f.info, "template": f.template,
-		"modified_at": f.modified.UTC().Format(time.RFC3339Nano),
+		"capabilities": []string{"completion", "embedding"},
+		"modified_at":  f.modified.UTC().Format(time.RFC3339Nano),
 	})
 }
 
@@ -268,6 +273,8 @@ type ollamaRequest struct {
 	Tools    []chat.Tool    `json:"tools"`
 	Stream   *bool          `json:"stream"`
 	Options  ollamaOptions  `json:"options"`
+	// Format is "json" or a JSON schema (serve_constrain.go).
+	Format json.RawMessage `json:"format"`
 }
 
 // ollamaDecode reads a generate or chat request into an engine request.
@@ -344,6 +351,9 @@ func (s *server) ollamaDecode(r *http.Request, chatReq bool) (ollamaRequest, pip
 		return req, er, err
 	}
 	er.Stop = stops
+	if er.Grammar, err = ollamaGrammar(req.Format); err != nil {
+		return req, er, err
+	}
 	if err := (pipeline.GenerateOptions{MaxTokens: er.MaxTokens, Sampling: er.Sampling}).Validate(); err != nil {
 		return req, er, err
 	}

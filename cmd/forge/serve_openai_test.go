@@ -233,7 +233,6 @@ func TestServeLogprobs(t *testing.T) {
 	}{
 		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": 6}},
 		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": true}},
-		{"/v1/completions", map[string]any{"prompt": "x", "logprobs": 1, "stream": true}},
 		{"/v1/completions", map[string]any{"prompt": "x", "top_logprobs": 1}},
 		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "logprobs": 2}},
 		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}}, "top_logprobs": 2}},

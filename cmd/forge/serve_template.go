@@ -38,6 +38,9 @@ func loadChatTemplate(arg string) (*chat.Template, error) {
 // model. It loads the model (the request would anyway), so an unknown
 // model is the usual error.
 func (s *server) chatTemplate(ctx context.Context, model string) (*chat.Template, error) {
+	if t, ok := s.modelTemplates[model]; ok {
+		return t, nil
+	}
 	if s.template != nil {
 		return s.template, nil
 	}

@@ -281,6 +281,11 @@ func (s *suite) attention(t *testing.T) {
 		{"mqa", kernels.Attn{Heads: 6, KVHeads: 1, HeadDim: 32}, []int{1, 1, 1, 4}},
 		{"llama8b-head", kernels.Attn{Heads: 32, KVHeads: 8, HeadDim: 128}, []int{33, 1}},
 		{"long", kernels.Attn{Heads: 2, KVHeads: 1, HeadDim: 64}, []int{300, 1, 200}},
+		// Mistral's and Gemma's sliding window, Gemma 2's score soft-cap.
+		{"window", kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: 64, Window: 6}, []int{9, 1, 1, 4, 1}},
+		{"window-long", kernels.Attn{Heads: 8, KVHeads: 4, HeadDim: 128, Window: 100}, []int{300, 1, 2}},
+		{"softcap", kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 32, Softcap: 1.5}, []int{7, 1, 3, 1}},
+		{"window-softcap", kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 256, Window: 5, Softcap: 2}, []int{12, 1, 1}},
 	}
 	for _, c := range cases {
 		a := c.a
@@ -327,12 +332,23 @@ func attnRef(q []float32, keys, vals [][]float32, pos0, n int, a kernels.Attn) [
 			np := pos0 + i + 1
 			sc := make([]float64, np)
 			mx := math.Inf(-1)
+			first := 0
+			if a.Window > 0 {
+				first = max(0, np-a.Window) // the window's positions np-Window … np-1
+			}
 			for p := range np {
+				if p < first {
+					sc[p] = math.Inf(-1)
+					continue
+				}
 				var d float64
 				for j := range hd {
 					d += float64(qv[j]) * float64(keys[p][g*hd+j])
 				}
 				sc[p] = d * float64(a.Scale)
+				if a.Softcap > 0 {
+					sc[p] = float64(a.Softcap) * math.Tanh(sc[p]/float64(a.Softcap))
+				}
 				mx = max(mx, sc[p])
 			}
 			var sum float64

@@ -10,8 +10,10 @@ import (
 // Attention appends the n new keys and values of one layer to the cache at
 // positions pos0…pos0+n-1, then computes causal grouped-query attention:
 // query head h of token i reads key/value head h/(Heads/KVHeads) over
-// positions 0…pos0+i. Scores are scaled, the maximum subtracted before the
-// exponential, and the softmax accumulated in float32.
+// positions 0…pos0+i (a.First(pos0+i)…pos0+i with a sliding window).
+// Scores are scaled (and soft-capped where a.Softcap is set), the maximum
+// subtracted before the exponential, and the softmax accumulated in
+// float32.
 //
 //	q, out [n][a.Heads][a.HeadDim]; k, v [n][a.KVHeads][a.HeadDim]
 func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, layer, pos0, n int, a kernels.Attn) (err error) {
@@ -103,21 +105,24 @@ func (t *attnTask) run(w, lo, hi int) {
 		qv := t.q[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := t.pos0 + i + 1
-		sc := t.b.scratch[w].scores[:npos]
+		first := a.First(npos - 1) // 0 unless a sliding window hides older positions
+		sc := t.b.scratch[w].scores[:npos-first]
 		mx := float32(math.Inf(-1))
-		for p := range npos {
-			s := dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale
-			sc[p] = s
+		for j := range sc {
+			p := first + j
+			s := a.Cap(dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale)
+			sc[j] = s
 			mx = max(mx, s)
 		}
 		var sum float32
-		for p, s := range sc {
+		for j, s := range sc {
 			e := float32(math.Exp(float64(s - mx)))
-			sc[p] = e
+			sc[j] = e
 			sum += e
 		}
 		clear(o)
-		for p, e := range sc {
+		for j, e := range sc {
+			p := first + j
 			axpyF32(o, t.vc[p*kvDim+g*hd:p*kvDim+(g+1)*hd], e)
 		}
 		inv := 1 / sum

@@ -190,22 +190,25 @@ func (t *pagedTask) run(w, lo, hi int) {
 		qv := t.q[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := int(lay.Pos[i]) + 1
-		sc := t.b.scratch[w].scores[:npos]
+		first := a.First(npos - 1)
+		sc := t.b.scratch[w].scores[:npos-first]
 		mx := float32(math.Inf(-1))
-		for p := range npos {
+		for j := range sc {
+			p := first + j
 			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
-			s := dotF32(qv, t.kc[r:r+hd]) * a.Scale
-			sc[p] = s
+			s := a.Cap(dotF32(qv, t.kc[r:r+hd]) * a.Scale)
+			sc[j] = s
 			mx = max(mx, s)
 		}
 		var sum float32
-		for p, s := range sc {
+		for j, s := range sc {
 			e := float32(math.Exp(float64(s - mx)))
-			sc[p] = e
+			sc[j] = e
 			sum += e
 		}
 		clear(o)
-		for p, e := range sc {
+		for j, e := range sc {
+			p := first + j
 			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
 			axpyF32(o, t.vc[r:r+hd], e)
 		}

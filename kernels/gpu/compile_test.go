@@ -47,6 +47,8 @@ func kernelNames(t *testing.T, module, src string) []string {
 		for _, d := range []string{"64", "128"} {
 			names = append(names, "attn_prefill_f16_d"+d, "attn_prefill_plain_f16_d"+d)
 		}
+	case "archops.cu":
+		names = append(names, "attn_ext_f16", "attn_ext_f32")
 	}
 	return names
 }

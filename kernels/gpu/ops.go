@@ -597,6 +597,9 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
 		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
 	}
+	if store == "pool" && !at.Plain() {
+		return fmt.Errorf("gpu: %s: a sliding window or score soft-cap is not supported on the paged pool (continuous batching) yet", op)
+	}
 	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
 		return fmt.Errorf("gpu: %s: head dimension %d: only even sizes up to 256 are supported", op, at.HeadDim)
 	}
@@ -662,6 +665,9 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 			return err
 		}
 		a.Reset()
+		if !at.Plain() { // a sliding window or a soft-cap (archops.go)
+			return b.attnExt(c, sfx, out, q, kp, vp, pos0, n, at)
+		}
 		if n <= 2 {
 			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at)
 		}

@@ -170,6 +170,9 @@ func (s *Scheduler) Close() {
 	}
 }
 
+// Ctx is the most positions one sequence holds.
+func (s *Scheduler) Ctx() int { return s.cfg.Ctx }
+
 // Stats returns the current counters.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
@@ -555,6 +558,7 @@ func (s *Scheduler) retire(q *seq, stop string, err error) {
 	}
 	s.mu.Unlock()
 	q.admitted = false
+	q.smp.Close() // a constraint's background work ends with the sequence
 	q.out.finish(Result{Tokens: q.gen, Stop: stop, PromptTokens: q.prompt, CachedTokens: q.cached}, err)
 }
 
@@ -698,8 +702,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 // row on the device. (Its logits are then not checked for NaN, as the
 // single-sequence path's greedy decode does not check them either.)
 func (q *seq) argmaxOnly() bool {
-	p := q.smp.Params()
-	return p.Temp <= 0 && !p.FullRow()
+	return q.smp.Params().Temp <= 0 && !q.smp.NeedsFullRow()
 }
 
 // register puts q's newly completed full blocks in the prefix cache.

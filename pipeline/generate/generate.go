@@ -77,7 +77,7 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, o Options) ([]int3
 	// A greedy pick with no penalty needs only the argmax, which the
 	// model takes on the device where it can (no row of logits copied).
 	p := smp.Params()
-	greedy := p.Greedy() && !p.FullRow()
+	greedy := p.Greedy() && !smp.NeedsFullRow()
 	var logits []float32
 	var next int32
 	eval := func(tokens []int32, pos int) error {

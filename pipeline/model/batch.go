@@ -102,6 +102,9 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
+	// A sequence's length is the scheduler's business: LongRoPE's factors
+	// are chosen for the model's default context.
+	m.longRope(min(max(cfg.Ctx, 1), DefaultMaxCtx))
 	st := &batchState{be: bt, maxRows: o.MaxRows, maxSeqs: o.MaxSeqs, merge: o.MergePrompts}
 	if st.maxRows <= 0 {
 		st.maxRows = DefaultBatch + kernels.MaxBatchRows
@@ -162,8 +165,8 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 	for gi := range st.groups {
 		g := &st.groups[gi]
 		m.s = st.full.from(g.first, c)
-		if err := m.be.Embed(m.s.x.View(0, g.n*c.Embd), m.g.Embed, st.toks[g.first:g.first+g.n]); err != nil {
-			return nil, fmt.Errorf("model: embedding: %w", err)
+		if err := m.embed(m.s.x.View(0, g.n*c.Embd), st.toks[g.first:g.first+g.n]); err != nil {
+			return nil, err
 		}
 		g.pending = false
 	}
@@ -211,7 +214,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		a := m.s.rows(g.n-g.nOut, g.nOut, c)
 		m.pending, m.err, m.inPrompt = g.pending, nil, g.prompt
 		m.preNorm(a, m.g.OutputNorm, g.nOut)
-		m.matmul(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), m.g.Output, a.xb, g.nOut)
+		m.head(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), a.xb, g.nOut)
 		if m.err != nil {
 			return nil, fmt.Errorf("model: output head: %w", m.err)
 		}

@@ -1,7 +1,8 @@
-// Package model holds the architectures forge runs: the Llama family
-// (llama.go: Llama 2/3, TinyLlama, Mistral) and Qwen2 (qwen2.go). Each is
-// written once against kernels.Backend, so the CPU and GPU backends run the
-// same model code; the model code itself does no arithmetic on activations.
+// Package model holds the architectures forge runs, one file each,
+// registered in arch.go: the Llama family (llama.go: Llama 2/3, TinyLlama,
+// Mistral) and Qwen2 (qwen2.go). Each is written once against
+// kernels.Backend, so the CPU and GPU backends run the same model code; the
+// model code itself does no arithmetic on activations.
 //
 // A Model owns its KV cache and one scratch allocation, carved into named
 // buffers sized for the largest batch, so a forward step allocates nothing.
@@ -13,8 +14,6 @@ package model
 import (
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
@@ -22,7 +21,7 @@ import (
 
 // Config is what the forward pass needs to know about a model's shape.
 type Config struct {
-	Arch    string // "llama" or "qwen2"
+	Arch    string // a registered architecture (arch.go)
 	Embd    int    // model width (d_model)
 	FF      int    // feed-forward hidden width
 	Layers  int
@@ -37,6 +36,34 @@ type Config struct {
 	Rope kernels.Rope
 	// Bias is true when Q, K and V projections carry biases (Qwen2).
 	Bias bool
+	// QKNorm is true when each head of the queries and keys is RMS-normed
+	// before RoPE (Qwen3, Gemma 3).
+	QKNorm bool
+	// Window, when > 0, is the sliding attention window (Mistral: every
+	// layer; Gemma: the local layers, see SWAPattern).
+	Window int
+	// SWAPattern, when > 0, interleaves local (windowed) and global layers
+	// as llama.cpp does: layer l is local when l % SWAPattern <
+	// SWAPattern-1 (Gemma 2: 2, every other layer; Gemma 3: 6, five local
+	// then one global). 0: every layer is local when Window > 0.
+	SWAPattern int
+	// RopeBaseLocal, when > 0, is the RoPE frequency base of the local
+	// layers (Gemma 3: 10000, the global ones use Rope.Base).
+	RopeBaseLocal float32
+	// AttnSoftcap and FinalSoftcap, when > 0, cap the attention scores and
+	// the output logits at c·tanh(x/c) (Gemma 2).
+	AttnSoftcap, FinalSoftcap float32
+	// EmbedScale, when > 0, multiplies the token embeddings (Gemma: √Embd).
+	EmbedScale float32
+	// RopeOrigCtx, when > 0, is LongRoPE's original context (Phi-3 128K):
+	// a model whose context exceeds it rotates with the long factors, else
+	// with the short ones. RopeAttnFactor, when > 0, scales the rotated
+	// queries and keys (LongRoPE's attention factor).
+	RopeOrigCtx    int
+	RopeAttnFactor float32
+	// AttnScale, when > 0, replaces the attention score scale 1/√HeadDim
+	// (Gemma: 1/√query_pre_attn_scalar).
+	AttnScale float32
 }
 
 // QDim is the width of the query projection, Heads·HeadDim.
@@ -45,9 +72,47 @@ func (c Config) QDim() int { return c.Heads * c.HeadDim }
 // KVDim is the width of a key or value row, KVHeads·HeadDim.
 func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
 
-// Attn is the attention description the backend needs.
+// Attn is the attention description the backend needs (a global layer's:
+// see LayerAttn).
 func (c Config) Attn() kernels.Attn {
-	return kernels.Attn{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Scale: float32(1 / math.Sqrt(float64(c.HeadDim)))}
+	a := kernels.Attn{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
+		Softcap: c.AttnSoftcap}
+	if c.AttnScale > 0 {
+		a.Scale = c.AttnScale
+	}
+	if c.SWAPattern == 0 {
+		a.Window = c.Window
+	}
+	return a
+}
+
+// Local reports whether layer l attends through the sliding window.
+func (c Config) Local(l int) bool {
+	if c.Window <= 0 {
+		return false
+	}
+	return c.SWAPattern == 0 || l%c.SWAPattern < c.SWAPattern-1
+}
+
+// LayerAttn is layer l's attention: Attn, with the window on local layers.
+func (c Config) LayerAttn(l int) kernels.Attn {
+	a := c.Attn()
+	if c.Local(l) {
+		a.Window = c.Window
+	}
+	return a
+}
+
+// LayerRope is layer l's rotary embedding: Rope, with the local base (and
+// no position scaling) on local layers where the model has one.
+func (c Config) LayerRope(l int) kernels.Rope {
+	r := c.Rope
+	if c.RopeBaseLocal > 0 && c.Local(l) {
+		// Gemma 3's local layers: their own base, and none of the global
+		// layers' position scaling.
+		r.Base, r.Scale = c.RopeBaseLocal, 1
+	}
+	return r
 }
 
 // ConfigFromFile reads the model shape from a GGUF file's metadata.
@@ -65,20 +130,9 @@ func ConfigFromFile(f *gguf.File) (Config, error) {
 	if err := checkBlocks(f, gc.Arch, gc.BlockCount); err != nil {
 		return Config{}, err
 	}
-	c, err := configFrom(gc)
+	c, err := configFromMeta(gc, f)
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", f.Path, err)
-	}
-	// llama.cpp takes the head size from attention.key_length when given
-	// (models whose heads are not Embd/Heads wide).
-	if kl, ok := f.Uint(gc.Arch + ".attention.key_length"); ok && kl > 0 {
-		if kl > maxHeadDim {
-			return Config{}, fmt.Errorf("model: %s: %s.attention.key_length = %d: must be at most %d", f.Path, gc.Arch, kl, maxHeadDim)
-		}
-		c.HeadDim = int(kl)
-		if _, ok := f.Uint(gc.Arch + ".rope.dimension_count"); !ok {
-			c.Rope.Dim = c.HeadDim
-		}
 	}
 	if c.Vocab == 0 {
 		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 && t.Dims[1] <= gguf.MaxVocab {
@@ -101,14 +155,12 @@ const maxHeadDim = 1 << 12
 func checkBlocks(f *gguf.File, arch string, blockCount int) error {
 	seen := map[int]bool{}
 	for i := range f.Tensors {
-		rest, ok := strings.CutPrefix(f.Tensors[i].Name, "blk.")
-		if !ok {
-			continue
+		l, inBlock, err := gguf.BlockOf(f.Tensors[i].Name)
+		if err != nil {
+			return fmt.Errorf("model: %s: %w", f.Path, err)
 		}
-		num, _, _ := strings.Cut(rest, ".")
-		l, err := strconv.Atoi(num)
-		if err != nil || l < 0 {
-			return fmt.Errorf("model: %s: tensor %q: block number %q is not a number", f.Path, f.Tensors[i].Name, num)
+		if !inBlock {
+			continue
 		}
 		if l >= blockCount {
 			return fmt.Errorf("model: %s: %s.block_count = %d but the file has tensor %q", f.Path, arch, blockCount, f.Tensors[i].Name)
@@ -121,8 +173,17 @@ func checkBlocks(f *gguf.File, arch string, blockCount int) error {
 	return nil
 }
 
-// configFrom maps gguf's generic configuration onto an architecture.
-func configFrom(gc gguf.Config) (Config, error) {
+// configFrom maps gguf's generic configuration onto an architecture, with
+// no metadata beyond it.
+func configFrom(gc gguf.Config) (Config, error) { return configFromMeta(gc, nil) }
+
+// configFromMeta maps gguf's generic configuration onto an architecture,
+// then lets the architecture read its own keys from md (nil: none).
+func configFromMeta(gc gguf.Config, md Metadata) (Config, error) {
+	a, err := Lookup(gc.Arch)
+	if err != nil {
+		return Config{}, err
+	}
 	c := Config{
 		Arch:    gc.Arch,
 		Embd:    gc.EmbeddingLength,
@@ -133,15 +194,6 @@ func configFrom(gc gguf.Config) (Config, error) {
 		Vocab:   gc.VocabSize,
 		Ctx:     gc.ContextLength,
 		NormEps: gc.NormEps,
-	}
-	switch gc.Arch {
-	case "llama":
-		// ggml's normal RoPE: adjacent pairs (2i, 2i+1).
-	case "qwen2":
-		c.Rope.NeoX = true // pairs (i, i+Dim/2)
-		c.Bias = true
-	default:
-		return Config{}, fmt.Errorf("architecture %q is not supported (llama, qwen2)", gc.Arch)
 	}
 	if c.Heads > 0 {
 		c.HeadDim = c.Embd / c.Heads
@@ -158,6 +210,22 @@ func configFrom(gc gguf.Config) (Config, error) {
 	default:
 		// YaRN and LongRoPE change the attention math, not just positions.
 		return Config{}, fmt.Errorf("rope scaling %q is not supported (none, linear, rope_freqs)", gc.RopeScalingType)
+	}
+	// llama.cpp takes the head size from attention.key_length when given
+	// (models whose heads are not Embd/Heads wide).
+	if kl, ok := metaUint(md, gc.Arch+".attention.key_length"); ok && kl > 0 {
+		if kl > maxHeadDim {
+			return Config{}, fmt.Errorf("%s.attention.key_length = %d: must be at most %d", gc.Arch, kl, maxHeadDim)
+		}
+		c.HeadDim = int(kl)
+		if _, ok := metaUint(md, gc.Arch+".rope.dimension_count"); !ok {
+			c.Rope.Dim = c.HeadDim
+		}
+	}
+	if a.Configure != nil {
+		if err := a.Configure(&c, md); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", a.Name, err)
+		}
 	}
 	return c, nil
 }
@@ -182,6 +250,11 @@ func (c Config) check() error {
 		return fmt.Errorf("model: rope scale %v must be a finite number > 0", c.Rope.Scale)
 	case c.Heads%c.KVHeads != 0:
 		return fmt.Errorf("model: %d query heads are not a multiple of %d KV heads", c.Heads, c.KVHeads)
+	case c.Window < 0 || c.SWAPattern < 0 || !(c.AttnSoftcap >= 0) || !(c.FinalSoftcap >= 0) || !(c.EmbedScale >= 0) ||
+		!(c.AttnScale >= 0) || !(c.RopeBaseLocal >= 0) || c.RopeOrigCtx < 0 || !(c.RopeAttnFactor >= 0) ||
+		math.IsInf(float64(c.AttnSoftcap+c.FinalSoftcap+c.EmbedScale+c.AttnScale+c.RopeBaseLocal+c.RopeAttnFactor), 0):
+		return fmt.Errorf("model: window %d, pattern %d, soft-caps %v/%v, scales %v/%v, local rope base %v: must be finite and ≥ 0",
+			c.Window, c.SWAPattern, c.AttnSoftcap, c.FinalSoftcap, c.EmbedScale, c.AttnScale, c.RopeBaseLocal)
 	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:
 		return fmt.Errorf("model: rope dimension %d does not fit head size %d", c.Rope.Dim, c.HeadDim)
 	}

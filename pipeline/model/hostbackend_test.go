@@ -151,24 +151,25 @@ func (hostBackend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, la
 		for h := range a.Heads {
 			qh := q.Host[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 			off := (h / group) * hd
+			first := a.First(last)
 			mx := float32(math.Inf(-1))
-			for t := 0; t <= last; t++ {
+			for t := first; t <= last; t++ {
 				kt := kv.k[base+t*d+off : base+t*d+off+hd]
 				s := float32(0)
 				for j := range hd {
 					s += qh[j] * kt[j]
 				}
-				scores[t] = s * a.Scale
+				scores[t] = a.Cap(s * a.Scale)
 				mx = max(mx, scores[t])
 			}
 			sum := float32(0)
-			for t := 0; t <= last; t++ {
+			for t := first; t <= last; t++ {
 				scores[t] = float32(math.Exp(float64(scores[t] - mx)))
 				sum += scores[t]
 			}
 			oh := out.Host[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 			clear(oh)
-			for t := 0; t <= last; t++ {
+			for t := first; t <= last; t++ {
 				vt := kv.v[base+t*d+off : base+t*d+off+hd]
 				for j := range hd {
 					oh[j] += scores[t] / sum * vt[j]
@@ -190,6 +191,28 @@ func (hostBackend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
 func (hostBackend) Add(dst, a, b kernels.Tensor, n int) error {
 	for i := range n {
 		dst.Host[i] = a.Host[i] + b.Host[i]
+	}
+	return nil
+}
+
+func (hostBackend) GELUMul(dst, gate, up kernels.Tensor, n int) error {
+	for i := range n {
+		x := float64(gate.Host[i])
+		dst.Host[i] = float32(0.5*x*(1+math.Tanh(0.7978845608028654*x*(1+0.044715*x*x)))) * up.Host[i]
+	}
+	return nil
+}
+
+func (hostBackend) Scale(dst, x kernels.Tensor, s float32, n int) error {
+	for i := range n {
+		dst.Host[i] = x.Host[i] * s
+	}
+	return nil
+}
+
+func (hostBackend) Softcap(x kernels.Tensor, c float32, n int) error {
+	for i := range n {
+		x.Host[i] = c * float32(math.Tanh(float64(x.Host[i]/c)))
 	}
 	return nil
 }

@@ -60,13 +60,13 @@ type layerFunc func(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error
 // sequence: it owns that sequence's KV cache. It is not safe for concurrent
 // use.
 type Model struct {
-	Cfg        Config
-	be         kernels.Backend
-	w          Weights
-	g          *GlobalWeights
-	layer      layerFunc
-	ropeParams kernels.Rope
-	attn       kernels.Attn
+	Cfg   Config
+	be    kernels.Backend
+	w     Weights
+	g     *GlobalWeights
+	layer layerFunc
+	ropes []kernels.Rope // per layer
+	attns []kernels.Attn // per layer
 
 	kv        *kernels.KVCache
 	ctx       int
@@ -122,19 +122,24 @@ func newModel(be kernels.Backend, cfg Config, w Weights) (*Model, error) {
 // newPart is newModel for one device of a split model: only the part
 // that embeds tokens and runs the output head (head) needs those weights.
 func newPart(be kernels.Backend, cfg Config, w Weights, head bool) (*Model, error) {
-	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals(), attn: cfg.Attn(), ropeParams: cfg.Rope}
-	switch cfg.Arch {
-	case "llama":
-		m.layer = llamaLayer
-	case "qwen2":
-		m.layer = qwen2Layer
-	default:
-		return nil, fmt.Errorf("model: architecture %q is not supported", cfg.Arch)
+	m := &Model{Cfg: cfg, be: be, w: w, g: w.Globals()}
+	a, err := Lookup(cfg.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
+	m.layer = a.Layer
 	if head && (m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil) {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
-	m.ropeParams.Freqs = m.g.RopeFreqs
+	// Each layer's attention and RoPE (they differ between the local and
+	// global layers of Gemma), made once: a step allocates nothing.
+	m.attns = make([]kernels.Attn, cfg.Layers)
+	m.ropes = make([]kernels.Rope, cfg.Layers)
+	for l := range cfg.Layers {
+		m.attns[l] = cfg.LayerAttn(l)
+		m.ropes[l] = cfg.LayerRope(l)
+		m.ropes[l].Freqs = m.g.RopeFreqs
+	}
 	return m, nil
 }
 
@@ -163,6 +168,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 			m.ctx = DefaultMaxCtx
 		}
 	}
+	m.longRope(m.ctx)
 	m.batch = o.Batch
 	if m.batch <= 0 {
 		m.batch = DefaultBatch
@@ -196,19 +202,9 @@ func (m *Model) allocScratch() error {
 	if m.bat != nil {
 		logitRows = m.bat.maxSeqs // one row per sequence of a step
 	}
-	sizes := []struct {
-		t *kernels.Tensor
-		n int
-	}{
-		{&m.s.x, B * c.Embd}, {&m.s.xb, B * c.Embd}, {&m.s.xb2, B * c.Embd},
-		{&m.s.q, B * c.QDim()}, {&m.s.k, B * c.KVDim()}, {&m.s.v, B * c.KVDim()},
-		{&m.s.att, B * c.QDim()},
-		{&m.s.gate, B * c.FF}, {&m.s.up, B * c.FF}, {&m.s.hb, B * c.FF},
-		{&m.s.logits, logitRows * c.Vocab},
-		{&m.s.qk1, c.QDim() + c.KVDim()},
-	}
+	pieces := m.s.pieces(c, B, logitRows)
 	total := 0
-	for _, p := range sizes {
+	for _, p := range pieces {
 		total += p.n
 	}
 	all, err := m.be.Alloc(total)
@@ -217,12 +213,42 @@ func (m *Model) allocScratch() error {
 	}
 	m.s.all = all
 	off := 0
-	for _, p := range sizes {
+	for _, p := range pieces {
 		*p.t = all.View(off, p.n)
 		off += p.n
 	}
 	m.logits = make([]float32, logitRows*c.Vocab)
 	return nil
+}
+
+// scratchPiece is one named buffer of the scratch and its length.
+type scratchPiece struct {
+	t *kernels.Tensor
+	n int
+}
+
+// pieces lists the scratch buffers of a model of shape c for batches of B
+// rows and logitRows rows of logits, in allocation order.
+func (s *scratch) pieces(c Config, B, logitRows int) []scratchPiece {
+	return []scratchPiece{
+		{&s.x, B * c.Embd}, {&s.xb, B * c.Embd}, {&s.xb2, B * c.Embd},
+		{&s.q, B * c.QDim()}, {&s.k, B * c.KVDim()}, {&s.v, B * c.KVDim()},
+		{&s.att, B * c.QDim()},
+		{&s.gate, B * c.FF}, {&s.up, B * c.FF}, {&s.hb, B * c.FF},
+		{&s.logits, logitRows * c.Vocab},
+		{&s.qk1, c.QDim() + c.KVDim()},
+	}
+}
+
+// ScratchFloats is the size in float32 of the one scratch allocation a
+// model of shape c makes for batches of rows rows with logitRows rows of
+// logits (the Engine's memory estimate uses it before a load).
+func ScratchFloats(c Config, rows, logitRows int) int64 {
+	var n int64
+	for _, p := range (&scratch{}).pieces(c, rows, logitRows) {
+		n += int64(p.n)
+	}
+	return n
 }
 
 // Close releases the recorded decode step, the KV cache and scratch (of
@@ -408,8 +434,8 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 	c, n := m.Cfg, len(tokens)
 	m.pending = false
 	// x [n][Embd] = token_embd[tokens]
-	if err := m.be.Embed(m.s.x.View(0, n*c.Embd), m.g.Embed, tokens); err != nil {
-		return fmt.Errorf("model: embedding: %w", err)
+	if err := m.embed(m.s.x.View(0, n*c.Embd), tokens); err != nil {
+		return err
 	}
 	for l := range c.Layers {
 		if fetch {
@@ -439,9 +465,50 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
 	m.preNorm(a, m.g.OutputNorm, nOut)
-	m.matmul(m.s.logits.View(0, nOut*c.Vocab), m.g.Output, a.xb, nOut)
+	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
 	return nil
+}
+
+// embed looks the tokens up into x [len(tokens)][Embd] and scales them
+// where the architecture does (Gemma: √Embd).
+func (m *Model) embed(x kernels.Tensor, tokens []int32) error {
+	if err := m.be.Embed(x, m.g.Embed, tokens); err != nil {
+		return fmt.Errorf("model: embedding: %w", err)
+	}
+	if s := m.Cfg.EmbedScale; s > 0 {
+		if err := m.be.Scale(x, x, s, len(tokens)*m.Cfg.Embd); err != nil {
+			return fmt.Errorf("model: embedding scale: %w", err)
+		}
+	}
+	return nil
+}
+
+// head computes the logits of n normalised rows xb into dst [n][Vocab],
+// soft-capped where the architecture does (Gemma 2).
+func (m *Model) head(dst, xb kernels.Tensor, n int) {
+	m.matmul(dst, m.g.Output, xb, n)
+	if c := m.Cfg.FinalSoftcap; c > 0 && m.err == nil {
+		if err := m.be.Softcap(dst, c, n*m.Cfg.Vocab); err != nil {
+			m.err = fmt.Errorf("logit soft-cap: %w", err)
+		}
+	}
+}
+
+// longRope gives every layer LongRoPE's long or short factors, where the
+// model has them, as llama.cpp chooses: the long ones when the context
+// (ctx positions per sequence) exceeds the original one.
+func (m *Model) longRope(ctx int) {
+	if m.Cfg.RopeOrigCtx <= 0 || (m.g.RopeLong == nil && m.g.RopeShort == nil) {
+		return
+	}
+	f := m.g.RopeShort
+	if ctx > m.Cfg.RopeOrigCtx || f == nil {
+		f = m.g.RopeLong
+	}
+	for l := range m.ropes {
+		m.ropes[l].Freqs = f
+	}
 }

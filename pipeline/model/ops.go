@@ -36,16 +36,18 @@ func (s *scratch) rows(first, n int, c Config) act {
 	return a
 }
 
-// ropeQK rotates the queries and keys of n tokens: for one token, in one
-// op over the adjacent pair (RoPE treats the keys' heads as more heads).
-func (m *Model) ropeQK(a act, n, pos0 int) {
+// ropeQK rotates the queries and keys of n tokens with layer's RoPE: for
+// one token, in one op over the adjacent pair (RoPE treats the keys' heads
+// as more heads).
+func (m *Model) ropeQK(a act, n, pos0, layer int) {
 	c := m.Cfg
+	r := m.ropes[layer]
 	if n == 1 {
-		m.rope(a.qk, 1, c.Heads+c.KVHeads, pos0)
+		m.rope(a.qk, 1, c.Heads+c.KVHeads, pos0, r)
 		return
 	}
-	m.rope(a.q, n, c.Heads, pos0)
-	m.rope(a.k, n, c.KVHeads, pos0)
+	m.rope(a.q, n, c.Heads, pos0, r)
+	m.rope(a.k, n, c.KVHeads, pos0, r)
 }
 
 // preNorm is the norm that starts a sub-block (and the output head):
@@ -146,15 +148,15 @@ func (m *Model) addBias(x kernels.Tensor, b *kernels.Weight, n int) {
 // sequence: the single-sequence path gives them pos0 and the contiguous
 // cache; a batched step (m.bat set, see batch.go) gives them the step's
 // layout and the paged pool instead. The block functions are the same.
-func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int) {
+func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int, r kernels.Rope) {
 	if m.err == nil && m.bat != nil {
-		if err := m.bat.be.RoPEAt(x, n, heads, m.Cfg.HeadDim, m.ropeParams); err != nil {
+		if err := m.bat.be.RoPEAt(x, n, heads, m.Cfg.HeadDim, r); err != nil {
 			m.err = fmt.Errorf("rope at: %w", err)
 		}
 		return
 	}
 	if m.err == nil {
-		if err := m.be.RoPE(x, n, heads, m.Cfg.HeadDim, pos0, m.ropeParams); err != nil {
+		if err := m.be.RoPE(x, n, heads, m.Cfg.HeadDim, pos0, r); err != nil {
 			m.err = fmt.Errorf("rope: %w", err)
 		}
 	}
@@ -162,13 +164,13 @@ func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int) {
 
 func (m *Model) attention(out, q, k, v kernels.Tensor, layer, pos0, n int) {
 	if m.err == nil && m.bat != nil {
-		if err := m.bat.be.PagedAttention(out, q, k, v, m.bat.pool, layer, n, m.attn); err != nil {
+		if err := m.bat.be.PagedAttention(out, q, k, v, m.bat.pool, layer, n, m.attns[layer]); err != nil {
 			m.err = fmt.Errorf("paged attention: %w", err)
 		}
 		return
 	}
 	if m.err == nil {
-		if err := m.be.Attention(out, q, k, v, m.kv, layer-m.lo, pos0, n, m.attn); err != nil {
+		if err := m.be.Attention(out, q, k, v, m.kv, layer-m.lo, pos0, n, m.attns[layer]); err != nil {
 			m.err = fmt.Errorf("attention: %w", err)
 		}
 	}
@@ -186,6 +188,22 @@ func (m *Model) add(dst, a, b kernels.Tensor, n int) {
 	if m.err == nil {
 		if err := m.be.Add(dst, a, b, n); err != nil {
 			m.err = fmt.Errorf("residual add: %w", err)
+		}
+	}
+}
+
+func (m *Model) scale(x kernels.Tensor, s float32, n int) {
+	if m.err == nil {
+		if err := m.be.Scale(x, x, s, n); err != nil {
+			m.err = fmt.Errorf("scale: %w", err)
+		}
+	}
+}
+
+func (m *Model) geluMul(dst, gate, up kernels.Tensor, n int) {
+	if m.err == nil {
+		if err := m.be.GELUMul(dst, gate, up, n); err != nil {
+			m.err = fmt.Errorf("gelu·mul: %w", err)
 		}
 	}
 }

@@ -19,6 +19,9 @@ func (nopBackend) RMSNorm(kernels.Tensor, kernels.Tensor, *kernels.Weight, int, 
 }
 func (nopBackend) AddBias(kernels.Tensor, *kernels.Weight, int) error                { return nil }
 func (nopBackend) RoPE(kernels.Tensor, int, int, int, int, kernels.Rope) error       { return nil }
+func (nopBackend) GELUMul(kernels.Tensor, kernels.Tensor, kernels.Tensor, int) error { return nil }
+func (nopBackend) Scale(kernels.Tensor, kernels.Tensor, float32, int) error          { return nil }
+func (nopBackend) Softcap(kernels.Tensor, float32, int) error                        { return nil }
 func (nopBackend) SiLUMul(kernels.Tensor, kernels.Tensor, kernels.Tensor, int) error { return nil }
 func (nopBackend) Add(kernels.Tensor, kernels.Tensor, kernels.Tensor, int) error     { return nil }
 func (nopBackend) Read([]float32, kernels.Tensor, int) error                         { return nil }

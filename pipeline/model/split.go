@@ -245,7 +245,7 @@ func (m *Model) stepSplit(ctx context.Context, tokens []int32, pos0, nOut int) e
 	if err := sp.cross(last, m, n-nOut, nOut, last.pending); err != nil {
 		return err
 	}
-	return m.head(n, nOut)
+	return m.splitHead(n, nOut)
 }
 
 // embedTokens starts a step: x = token_embd[tokens].
@@ -284,14 +284,14 @@ func (m *Model) runSpan(ctx context.Context, lo, hi, pos0, n, nOut int, fetch bo
 	return nil
 }
 
-// head runs the output norm and head on the last nOut of n rows of x (the
-// last block's output still pending, as the crossing left it).
-func (m *Model) head(n, nOut int) error {
+// splitHead runs the output norm and head on the last nOut of n rows of x
+// (the last block's output still pending, as the crossing left it).
+func (m *Model) splitHead(n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
 	m.preNorm(a, m.g.OutputNorm, nOut)
-	m.matmul(m.s.logits.View(0, nOut*c.Vocab), m.g.Output, a.xb, nOut)
+	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
@@ -320,7 +320,7 @@ func (m *Model) stage(ctx context.Context, s, pos int) error {
 	sp := m.split
 	if s == len(sp.parts) {
 		m.pending = true
-		return m.head(1, 1)
+		return m.splitHead(1, 1)
 	}
 	if s == 0 {
 		if err := m.embedTokens(m.tok1[:]); err != nil {

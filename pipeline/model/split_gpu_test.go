@@ -8,7 +8,6 @@ import (
 
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels"
-	"github.com/forge-llm/forge/pipeline/synth"
 )
 
 // TestGPUSplit: on one card, a model split over two GPU backends (two
@@ -20,12 +19,10 @@ import (
 func TestGPUSplit(t *testing.T) {
 	one := openGPU(t)
 	a, b := openGPU(t), openGPU(t)
-	freqs := filepath.Join(t.TempDir(), "tiny-freqs.gguf")
-	shape := synth.Presets["tiny"]
-	shape.RopeFreqs = true
-	if err := synth.WriteFile(context.Background(), freqs, synth.Options{Shape: shape, Mix: synth.MixQ4_KM, Seed: 3}); err != nil {
-		t.Fatal(err)
-	}
+	// (A synthetic model with rope_freqs, which the split copies to every
+	// device, is in pipeline's TestGPUSplitTokens: synth imports this
+	// package, so this test cannot make one.)
+	freqs := testmodels.Path(t, "synth-kq-Q4_K_M.gguf")
 	ctx := context.Background()
 	prompt := []int32{1, 403, 407, 261, 378, 9, 13}
 	for _, path := range []string{testmodels.Path(t, "stories260K-Q4_K_M.gguf"), testmodels.Path(t, "stories260K-F32.gguf"), freqs} {

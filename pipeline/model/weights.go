@@ -15,22 +15,81 @@ type GlobalWeights struct {
 	OutputNorm *kernels.Weight // output_norm  [Embd]
 	Output     *kernels.Weight // output       [Vocab][Embd]; Embed itself when the head is tied
 	RopeFreqs  *kernels.Weight // rope_freqs   [Rope.Dim/2], or nil
+	// LongRoPE's frequency divisors (Phi-3 128K): the long ones serve a
+	// context beyond Config.RopeOrigCtx, the short ones one within it.
+	RopeLong, RopeShort *kernels.Weight // [Rope.Dim/2], or nil
 }
 
-// LayerWeights are the tensors of one transformer block.
+// LayerWeights are the tensors of one transformer block: the union of
+// every architecture's; an architecture's table (Arch.Block) says which it
+// fills, and its layer function reads those.
 type LayerWeights struct {
 	AttnNorm *kernels.Weight // [Embd]
 	Q        *kernels.Weight // [QDim][Embd]
 	K        *kernels.Weight // [KVDim][Embd]
 	V        *kernels.Weight // [KVDim][Embd]
-	QBias    *kernels.Weight // [QDim]  (Qwen2 only)
-	KBias    *kernels.Weight // [KVDim] (Qwen2 only)
-	VBias    *kernels.Weight // [KVDim] (Qwen2 only)
+	QBias    *kernels.Weight // [QDim]  (Config.Bias: Qwen2)
+	KBias    *kernels.Weight // [KVDim] (Config.Bias)
+	VBias    *kernels.Weight // [KVDim] (Config.Bias)
+	QNorm    *kernels.Weight // [HeadDim] (Config.QKNorm: Qwen3)
+	KNorm    *kernels.Weight // [HeadDim] (Config.QKNorm)
 	O        *kernels.Weight // [Embd][QDim]
 	FFNNorm  *kernels.Weight // [Embd]
 	Gate     *kernels.Weight // [FF][Embd]
 	Up       *kernels.Weight // [FF][Embd]
 	Down     *kernels.Weight // [Embd][FF]
+	// Gemma's norms after the attention and feed-forward sub-blocks.
+	AttnPostNorm *kernels.Weight // [Embd]
+	FFNPostNorm  *kernels.Weight // [Embd]
+	// Fused tensors (Phi-3): QKV holds Q, K and V's rows one after the
+	// other, GateUp the gate's then up's; FinishLayer makes Q, K, V, Gate
+	// and Up row views of them (no copy).
+	QKV    *kernels.Weight // [QDim+2·KVDim][Embd]
+	GateUp *kernels.Weight // [2·FF][Embd]
+}
+
+// FinishLayer completes a block's weights once its table's tensors are
+// placed: the row views of fused tensors. Every Weights implementation
+// calls it.
+func FinishLayer(c Config, l *LayerWeights) error {
+	var err error
+	if l.QKV != nil {
+		if l.Q, err = rowView(l.QKV, "q", 0, c.QDim()); err == nil {
+			if l.K, err = rowView(l.QKV, "k", c.QDim(), c.KVDim()); err == nil {
+				l.V, err = rowView(l.QKV, "v", c.QDim()+c.KVDim(), c.KVDim())
+			}
+		}
+	}
+	if l.GateUp != nil && err == nil {
+		if l.Gate, err = rowView(l.GateUp, "gate", 0, c.FF); err == nil {
+			l.Up, err = rowView(l.GateUp, "up", c.FF, c.FF)
+		}
+	}
+	return err
+}
+
+// rowView is rows [r0, r0+rows) of w as a weight of its own, sharing w's
+// bytes: a slice of w.Host and an offset into w.Dev, whichever w has.
+func rowView(w *kernels.Weight, part string, r0, rows int) (*kernels.Weight, error) {
+	rb, err := w.Type.RowBytes(uint64(w.Cols))
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", w.Name, err)
+	}
+	if r0 < 0 || rows <= 0 || r0+rows > w.Rows {
+		return nil, fmt.Errorf("model: %s: rows [%d, %d) outside its %d", w.Name, r0, r0+rows, w.Rows)
+	}
+	v := &kernels.Weight{Name: w.Name + "[" + part + "]", Type: w.Type, Cols: w.Cols, Rows: rows}
+	off, n := r0*int(rb), rows*int(rb)
+	if w.Host != nil {
+		if off+n > len(w.Host) {
+			return nil, fmt.Errorf("model: %s: %d bytes, rows [%d, %d) need %d", w.Name, len(w.Host), r0, r0+rows, off+n)
+		}
+		v.Host = w.Host[off : off+n]
+	}
+	if w.Dev != 0 {
+		v.Dev = w.Dev + uintptr(off)
+	}
+	return v, nil
 }
 
 // Weights hands the forward pass its tensors. Layer may block until layer i
@@ -51,64 +110,35 @@ type FileWeights struct {
 }
 
 // NewFileWeights builds the weights of a model from f, checking every
-// tensor's type and shape against cfg. The views stay valid until f is
-// closed.
+// tensor of the architecture's table (arch.go) for type and shape against
+// cfg. The views stay valid until f is closed.
 func NewFileWeights(f *gguf.File, cfg Config) (*FileWeights, error) {
 	fw := &FileWeights{layers: make([]LayerWeights, cfg.Layers)}
-	var err error
-	// get finds a tensor and checks its shape; rows = 1 for vectors.
-	get := func(name string, cols, rows int, optional bool) *kernels.Weight {
+	for _, s := range Tensors(cfg) {
+		ti, err := checkTensor(f, s)
 		if err != nil {
-			return nil
+			return nil, err
 		}
-		ti, ok := f.Tensor(name)
-		if !ok {
-			if !optional {
-				err = fmt.Errorf("model: %s: tensor %q missing", f.Path, name)
-			}
-			return nil
+		if ti == nil {
+			continue // optional and absent
 		}
-		if len(ti.Dims) == 0 || int(ti.Dims[0]) != cols || int(ti.Rows()) != rows {
-			err = fmt.Errorf("model: %s: tensor %q has shape %v, want [%d %d]", f.Path, name, ti.Dims, cols, rows)
-			return nil
+		data, err := f.TensorData(ti)
+		if err != nil {
+			return nil, err
 		}
-		if rows == 1 && ti.Type != gguf.TypeF32 {
-			err = fmt.Errorf("model: %s: tensor %q is %v, want F32", f.Path, name, ti.Type)
-			return nil
+		var l *LayerWeights
+		if s.Layer >= 0 {
+			l = &fw.layers[s.Layer]
 		}
-		data, e := f.TensorData(ti)
-		if e != nil {
-			err = e
-			return nil
-		}
-		return &kernels.Weight{Name: name, Type: ti.Type, Cols: cols, Rows: rows, Host: data}
+		s.Place(&fw.g, l, &kernels.Weight{Name: s.Name, Type: ti.Type, Cols: s.Cols, Rows: s.Rows, Host: data})
 	}
-	c := cfg
-	fw.g.Embed = get("token_embd.weight", c.Embd, c.Vocab, false)
-	fw.g.OutputNorm = get("output_norm.weight", c.Embd, 1, false)
-	fw.g.Output = get("output.weight", c.Embd, c.Vocab, true)
 	if fw.g.Output == nil {
 		fw.g.Output = fw.g.Embed // tied head
 	}
-	fw.g.RopeFreqs = get("rope_freqs.weight", c.Rope.Dim/2, 1, true)
 	for i := range fw.layers {
-		p := fmt.Sprintf("blk.%d.", i)
-		l := &fw.layers[i]
-		l.AttnNorm = get(p+"attn_norm.weight", c.Embd, 1, false)
-		l.Q = get(p+"attn_q.weight", c.Embd, c.QDim(), false)
-		l.K = get(p+"attn_k.weight", c.Embd, c.KVDim(), false)
-		l.V = get(p+"attn_v.weight", c.Embd, c.KVDim(), false)
-		l.QBias = get(p+"attn_q.bias", c.QDim(), 1, !c.Bias)
-		l.KBias = get(p+"attn_k.bias", c.KVDim(), 1, !c.Bias)
-		l.VBias = get(p+"attn_v.bias", c.KVDim(), 1, !c.Bias)
-		l.O = get(p+"attn_output.weight", c.QDim(), c.Embd, false)
-		l.FFNNorm = get(p+"ffn_norm.weight", c.Embd, 1, false)
-		l.Gate = get(p+"ffn_gate.weight", c.Embd, c.FF, false)
-		l.Up = get(p+"ffn_up.weight", c.Embd, c.FF, false)
-		l.Down = get(p+"ffn_down.weight", c.FF, c.Embd, false)
-	}
-	if err != nil {
-		return nil, err
+		if err := FinishLayer(cfg, &fw.layers[i]); err != nil {
+			return nil, err
+		}
 	}
 	return fw, nil
 }
@@ -123,3 +153,25 @@ func (fw *FileWeights) Layer(ctx context.Context, i int) (*LayerWeights, error) 
 	}
 	return &fw.layers[i], nil
 }
+
+// The fields of LayerWeights as the architectures' tables name them.
+var (
+	fAttnNorm layerField = func(l *LayerWeights) **kernels.Weight { return &l.AttnNorm }
+	fQ        layerField = func(l *LayerWeights) **kernels.Weight { return &l.Q }
+	fK        layerField = func(l *LayerWeights) **kernels.Weight { return &l.K }
+	fV        layerField = func(l *LayerWeights) **kernels.Weight { return &l.V }
+	fQBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.QBias }
+	fKBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.KBias }
+	fVBias    layerField = func(l *LayerWeights) **kernels.Weight { return &l.VBias }
+	fQNorm    layerField = func(l *LayerWeights) **kernels.Weight { return &l.QNorm }
+	fKNorm    layerField = func(l *LayerWeights) **kernels.Weight { return &l.KNorm }
+	fO        layerField = func(l *LayerWeights) **kernels.Weight { return &l.O }
+	fFFNNorm  layerField = func(l *LayerWeights) **kernels.Weight { return &l.FFNNorm }
+	fGate     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Gate }
+	fUp       layerField = func(l *LayerWeights) **kernels.Weight { return &l.Up }
+	fDown     layerField = func(l *LayerWeights) **kernels.Weight { return &l.Down }
+	fAttnPost layerField = func(l *LayerWeights) **kernels.Weight { return &l.AttnPostNorm }
+	fFFNPost  layerField = func(l *LayerWeights) **kernels.Weight { return &l.FFNPostNorm }
+	fQKV      layerField = func(l *LayerWeights) **kernels.Weight { return &l.QKV }
+	fGateUp   layerField = func(l *LayerWeights) **kernels.Weight { return &l.GateUp }
+)

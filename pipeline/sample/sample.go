@@ -50,11 +50,6 @@ type Params struct {
 	// the whole row, so it is set only when a caller asks.
 	OnLogprob   func(Logprob) `json:"-"`
 	TopLogprobs int           // alternatives given to OnLogprob, at most 20
-
-	// Constraint, when set, restricts every pick to the tokens it allows
-	// (constrained decoding; see Constraint). It makes a greedy pick read
-	// the whole row.
-	Constraint Constraint `json:"-"`
 }
 
 // Logprob is one pick's log-probability and the most likely tokens'.
@@ -82,7 +77,7 @@ func (p Params) Greedy() bool { return p.Temp <= 0 || p.TopK == 1 }
 // a greedy pick (a penalty changes them, or OnLogprob reads them), so
 // that the model's argmax cannot stand in for it.
 func (p Params) FullRow() bool {
-	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil || p.Constraint != nil
+	return p.RepeatPenalty > 0 && p.RepeatPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.OnLogprob != nil
 }
 
 // candidate is one token still in the running.
@@ -115,7 +110,10 @@ type Sampler struct {
 	seen    []int32
 	sampled bool
 
-	allow []bool // Constraint's mask, reused
+	// con restricts the picks (constrained decoding); conErr is the error
+	// of its last Accept, reported by the next Sample.
+	con    Constraint
+	conErr error
 }
 
 // New returns a sampler for a vocabulary of vocab tokens. Parameters out
@@ -182,8 +180,10 @@ func (s *Sampler) penalty() bool { return s.p.RepeatPenalty > 0 && s.p.RepeatPen
 // repetition penalty; one accepted after a Sample is a generated token,
 // counted for the presence and frequency penalties.
 func (s *Sampler) Accept(id int32) {
-	if s.p.Constraint != nil && s.sampled {
-		s.p.Constraint.Accept(id)
+	if s.con != nil && s.sampled && s.conErr == nil {
+		if err := s.con.Accept(id); err != nil {
+			s.conErr = fmt.Errorf("sample: constraint: %w", err)
+		}
 	}
 	if s.counts != nil && s.sampled && id >= 0 && int(id) < len(s.counts) {
 		if s.counts[id] == 0 {
@@ -263,6 +263,20 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 		return 0, ErrNoLogits
 	}
 	s.sampled = true
+	if s.con != nil && !s.penalising() {
+		// Constrained without penalties: only the allowed tokens become
+		// candidates (no pass writing a candidate per token).
+		for i, l := range logits[:n] {
+			if l-l != 0 {
+				return 0, fmt.Errorf("sample: token %d has logit %v: %w", i, l, ErrNonFinite)
+			}
+		}
+		c, err := s.maskedCandidates(logits[:n])
+		if err != nil {
+			return 0, err
+		}
+		return s.pick(c)
+	}
 	c := s.cand[:n]
 	for i := range c {
 		l := logits[i]
@@ -274,11 +288,23 @@ func (s *Sampler) sample(logits []float32) (int32, error) {
 	}
 	s.applyPenalty(c)
 	s.applyOpenAIPenalties(c)
-	if s.p.Constraint != nil {
-		if c = s.constrain(c); len(c) == 0 {
-			return 0, fmt.Errorf("sample: the constraint allows no token: %w", ErrNoLogits)
+	if s.con != nil {
+		var err error
+		if c, err = s.allowedCandidates(c); err != nil {
+			return 0, err
 		}
 	}
+	return s.pick(c)
+}
+
+// penalising reports whether a penalty changes some logit this step.
+func (s *Sampler) penalising() bool {
+	return s.hist != nil && s.nh > 0 || len(s.seen) > 0
+}
+
+// pick chooses among the candidates c (after penalties and the
+// constraint): greedy, or the sampling chain.
+func (s *Sampler) pick(c []candidate) (int32, error) {
 	if s.p.Greedy() {
 		return argmax(c), nil
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/pipeline/model"
 )
 
 // The tensor data is written by a pipeline: a dispatcher cuts every tensor
@@ -60,8 +61,11 @@ func plans(ts []tensor, o *Options) ([]plan, error) {
 		if err != nil {
 			return nil, fmt.Errorf("synth: tensor %q: %w", t.name, err)
 		}
-		p := plan{t: t, idx: uint64(i), rowBytes: int(rb), skip: o.Zero && t.kind != kindRopeFreqs}
+		p := plan{t: t, idx: uint64(i), rowBytes: int(rb), skip: o.Zero && t.kind != kindRopeFreqs && t.kind != model.KindRopeFactors}
 		p.std = o.Std
+		if t.name == "token_embd.weight" && o.EmbedStd > 0 {
+			p.std = o.EmbedStd
+		}
 		if p.std == 0 {
 			p.std = 1 / math.Sqrt(float64(t.cols))
 		}
@@ -229,9 +233,17 @@ func fillJob(ctx context.Context, j *job, o *Options, scratch *[]float32) error 
 		switch t.kind {
 		case kindRopeFreqs:
 			llama31Freqs(v, o.Shape.RopeBase)
-		case kindNorm:
+		case model.KindRopeFactors:
 			for i := range v {
-				v[i] = float32(1 + 0.2*rng.NormFloat64())
+				v[i] = float32(1 + 2*math.Abs(rng.NormFloat64()))
+			}
+		case kindNorm:
+			mean := 1.0
+			if o.NormMean > 0 {
+				mean = o.NormMean
+			}
+			for i := range v {
+				v[i] = float32(mean * (1 + 0.2*rng.NormFloat64()))
 			}
 		case kindBias:
 			for i := range v {

@@ -16,41 +16,18 @@ import (
 
 	"github.com/forge-llm/forge/dequant"
 	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/pipeline/model"
 )
 
-// Shape is a model's architecture and size.
-type Shape struct {
-	Arch     string // "llama" or "qwen2" (Q, K, V biases, NeoX RoPE)
-	Embd     int
-	FF       int
-	Layers   int
-	Heads    int
-	KVHeads  int
-	Vocab    int // 0: the vocabulary's own size
-	Ctx      int
-	RopeBase float32
-	NormEps  float32
-	Tied     bool // no output.weight: the head reuses token_embd
-	// RopeLinear, when > 1, stretches positions by that factor
-	// (rope.scaling.type "linear").
-	RopeLinear float32
-	// RopeFreqs adds Llama 3.1's rope_freqs.weight: per-frequency divisors
-	// for a context extended 8× beyond 8192 positions.
-	RopeFreqs bool
-}
+// Shape is a model's architecture and size: model.Shape, which derives a
+// file's metadata and tensor table from the architecture registry
+// (pipeline/model/arch.go).
+type Shape = model.Shape
 
 // Presets are the shapes of well-known models, plus small ones for tests
-// and the 86M-parameter model of the CPU benchmark.
-var Presets = map[string]Shape{
-	"tiny":        {Arch: "llama", Embd: 256, FF: 512, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 512, Ctx: 256, RopeBase: 10000, NormEps: 1e-5},
-	"tiny-qwen2":  {Arch: "qwen2", Embd: 256, FF: 512, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 512, Ctx: 256, RopeBase: 1e6, NormEps: 1e-6, Tied: true},
-	"bench86m":    {Arch: "llama", Embd: 768, FF: 2048, Layers: 12, Heads: 12, KVHeads: 12, Vocab: 512, Ctx: 2048, RopeBase: 10000, NormEps: 1e-5},
-	"llama2-7b":   {Arch: "llama", Embd: 4096, FF: 11008, Layers: 32, Heads: 32, KVHeads: 32, Vocab: 32000, Ctx: 4096, RopeBase: 10000, NormEps: 1e-5},
-	"llama3-8b":   {Arch: "llama", Embd: 4096, FF: 14336, Layers: 32, Heads: 32, KVHeads: 8, Vocab: 128256, Ctx: 8192, RopeBase: 500000, NormEps: 1e-5},
-	"llama3-70b":  {Arch: "llama", Embd: 8192, FF: 28672, Layers: 80, Heads: 64, KVHeads: 8, Vocab: 128256, Ctx: 8192, RopeBase: 500000, NormEps: 1e-5},
-	"llama3.1-8b": {Arch: "llama", Embd: 4096, FF: 14336, Layers: 32, Heads: 32, KVHeads: 8, Vocab: 128256, Ctx: 131072, RopeBase: 500000, NormEps: 1e-5, RopeFreqs: true},
-	"qwen2.5-7b":  {Arch: "qwen2", Embd: 3584, FF: 18944, Layers: 28, Heads: 28, KVHeads: 4, Vocab: 152064, Ctx: 32768, RopeBase: 1e6, NormEps: 1e-6},
-}
+// and the 86M-parameter model of the CPU benchmark: every architecture's
+// presets (declared in its file in pipeline/model).
+var Presets = model.Presets()
 
 // PresetNames lists the presets in alphabetical order.
 func PresetNames() []string {
@@ -62,20 +39,6 @@ func PresetNames() []string {
 	return names
 }
 
-// Params is the number of weights of a model of shape s.
-func (s Shape) Params() int64 {
-	e, f, kv := int64(s.Embd), int64(s.FF), int64(s.KVHeads*(s.Embd/s.Heads))
-	layer := e*e*2 + e*kv*2 + 3*e*f + 2*e
-	if s.Arch == "qwen2" {
-		layer += e + 2*kv
-	}
-	n := int64(s.Layers)*layer + int64(s.Vocab)*e + e
-	if !s.Tied {
-		n += int64(s.Vocab) * e
-	}
-	return n
-}
-
 // Options describe the file to write.
 type Options struct {
 	Shape Shape
@@ -85,10 +48,23 @@ type Options struct {
 	// Shape.Vocab is padded with unused tokens.
 	Vocab *gguf.TokenizerMeta
 	Name  string // general.name; default "synthetic"
-	Seed  uint64
+	// ChatTemplate, when set, is written as tokenizer.chat_template (in
+	// place of Vocab's own), so a synthetic model can be chatted with.
+	ChatTemplate string
+	Seed         uint64
 	// Std is the standard deviation of the weight matrices; 0 gives
 	// 1/√cols, which keeps activations near unit size at any width.
 	Std float64
+	// EmbedStd, when > 0, is token_embd's standard deviation instead of
+	// Std: a model that scales its embeddings up (Gemma, by √Embd) and
+	// ties its head to them needs them smaller than its other weights, or
+	// each token's own embedding outweighs everything the blocks add.
+	EmbedStd float64
+	// NormMean, when > 0, is the mean of the norm weights instead of 1
+	// (their spread stays 20 %): with EmbedStd, what lets the blocks of a
+	// tied, embedding-scaling model (Gemma) outweigh each token's own
+	// embedding and gives its logits a clear spread.
+	NormMean float64
 	// Zero leaves every tensor's bytes zero (holes in a seekable file), for
 	// load tests of large shapes where the values do not matter.
 	Zero bool
@@ -108,53 +84,29 @@ type tensor struct {
 	cols, rows int
 	layer      int // -1 outside blocks
 	typ        gguf.Type
-	kind       int // what the values look like: weight, norm or bias
+	kind       model.TensorKind // what the values look like: weight, norm or bias
 }
 
 const (
-	kindWeight = iota
-	kindNorm
-	kindBias
-	kindRopeFreqs
+	kindWeight    = model.KindWeight
+	kindNorm      = model.KindNorm
+	kindBias      = model.KindBias
+	kindRopeFreqs = model.KindRopeFreqs
 )
 
-// tensors lists a shape's tensors in the order llama.cpp's converter
-// writes them.
-func (o *Options) tensors() []tensor {
-	s := o.Shape
-	hd := s.Embd / s.Heads
-	q, kv := s.Heads*hd, s.KVHeads*hd
-	var ts []tensor
-	add := func(name string, cols, rows, layer, kind int) {
-		ts = append(ts, tensor{name: name, cols: cols, rows: rows, layer: layer, kind: kind,
-			typ: TensorType(o.Mix, s, name, cols, rows, layer)})
+// tensors lists a shape's tensors, as the architecture's table gives
+// them, in the order llama.cpp's converter writes them.
+func (o *Options) tensors() ([]tensor, error) {
+	specs, err := o.Shape.Tensors()
+	if err != nil {
+		return nil, fmt.Errorf("synth: %w", err)
 	}
-	add("token_embd.weight", s.Embd, s.Vocab, -1, kindWeight)
-	if s.RopeFreqs {
-		add("rope_freqs.weight", hd/2, 1, -1, kindRopeFreqs)
+	ts := make([]tensor, 0, len(specs))
+	for _, sp := range specs {
+		ts = append(ts, tensor{name: sp.Name, cols: sp.Cols, rows: sp.Rows, layer: sp.Layer, kind: sp.Kind,
+			typ: TensorType(o.Mix, o.Shape, sp.Name, sp.Cols, sp.Rows, sp.Layer)})
 	}
-	for l := range s.Layers {
-		p := fmt.Sprintf("blk.%d.", l)
-		add(p+"attn_norm.weight", s.Embd, 1, l, kindNorm)
-		add(p+"attn_q.weight", s.Embd, q, l, kindWeight)
-		add(p+"attn_k.weight", s.Embd, kv, l, kindWeight)
-		add(p+"attn_v.weight", s.Embd, kv, l, kindWeight)
-		if s.Arch == "qwen2" {
-			add(p+"attn_q.bias", q, 1, l, kindBias)
-			add(p+"attn_k.bias", kv, 1, l, kindBias)
-			add(p+"attn_v.bias", kv, 1, l, kindBias)
-		}
-		add(p+"attn_output.weight", q, s.Embd, l, kindWeight)
-		add(p+"ffn_norm.weight", s.Embd, 1, l, kindNorm)
-		add(p+"ffn_gate.weight", s.Embd, s.FF, l, kindWeight)
-		add(p+"ffn_up.weight", s.Embd, s.FF, l, kindWeight)
-		add(p+"ffn_down.weight", s.FF, s.Embd, l, kindWeight)
-	}
-	add("output_norm.weight", s.Embd, 1, -1, kindNorm)
-	if !s.Tied {
-		add("output.weight", s.Embd, s.Vocab, -1, kindWeight)
-	}
-	return ts
+	return ts, nil
 }
 
 // WriteFile writes a synthetic model to path.
@@ -184,10 +136,11 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 		return fmt.Errorf("synth: %w", err)
 	}
 	s := &o.Shape
-	if s.Arch != "llama" && s.Arch != "qwen2" {
-		return fmt.Errorf("synth: architecture %q is not supported (llama, qwen2)", s.Arch)
+	if _, err := model.Lookup(s.Arch); err != nil {
+		return fmt.Errorf("synth: %w", err)
 	}
-	if s.Embd <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.Embd%s.Heads != 0 || s.Heads%s.KVHeads != 0 || s.Layers <= 0 || s.FF <= 0 {
+	if s.Embd <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || (s.HeadDim == 0 && s.Embd%s.Heads != 0) || s.HeadDim < 0 ||
+		s.Heads%s.KVHeads != 0 || s.Layers <= 0 || s.FF <= 0 {
 		return fmt.Errorf("synth: inconsistent shape %+v", *s)
 	}
 	if o.Mix == "" {
@@ -199,6 +152,11 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	voc := o.Vocab
 	if voc == nil {
 		voc = byteVocab(max(s.Vocab, 259))
+	}
+	if o.ChatTemplate != "" {
+		v := *voc
+		v.ChatTemplate = o.ChatTemplate
+		voc = &v
 	}
 	if s.Vocab == 0 {
 		s.Vocab = len(voc.Tokens)
@@ -223,7 +181,10 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	if err := writeMeta(w, &o, voc); err != nil {
 		return err
 	}
-	ts := o.tensors()
+	ts, err := o.tensors()
+	if err != nil {
+		return err
+	}
 	for _, t := range ts {
 		if err := w.AddTensor(t.name, t.typ, uint64(t.cols), uint64(t.rows)); err != nil {
 			return fmt.Errorf("synth: %w", err)
@@ -268,7 +229,6 @@ func encode(t gguf.Type, v []float32, dst []byte) error {
 // and tokenizer.
 func writeMeta(w *gguf.Writer, o *Options, voc *gguf.TokenizerMeta) error {
 	s := o.Shape
-	a := s.Arch + "."
 	var err error
 	add := func(key string, v gguf.Value) {
 		if err == nil {
@@ -281,23 +241,17 @@ func writeMeta(w *gguf.Writer, o *Options, voc *gguf.TokenizerMeta) error {
 	if o.Mix != MixF32 && o.Mix != MixF16 {
 		add("general.quantization_version", gguf.Uint32(2))
 	}
-	add(a+"context_length", gguf.Uint32(uint32(s.Ctx)))
-	add(a+"embedding_length", gguf.Uint32(uint32(s.Embd)))
-	add(a+"block_count", gguf.Uint32(uint32(s.Layers)))
-	add(a+"feed_forward_length", gguf.Uint32(uint32(s.FF)))
-	add(a+"attention.head_count", gguf.Uint32(uint32(s.Heads)))
-	add(a+"attention.head_count_kv", gguf.Uint32(uint32(s.KVHeads)))
-	add(a+"rope.dimension_count", gguf.Uint32(uint32(s.Embd/s.Heads)))
-	add(a+"rope.freq_base", gguf.Float32(s.RopeBase))
-	add(a+"attention.layer_norm_rms_epsilon", gguf.Float32(s.NormEps))
-	if s.RopeLinear > 1 {
-		add(a+"rope.scaling.type", gguf.Str("linear"))
-		add(a+"rope.scaling.factor", gguf.Float32(s.RopeLinear))
+	kvs, merr := s.Meta()
+	if merr != nil {
+		return fmt.Errorf("synth: %w", merr)
+	}
+	for _, kv := range kvs {
+		add(kv.Key, kv.Value)
 	}
 	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
-	return writeVocab(w, voc, s.Vocab)
+	return writeVocab(w, voc, s.Vocab, s.ChatTemplate)
 }
 
 // llama31Freqs fills Llama 3.1's rope frequency divisors, as its converter
@@ -321,8 +275,9 @@ func llama31Freqs(v []float32, base float32) {
 	}
 }
 
-// writeVocab writes the tokenizer, padded to n tokens.
-func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int) error {
+// writeVocab writes the tokenizer, padded to n tokens, with the
+// vocabulary's chat template, else the shape's (template).
+func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int, template string) error {
 	tokens := slices.Clone(voc.Tokens)
 	scores := slices.Clone(voc.Scores)
 	types := slices.Clone(voc.TokenTypes)
@@ -376,7 +331,10 @@ func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int) error {
 	add("tokenizer.ggml.add_eos_token", gguf.Bool(voc.AddEOS))
 	add("tokenizer.ggml.add_space_prefix", gguf.Bool(voc.AddSpacePrefix))
 	if voc.ChatTemplate != "" {
-		add("tokenizer.chat_template", gguf.Str(voc.ChatTemplate))
+		template = voc.ChatTemplate
+	}
+	if template != "" {
+		add("tokenizer.chat_template", gguf.Str(template))
 	}
 	if err != nil {
 		return fmt.Errorf("synth: vocabulary: %w", err)

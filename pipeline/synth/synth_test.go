@@ -354,7 +354,11 @@ func TestPresetsUseBlockRecipes(t *testing.T) {
 	for _, name := range PresetNames() {
 		for _, mix := range Mixes() {
 			o := Options{Shape: Presets[name], Mix: mix}
-			for _, ts := range o.tensors() {
+			all, err := o.tensors()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ts := range all {
 				if ts.kind == kindWeight && !blockFillable(ts.typ) {
 					t.Errorf("%s %s: %s is %v, which has no block recipe", name, mix, ts.name, ts.typ)
 				}
