@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"unsafe"
 
@@ -111,18 +110,16 @@ func (b *Backend) openRocBLASOn(on *rocm.Worker) (*VendorGEMM, error) {
 // the same buffer, as rocBLAS allows when ldc = ldd). alpha and beta are
 // host pointers (the handle's default pointer mode).
 func (v *VendorGEMM) rocblasGemm(cOut, w, x rocm.DevPtr, m, n, k int) error {
-	scalars := new([2]float32) // alpha, beta
-	scalars[0] = 1
+	v.scalars = [2]float32{1, 0}
 	r := v.invoke(v.gemmEx, v.handle, rocblasOperationTranspose, rocblasOperationNone,
 		uintptr(m), uintptr(n), uintptr(k),
-		uintptr(unsafe.Pointer(&scalars[0])),
+		uintptr(unsafe.Pointer(&v.scalars[0])),
 		uintptr(w), rocblasDatatypeF16R, uintptr(k),
 		uintptr(x), rocblasDatatypeF16R, uintptr(k),
-		uintptr(unsafe.Pointer(&scalars[1])),
+		uintptr(unsafe.Pointer(&v.scalars[1])),
 		uintptr(cOut), rocblasDatatypeF32R, uintptr(m),
 		uintptr(cOut), rocblasDatatypeF32R, uintptr(m),
 		rocblasDatatypeF32R, rocblasGemmAlgoStandard, 0, rocblasGemmFlagsNone)
-	runtime.KeepAlive(scalars)
 	if r != 0 {
 		return fmt.Errorf("gpu: rocblas_gemm_ex %d×%d×%d: status %d", m, n, k, r)
 	}

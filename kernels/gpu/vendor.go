@@ -25,6 +25,10 @@ type VendorGEMM struct {
 	create, destroy, setStream, gemmEx uintptr
 	handle                             uintptr
 	warm                               []devBuf // warmUp's operands, freed with the handle
+	// scalars are rocblas_gemm_ex's alpha and beta, passed as host
+	// pointers (read during the call); calls are serialized by the
+	// backend's mutex.
+	scalars [2]float32
 	// call calls one of the library's functions; nil is purego.SyscallN
 	// (tests put a recorder here to check the argument marshalling).
 	call func(fn uintptr, args ...uintptr) uintptr
