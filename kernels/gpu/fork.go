@@ -81,7 +81,7 @@ func (f *Backend) forkVendor(parent *Backend) {
 		return
 	}
 	t0 := time.Now()
-	v := &VendorGEMM{path: pv.path, create: pv.create, destroy: pv.destroy, setStream: pv.setStream, gemmEx: pv.gemmEx}
+	v := &VendorGEMM{path: pv.path, api: pv.api, create: pv.create, destroy: pv.destroy, setStream: pv.setStream, gemmEx: pv.gemmEx}
 	err := f.w.Do(context.Background(), func(c *rocm.Ctx) error { return v.bind(f.stream) })
 	if err != nil {
 		slog.Info("gpu: fork's prompt GEMM uses gemm.cu", "reason", err)

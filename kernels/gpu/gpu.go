@@ -16,7 +16,8 @@
 // each row's result independent of the others (batch.go: continuous
 // batching, with a paged KV pool); the prompt path (more rows)
 // dequantizes the weight to f16 on the device and multiplies through
-// cuBLAS where it is installed, else through gemm.cu's mma.sync kernel.
+// cuBLAS (rocBLAS on AMD) where it is installed, else through gemm.cu
+// (mma.sync on NVIDIA, a plain FMA product on AMD).
 // Measurements: bench/results/2026-11-22-kernels-h100.md,
 // bench/results/2026-11-25-batch-matmul-h100.md.
 package gpu
@@ -42,9 +43,13 @@ type Options struct {
 	// KVF32 stores the KV cache in float32 instead of f16: twice the memory,
 	// no rounding of keys and values. For checks against a float reference.
 	KVF32 bool
-	// NoVendorGEMM keeps the prompt GEMM on gemm.cu even where cuBLAS is
-	// installed.
+	// NoVendorGEMM keeps the prompt GEMM on gemm.cu even where cuBLAS (or
+	// rocBLAS on AMD) is installed.
 	NoVendorGEMM bool
+	// GEMMFMA runs every prompt GEMM through gemm.cu's plain FMA product
+	// (kernel gemm_f16_fma, no vendor library, no mma): the path an AMD GPU
+	// without rocBLAS takes, so that it can be tested on an NVIDIA GPU.
+	GEMMFMA bool
 }
 
 // Backend runs the ops of kernels.Backend on one GPU.
@@ -58,7 +63,8 @@ type Backend struct {
 	stream rocm.Stream
 	mods   []*rocm.Module
 	fns    map[string]rocm.Function
-	// vendor is cuBLAS for the prompt GEMMs of vendorMinN rows or more,
+	// vendor is cuBLAS (rocBLAS on AMD) for the prompt GEMMs of
+	// vendorMinN rows or more,
 	// nil where absent. New opens it in the background (loading cuBLAS
 	// and its first kernels takes a fresh process ~0.1–0.2 s, which must
 	// not delay a short first prompt): it is set, under mu, before
@@ -87,7 +93,8 @@ type Backend struct {
 	// block per row group.
 	mvBlocksPerSM int
 	// gemmKernel forces the prompt GEMM kernel ("gemm_f16": ldmatrix
-	// fragments, "gemm_f16_lds": 32-bit shared loads); "" is cuBLAS where
+	// fragments, "gemm_f16_lds": 32-bit shared loads, "gemm_f16_fma": the
+	// FMA product, set by Options.GEMMFMA); "" is cuBLAS/rocBLAS where
 	// found, else gemm_f16.
 	gemmKernel string
 
@@ -276,8 +283,11 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 	}
 	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0),
 		"kernels", nfn, "kernels loaded in", tFuncs)
+	if o.GEMMFMA {
+		b.gemmKernel = "gemm_f16_fma"
+	}
 	b.vendorReady = make(chan struct{})
-	if w.Device.Backend == rocm.CUDA && !o.NoVendorGEMM {
+	if (w.Device.Backend == rocm.CUDA || w.Device.Backend == rocm.HIP) && !o.NoVendorGEMM && !o.GEMMFMA {
 		go b.openVendor()
 	} else {
 		close(b.vendorReady)

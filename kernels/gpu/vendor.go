@@ -18,12 +18,45 @@ import (
 // inputs, f32 accumulation and output). Measured on an H100 at 512 tokens
 // it runs the prompt GEMM at 610–700 TFLOP/s against gemm.cu's 160–210, so
 // the backend uses it where it is installed and falls back to gemm.cu.
-// hipBLAS is not bound yet.
+// On AMD the same role is rocBLAS's rocblas_gemm_ex (rocblas.go).
 type VendorGEMM struct {
 	path                               string
+	api                                vendorAPI
 	create, destroy, setStream, gemmEx uintptr
 	handle                             uintptr
 	warm                               []devBuf // warmUp's operands, freed with the handle
+	// scalars are rocblas_gemm_ex's alpha and beta, passed as host
+	// pointers (read during the call); calls are serialized by the
+	// backend's mutex.
+	scalars [2]float32
+	// call calls one of the library's functions; nil is purego.SyscallN
+	// (tests put a recorder here to check the argument marshalling).
+	call func(fn uintptr, args ...uintptr) uintptr
+}
+
+// vendorAPI is the library behind a VendorGEMM.
+type vendorAPI int
+
+const (
+	apiCUBLAS vendorAPI = iota
+	apiRocBLAS
+)
+
+// fnNames are the library's names of the functions bound, for errors.
+func (a vendorAPI) fnNames() (create, setStream, destroy string) {
+	if a == apiRocBLAS {
+		return "rocblas_create_handle", "rocblas_set_stream", "rocblas_destroy_handle"
+	}
+	return "cublasCreate", "cublasSetStream", "cublasDestroy"
+}
+
+// invoke calls fn through v.call, or purego where none is set.
+func (v *VendorGEMM) invoke(fn uintptr, args ...uintptr) uintptr {
+	if v.call != nil {
+		return v.call(fn, args...)
+	}
+	r, _, _ := purego.SyscallN(fn, args...)
+	return r
 }
 
 // EnvCUBLASLib names libcublas explicitly.
@@ -93,8 +126,12 @@ func (b *Backend) OpenVendorGEMM() (*VendorGEMM, error) { return b.openVendorOn(
 // openVendorOn is OpenVendorGEMM with the handle made on worker on (the
 // backend's worker or a sibling sharing its context).
 func (b *Backend) openVendorOn(on *rocm.Worker) (*VendorGEMM, error) {
-	if b.w.Device.Backend != rocm.CUDA {
-		return nil, fmt.Errorf("gpu: vendor GEMM: only cuBLAS is bound (device is %s)", b.w.Device.Backend)
+	switch b.w.Device.Backend {
+	case rocm.CUDA:
+	case rocm.HIP:
+		return b.openRocBLASOn(on)
+	default:
+		return nil, fmt.Errorf("gpu: vendor GEMM: no library bound for %s", b.w.Device.Backend)
 	}
 	h, path, err := openBLASLib()
 	if err != nil {
@@ -119,14 +156,15 @@ func (b *Backend) openVendorOn(on *rocm.Worker) (*VendorGEMM, error) {
 // bind makes v's handle and binds it to stream; call on a worker thread
 // of the device. A handle that cannot be bound is destroyed.
 func (v *VendorGEMM) bind(stream rocm.Stream) error {
-	if r, _, _ := purego.SyscallN(v.create, uintptr(unsafe.Pointer(&v.handle))); r != 0 {
+	create, setStream, _ := v.api.fnNames()
+	if r := v.invoke(v.create, uintptr(unsafe.Pointer(&v.handle))); r != 0 {
 		v.handle = 0
-		return fmt.Errorf("gpu: cublasCreate: status %d", r)
+		return fmt.Errorf("gpu: %s: status %d", create, r)
 	}
-	if r, _, _ := purego.SyscallN(v.setStream, v.handle, uintptr(stream)); r != 0 {
-		purego.SyscallN(v.destroy, v.handle)
+	if r := v.invoke(v.setStream, v.handle, uintptr(stream)); r != 0 {
+		v.invoke(v.destroy, v.handle)
 		v.handle = 0
-		return fmt.Errorf("gpu: cublasSetStream: status %d", r)
+		return fmt.Errorf("gpu: %s: status %d", setStream, r)
 	}
 	return nil
 }
@@ -162,6 +200,9 @@ func (v *VendorGEMM) Path() string { return v.path }
 // layout of gemm_f16. In cuBLAS's column-major terms: C (m×n, ldc m) =
 // Wᵀ · X with W a k×m matrix (lda k) transposed and X k×n (ldb k).
 func (v *VendorGEMM) gemm(cOut, w, x rocm.DevPtr, m, n, k int) error {
+	if v.api == apiRocBLAS {
+		return v.rocblasGemm(cOut, w, x, m, n, k)
+	}
 	const (
 		opN, opT    = 0, 1
 		r16F, r32F  = 2, 0 // cudaDataType CUDA_R_16F, CUDA_R_32F
@@ -207,10 +248,11 @@ func (v *VendorGEMM) destroyLocked(c *rocm.Ctx) error {
 	if v.handle == 0 {
 		return first
 	}
-	r, _, _ := purego.SyscallN(v.destroy, v.handle)
+	r := v.invoke(v.destroy, v.handle)
 	v.handle = 0
 	if r != 0 {
-		return fmt.Errorf("gpu: cublasDestroy: status %d", r)
+		_, _, destroy := v.api.fnNames()
+		return fmt.Errorf("gpu: %s: status %d", destroy, r)
 	}
 	return first
 }

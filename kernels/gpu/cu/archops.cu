@@ -15,16 +15,16 @@ DEV float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
 }
 
-KERNEL void gelu_mul(float* dst, const float* gate, const float* up, int n) {
+KERNEL void __launch_bounds__(256) gelu_mul(float* dst, const float* gate, const float* up, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     dst[i] = gelu_tanh(gate[i]) * up[i];
 }
 
-KERNEL void scale_f32(float* dst, const float* x, float s, int n) {
+KERNEL void __launch_bounds__(256) scale_f32(float* dst, const float* x, float s, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = x[i] * s;
 }
 
-KERNEL void softcap_f32(float* x, float c, int n) {
+KERNEL void __launch_bounds__(256) softcap_f32(float* x, float c, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     x[i] = c * tanhf(x[i] / c);
 }

@@ -316,11 +316,11 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
 }
 
 #define ATTN_KERNELS(sfx, KT)                                                                               \
-  KERNEL void kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0,   \
+  KERNEL void __launch_bounds__(256) kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0,   \
                              const i32* posp) {                                                             \
     kv_store<KT>(kc, vc, k, v, n, kvDim, pos0, posp);                                                       \
   }                                                                                                         \
-  KERNEL void attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
+  KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
                                 const i32* posp, int* count, i8* oq, float* od) {                            \
     attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od);   \
@@ -449,13 +449,13 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
 
 // attn_paged_merge: out [n][heads][D] from the splits of attn_paged.
 //   grid (heads, n), block 128
-KERNEL void attn_paged_merge(float* out, const float* part, int heads, int D, int splits) {
+KERNEL void __launch_bounds__(128) attn_paged_merge(float* out, const float* part, int heads, int D, int splits) {
   size_t th = (size_t)blockIdx.y * heads + blockIdx.x;
   paged_finish(out + th * D, part + th * splits * (D + 2), D, splits);
 }
 
 #define PAGED_KERNELS(sfx, KT)                                                                               \
-  KERNEL void kv_store_paged_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int bs, \
+  KERNEL void __launch_bounds__(256) kv_store_paged_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int bs, \
                                    const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {       \
     kv_store_paged<KT>(kc, vc, k, v, n, kvDim, bs, pos, seq, toff, tabs);                                    \
   }                                                                                                          \

@@ -37,43 +37,88 @@ DEV void ldsm_x4(u32* r, const u16* p) {
 }
 #endif
 
+// Staging shared by both products: each thread moves rows r0 and r0+64,
+// columns c..c+7, of both operands from global memory to registers
+// (GEMM_FETCH) and from registers to shared memory (GEMM_STASH).
+#define GEMM_FETCH(k0)                           \
+  do {                                           \
+    ra0 = wv0 ? *(const uint4*)(wp0 + (k0)) : z; \
+    ra1 = wv1 ? *(const uint4*)(wp1 + (k0)) : z; \
+    rb0 = xv0 ? *(const uint4*)(xp0 + (k0)) : z; \
+    rb1 = xv1 ? *(const uint4*)(xp1 + (k0)) : z; \
+  } while (0)
+#define GEMM_STASH()                             \
+  do {                                           \
+    *(uint4*)(As + r0 * GLD + c) = ra0;          \
+    *(uint4*)(As + (r0 + 64) * GLD + c) = ra1;   \
+    *(uint4*)(Bs + r0 * GLD + c) = rb0;          \
+    *(uint4*)(Bs + (r0 + 64) * GLD + c) = rb1;   \
+  } while (0)
+
+#define GEMM_SETUP()                                                                                          \
+  __shared__ __attribute__((aligned(16))) u16 As[GBM * GLD];                                                  \
+  __shared__ __attribute__((aligned(16))) u16 Bs[GBN * GLD];                                                  \
+  int tid = threadIdx.x;                                                                                      \
+  int m0 = blockIdx.x * GBM, n0 = blockIdx.y * GBN;                                                           \
+  int r0 = tid >> 2, c = (tid & 3) * 8;                                                                       \
+  uint4 z;                                                                                                    \
+  z.x = z.y = z.z = z.w = 0;                                                                                  \
+  uint4 ra0 = z, ra1 = z, rb0 = z, rb1 = z;                                                                   \
+  const u16* wp0 = W + (size_t)min(m0 + r0, M - 1) * K + c;                                                   \
+  const u16* wp1 = W + (size_t)min(m0 + r0 + 64, M - 1) * K + c;                                              \
+  const u16* xp0 = X + (size_t)min(n0 + r0, N - 1) * K + c;                                                   \
+  const u16* xp1 = X + (size_t)min(n0 + r0 + 64, N - 1) * K + c;                                              \
+  bool wv0 = m0 + r0 < M, wv1 = m0 + r0 + 64 < M, xv0 = n0 + r0 < N, xv1 = n0 + r0 + 64 < N;
+
+// The plain product: 8 × 8 outputs per thread in f32 FMAs. The prompt GEMM
+// of AMD and older NVIDIA targets, and on any NVIDIA target the kernel
+// gemm_f16_fma, which Options.GEMMFMA forces so that the path AMD runs is
+// tested on the H100.
+DEV void gemm_fma_body(const u16* __restrict__ W, const u16* __restrict__ X, float* __restrict__ C, int M, int N,
+                       int K) {
+  GEMM_SETUP();
+  int tm = tid & 15, tn = tid >> 4;
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+  GEMM_FETCH(0);
+  for (int k0 = 0; k0 < K; k0 += GBK) {
+    __syncthreads();
+    GEMM_STASH();
+    __syncthreads();
+    if (k0 + GBK < K) GEMM_FETCH(k0 + GBK);
+#pragma unroll 4
+    for (int k = 0; k < GBK; k++) {
+      float av[8], bv[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) av[i] = h2f(As[(tm + 16 * i) * GLD + k]);
+#pragma unroll
+      for (int j = 0; j < 8; j++) bv[j] = h2f(Bs[(tn + 16 * j) * GLD + k]);
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      int m = m0 + tm + 16 * i, n = n0 + tn + 16 * j;
+      if (m < M && n < N) C[(size_t)n * M + m] = acc[i][j];
+    }
+}
+
+#if defined(GEMM_MMA)
 // LDM selects how the mma path reads fragments: ldmatrix (gemm_f16) or
 // 32-bit shared loads (gemm_f16_lds, kept as a reference variant).
 template <bool LDM>
-static __device__ void gemm_f16_body(const u16* __restrict__ W, const u16* __restrict__ X, float* __restrict__ C,
+static __device__ void gemm_mma_body(const u16* __restrict__ W, const u16* __restrict__ X, float* __restrict__ C,
                                      int M, int N, int K) {
-  __shared__ __attribute__((aligned(16))) u16 As[GBM * GLD];
-  __shared__ __attribute__((aligned(16))) u16 Bs[GBN * GLD];
-  int tid = threadIdx.x;
-  int m0 = blockIdx.x * GBM, n0 = blockIdx.y * GBN;
-
-  // global -> register staging: each thread moves rows r0 and r0+64,
-  // columns c..c+7, of both operands
-  int r0 = tid >> 2, c = (tid & 3) * 8;
-  uint4 z;
-  z.x = z.y = z.z = z.w = 0;
-  uint4 ra0 = z, ra1 = z, rb0 = z, rb1 = z;
-  const u16* wp0 = W + (size_t)min(m0 + r0, M - 1) * K + c;
-  const u16* wp1 = W + (size_t)min(m0 + r0 + 64, M - 1) * K + c;
-  const u16* xp0 = X + (size_t)min(n0 + r0, N - 1) * K + c;
-  const u16* xp1 = X + (size_t)min(n0 + r0 + 64, N - 1) * K + c;
-  bool wv0 = m0 + r0 < M, wv1 = m0 + r0 + 64 < M, xv0 = n0 + r0 < N, xv1 = n0 + r0 + 64 < N;
-#define GEMM_FETCH(k0)                                   \
-  do {                                                   \
-    ra0 = wv0 ? *(const uint4*)(wp0 + (k0)) : z;         \
-    ra1 = wv1 ? *(const uint4*)(wp1 + (k0)) : z;         \
-    rb0 = xv0 ? *(const uint4*)(xp0 + (k0)) : z;         \
-    rb1 = xv1 ? *(const uint4*)(xp1 + (k0)) : z;         \
-  } while (0)
-#define GEMM_STASH()                                     \
-  do {                                                   \
-    *(uint4*)(As + r0 * GLD + c) = ra0;                  \
-    *(uint4*)(As + (r0 + 64) * GLD + c) = ra1;           \
-    *(uint4*)(Bs + r0 * GLD + c) = rb0;                  \
-    *(uint4*)(Bs + (r0 + 64) * GLD + c) = rb1;           \
-  } while (0)
-
-#if defined(GEMM_MMA)
+  GEMM_SETUP();
   int lane = tid & 31, warp = tid >> 5;
   int g = lane >> 2, t = lane & 3;
   int wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
@@ -84,22 +129,12 @@ static __device__ void gemm_f16_body(const u16* __restrict__ W, const u16* __res
     for (int j = 0; j < 4; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-#else
-  int tm = tid & 15, tn = tid >> 4;
-  float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-#pragma unroll
-    for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
-#endif
-
   GEMM_FETCH(0);
   for (int k0 = 0; k0 < K; k0 += GBK) {
     __syncthreads();
     GEMM_STASH();
     __syncthreads();
     if (k0 + GBK < K) GEMM_FETCH(k0 + GBK);
-#if defined(GEMM_MMA)
 #pragma unroll
     for (int kk = 0; kk < GBK; kk += 16) {
       u32 a[4][4], b[4][2];
@@ -142,23 +177,8 @@ static __device__ void gemm_f16_body(const u16* __restrict__ W, const u16* __res
               : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
               : "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]), "r"(b[j][0]), "r"(b[j][1]));
     }
-#else
-#pragma unroll 4
-    for (int k = 0; k < GBK; k++) {
-      float av[8], bv[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) av[i] = h2f(As[(tm + 16 * i) * GLD + k]);
-#pragma unroll
-      for (int j = 0; j < 8; j++) bv[j] = h2f(Bs[(tn + 16 * j) * GLD + k]);
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
-#endif
   }
 
-#if defined(GEMM_MMA)
 #pragma unroll
   for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -169,14 +189,15 @@ static __device__ void gemm_f16_body(const u16* __restrict__ W, const u16* __res
         int n = n0 + wn + 8 * j + 2 * t + (e & 1);
         if (m < M && n < N) C[(size_t)n * M + m] = acc[i][j][e];
       }
+}
+#endif
+
+template <bool LDM>
+DEV void gemm_f16_body(const u16* W, const u16* X, float* C, int M, int N, int K) {
+#if defined(GEMM_MMA)
+  gemm_mma_body<LDM>(W, X, C, M, N, K);
 #else
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      int m = m0 + tm + 16 * i, n = n0 + tn + 16 * j;
-      if (m < M && n < N) C[(size_t)n * M + m] = acc[i][j];
-    }
+  gemm_fma_body(W, X, C, M, N, K);
 #endif
 }
 
@@ -185,4 +206,7 @@ KERNEL void __launch_bounds__(256) gemm_f16(const u16* W, const u16* X, float* C
 }
 KERNEL void __launch_bounds__(256) gemm_f16_lds(const u16* W, const u16* X, float* C, int M, int N, int K) {
   gemm_f16_body<false>(W, X, C, M, N, K);
+}
+KERNEL void __launch_bounds__(256) gemm_f16_fma(const u16* W, const u16* X, float* C, int M, int N, int K) {
+  gemm_fma_body(W, X, C, M, N, K);
 }

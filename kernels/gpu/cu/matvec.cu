@@ -82,11 +82,11 @@ static __device__ void mv_plain(const u8* __restrict__ w, const float* __restric
 }
 
 #define MV_BLOCK(name, T)                                                                               \
-  KERNEL void mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
     mv_block<T>(w, x, y, rows, cols, nx);                                                               \
   }
 #define MV_PLAIN(name, T)                                                                               \
-  KERNEL void mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
     mv_plain<T>(w, x, y, rows, cols, nx);                                                               \
   }
 FOR_BLOCK_TYPES(MV_BLOCK)
@@ -282,12 +282,12 @@ static __device__ void mv_q4_k_pipe(const u8* __restrict__ w, const float* __res
   }
 }
 
-KERNEL void mv_q4_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<4>(w, x, y, rows, cols); }
-KERNEL void mv_q4_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<1>(w, x, y, rows, cols); }
-KERNEL void mv_q4_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<2>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<2>(w, x, y, rows, cols); }
 
 #define MV_Q4K_FAST(R, U)                                                                         \
-  KERNEL void mv_q4_k_r##R##u##U(const u8* w, const float* x, float* y, int rows, int cols) {     \
+  KERNEL void __launch_bounds__(128) mv_q4_k_r##R##u##U(const u8* w, const float* x, float* y, int rows, int cols) {     \
     mv_q4_k_fast<R, U>(w, x, y, rows, cols);                                                      \
   }
 MV_Q4K_FAST(1, 1)
@@ -455,14 +455,14 @@ static __device__ void mv_q6_k_pipe(const u8* __restrict__ w, const float* __res
   }
 }
 
-KERNEL void mv_q6_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<4>(w, x, y, rows, cols); }
-KERNEL void mv_q6_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<1>(w, x, y, rows, cols); }
-KERNEL void mv_q6_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<2>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<2>(w, x, y, rows, cols); }
 
-KERNEL void mv_q6_k_r1u1(const u8* w, const float* x, float* y, int rows, int cols) {
+KERNEL void __launch_bounds__(128) mv_q6_k_r1u1(const u8* w, const float* x, float* y, int rows, int cols) {
   mv_q6_k_fast<1>(w, x, y, rows, cols);
 }
-KERNEL void mv_q6_k_r2u1(const u8* w, const float* x, float* y, int rows, int cols) {
+KERNEL void __launch_bounds__(128) mv_q6_k_r2u1(const u8* w, const float* x, float* y, int rows, int cols) {
   mv_q6_k_fast<2>(w, x, y, rows, cols);
 }
 
@@ -607,7 +607,7 @@ DEV uint4 ld16w(const u8* p) {
 
 // x [n] f32 -> q [n] int8, d [n/32] f32 with x ≈ q·d, d = max|x|/127.
 // One thread per value; 32 consecutive threads share a block.
-KERNEL void quantize_q8(const float* x, i8* q, float* d, int n) {
+KERNEL void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float* d, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   q8_group(i < n ? x[i] : 0.0f, i, n, q, d);
 }
@@ -737,7 +737,7 @@ static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1
   }
 }
 
-KERNEL void mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
+KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
                          int r2, const i8* xq, const float* xd, int cols) {
   mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
@@ -849,13 +849,13 @@ static __device__ void mv_q6_k_q8(const u8* __restrict__ w, const i8* __restrict
 }
 
 #define MV_Q8X(R, U)                                                                                           \
-  KERNEL void mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
     mv_q4_k_q8<R, U, false>(w, xq, xd, y, rows, cols);                                                         \
   }                                                                                                            \
-  KERNEL void mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
     mv_q4_k_q8<R, U, true>(w, xq, xd, y, rows, cols);                                                          \
   }                                                                                                            \
-  KERNEL void mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
     mv_q6_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
   }
 // q{R}{U}: R rows per warp, U super-blocks per lane in flight
@@ -1296,10 +1296,12 @@ MV_B32(q8_0, B8Q8_0)
 // Q4_K: lanes as in q4k_q8_rows, R weight rows per warp (each x load
 // serves R rows: the x traffic through L1, eight times the weight traffic
 // at eight rows of x, is what limits these kernels), the next super-block's
-// weights loaded during this one's arithmetic.
+// weights loaded during this one's arithmetic. Always inlined (DEV): at
+// NX = 16 AMD's compiler left it a called function, whose calling
+// convention took 176 (gfx90a) to 332 (gfx1030) bytes of scratch per lane.
 template <int R, int NX>
-static __device__ void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
-                                  float* __restrict__ y, int rows, int cols, int nx) {
+DEV void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                    float* __restrict__ y, int rows, int cols, int nx) {
   int lane = threadIdx.x % warpSize;
   int nsb = cols / 256;
   int step = warpSize / 8;
@@ -1364,8 +1366,8 @@ static __device__ void mv_q4_k_xn(const u8* __restrict__ w, const i8* __restrict
 // Q6_K: lanes as in mv_q6_k_q8 (the fields loaded straight from global),
 // R weight rows per warp.
 template <int R, int NX>
-static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
-                                  float* __restrict__ y, int rows, int cols, int nx) {
+DEV void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                    float* __restrict__ y, int rows, int cols, int nx) {
   int lane = threadIdx.x % warpSize;
   int nsb = cols / 256;
   int step = warpSize / 4;
@@ -1418,8 +1420,8 @@ static __device__ void mv_q6_k_xn(const u8* __restrict__ w, const i8* __restrict
 // 32-element blocks: as mv_b32_q8 with one weight row per warp (its runs
 // staged through shared memory), every staged block used for all nx rows.
 template <class B, int NX>
-static __device__ void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
-                                 float* __restrict__ y, int rows, int cols, int nx) {
+DEV void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
+                   float* __restrict__ y, int rows, int cols, int nx) {
   __shared__ __attribute__((aligned(16))) u8 stage[128 * B::BB + 16];
   int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
   int run = warpSize * B::BB;

@@ -2,7 +2,7 @@
 #include "common.h"
 
 // RMSNorm, one block per row: dst[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w.
-KERNEL void rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
+KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
   __shared__ float scratch[32];
   const float* xr = x + (size_t)blockIdx.x * cols;
   float* dr = dst + (size_t)blockIdx.x * cols;
@@ -61,7 +61,7 @@ KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const floa
 
 // x += r, then RMSNorm, one block per row (the prompt shape).
 //   x, r, dst [rows][cols]
-KERNEL void add_rmsnorm(float* dst, float* x, const float* r, const float* w, int cols, float eps) {
+KERNEL void __launch_bounds__(256) add_rmsnorm(float* dst, float* x, const float* r, const float* w, int cols, float eps) {
   __shared__ float scratch[32];
   float* xr = x + (size_t)blockIdx.x * cols;
   const float* rr = r + (size_t)blockIdx.x * cols;
@@ -78,7 +78,7 @@ KERNEL void add_rmsnorm(float* dst, float* x, const float* r, const float* w, in
 }
 
 // dst = silu(gate) ⊙ up, silu(g) = g / (1 + e^-g).
-KERNEL void silu_mul(float* dst, const float* gate, const float* up, int n) {
+KERNEL void __launch_bounds__(256) silu_mul(float* dst, const float* gate, const float* up, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float g = gate[i];
     dst[i] = g / (1.0f + expf(-g)) * up[i];
@@ -87,7 +87,7 @@ KERNEL void silu_mul(float* dst, const float* gate, const float* up, int n) {
 
 // silu_mul that also writes dst quantized to 8-bit blocks of 32 (n a
 // multiple of 32), the input of the down projection.
-KERNEL void silu_mul_q8(float* dst, const float* gate, const float* up, int n, i8* q, float* d) {
+KERNEL void __launch_bounds__(256) silu_mul_q8(float* dst, const float* gate, const float* up, int n, i8* q, float* d) {
   for (int i0 = blockIdx.x * blockDim.x; i0 < n; i0 += gridDim.x * blockDim.x) {
     int i = i0 + threadIdx.x;
     float v = 0.0f;
@@ -101,12 +101,12 @@ KERNEL void silu_mul_q8(float* dst, const float* gate, const float* up, int n, i
 }
 
 // dst = a + b.
-KERNEL void add(float* dst, const float* a, const float* b, int n) {
+KERNEL void __launch_bounds__(256) add(float* dst, const float* a, const float* b, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = a[i] + b[i];
 }
 
 // x [n][cols] += b [cols].
-KERNEL void add_bias(float* x, const float* b, int n, int cols) {
+KERNEL void __launch_bounds__(256) add_bias(float* x, const float* b, int n, int cols) {
   int total = n * cols;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) x[i] += b[i % cols];
 }
@@ -134,7 +134,7 @@ DEV void rope_pair(float* x, int t, int h, int p, int pos, int heads, int headDi
 // The angle (pos·scale·base^(-2i/dim) / freqs[i]) and its sine and cosine
 // are computed in double: positions reach 10^5 and a float angle would be
 // off by 10^-2 radians there.
-KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, float base, float scale,
+KERNEL void __launch_bounds__(256) rope(float* x, int n, int heads, int headDim, int pos0, int dim, float base, float scale,
                  const float* freqs, int neox, const i32* posp) {
   if (posp) pos0 = *posp;
   int half = dim / 2;
@@ -149,7 +149,7 @@ KERNEL void rope(float* x, int n, int heads, int headDim, int pos0, int dim, flo
 
 // rope_at is rope with token t at position pos[t] (a batched step's rows,
 // each from its own sequence).
-KERNEL void rope_at(float* x, int n, int heads, int headDim, const i32* pos, int dim, float base, float scale,
+KERNEL void __launch_bounds__(256) rope_at(float* x, int n, int heads, int headDim, const i32* pos, int dim, float base, float scale,
                     const float* freqs, int neox) {
   int half = dim / 2;
   int total = n * heads * half;
@@ -162,7 +162,7 @@ KERNEL void rope_at(float* x, int n, int heads, int headDim, const i32* pos, int
 }
 
 // The token and position a replayed decode graph reads (step[0], step[1]).
-KERNEL void set_step(i32* step, int token, int pos) {
+KERNEL void __launch_bounds__(32) set_step(i32* step, int token, int pos) {
   if (threadIdx.x == 0) {
     step[0] = token;
     step[1] = pos;
@@ -200,7 +200,7 @@ DEV void argmax_block(float& bv, int& bi) {
 // [b·chunk, (b+1)·chunk) to part (value, index); argmax_parts reduces the
 // parts (one block). A single block would walk a vocabulary of 10^5 with
 // one load in flight per thread.
-KERNEL void argmax_slices(const float* x, int cols, int chunk, float* pv, i32* pi) {
+KERNEL void __launch_bounds__(256) argmax_slices(const float* x, int cols, int chunk, float* pv, i32* pi) {
   int c0 = blockIdx.x * chunk, c1 = min(cols, c0 + chunk);
   float bv = __int_as_float(0xff800000u);  // -inf: a row of -inf still has an argmax
   int bi = 0x7fffffff;
@@ -212,7 +212,7 @@ KERNEL void argmax_slices(const float* x, int cols, int chunk, float* pv, i32* p
   }
 }
 
-KERNEL void argmax_parts(const float* pv, const i32* pi, int parts, i32* out) {
+KERNEL void __launch_bounds__(256) argmax_parts(const float* pv, const i32* pi, int parts, i32* out) {
   float bv = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) argmax_merge(bv, bi, pv[i], pi[i]);
@@ -222,7 +222,7 @@ KERNEL void argmax_parts(const float* pv, const i32* pi, int parts, i32* out) {
 
 // Argmax of each row: one block per row; ties go to the lowest index.
 //   x [rows][cols] -> out [rows]
-KERNEL void argmax_rows(const float* x, i32* out, int cols) {
+KERNEL void __launch_bounds__(256) argmax_rows(const float* x, i32* out, int cols) {
   const float* xr = x + (size_t)blockIdx.x * cols;
   float bv = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
@@ -236,7 +236,7 @@ KERNEL void argmax_rows(const float* x, i32* out, int cols) {
 // in descending order, to ovals/oidx [b·k…]. k rounds of a block argmax
 // over the chunk held in shared memory; ties go to the lowest index.
 #define TOPK_CHUNK 4096
-KERNEL void topk_step(const float* vals, const i32* idx, int count, int k, float* ovals, i32* oidx) {
+KERNEL void __launch_bounds__(256) topk_step(const float* vals, const i32* idx, int count, int k, float* ovals, i32* oidx) {
   __shared__ float sv[TOPK_CHUNK];
   __shared__ float rv[32];
   __shared__ int ri[32];
