@@ -84,6 +84,25 @@ var (
 	pagedNames = [4]string{"paged attention: q", "paged attention: out", "paged attention: k", "paged attention: v"}
 )
 
+// softmaxScores scales the raw scores sc, replaces each by its exponential
+// less the maximum, and returns their sum: the softmax numerators of
+// Attention and PagedAttention (which divide by the sum at the end).
+func softmaxScores(sc []float32, scale float32) float32 {
+	mx := float32(math.Inf(-1))
+	for p, s := range sc {
+		s *= scale
+		sc[p] = s
+		mx = max(mx, s)
+	}
+	var sum float32
+	for p, s := range sc {
+		e := float32(math.Exp(float64(s - mx)))
+		sc[p] = e
+		sum += e
+	}
+	return sum
+}
+
 // attnTask computes one (token, query head) pair per item.
 type attnTask struct {
 	b      *Backend
@@ -104,22 +123,10 @@ func (t *attnTask) run(w, lo, hi int) {
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := t.pos0 + i + 1
 		sc := t.b.scratch[w].scores[:npos]
-		mx := float32(math.Inf(-1))
-		for p := range npos {
-			s := dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale
-			sc[p] = s
-			mx = max(mx, s)
-		}
-		var sum float32
-		for p, s := range sc {
-			e := float32(math.Exp(float64(s - mx)))
-			sc[p] = e
-			sum += e
-		}
+		scoresF32(qv, t.kc[g*hd:], kvDim, sc)
+		sum := softmaxScores(sc, a.Scale)
 		clear(o)
-		for p, e := range sc {
-			axpyF32(o, t.vc[p*kvDim+g*hd:p*kvDim+(g+1)*hd], e)
-		}
+		axpyRowsF32(o, t.vc[g*hd:], kvDim, sc)
 		inv := 1 / sum
 		for j := range o {
 			o[j] *= inv

@@ -76,6 +76,8 @@ func init() {
 	asmEnabled = true
 	dotF32 = dotF32Fast
 	axpyF32 = axpyF32Fast
+	scoresF32 = scoresF32Fast
+	axpyRowsF32 = axpyRowsF32Fast
 }
 
 // asmKernels are the types with assembly dot products.
@@ -240,4 +242,40 @@ func axpyF32Fast(y, x []float32, a float32) {
 	if m < n {
 		axpyF32Go(y[m:], x[m:], a)
 	}
+}
+
+//go:noescape
+func scoresF32AVX512(q, k *float32, stride, n, count int, out *float32)
+
+//go:noescape
+func axpyRowsF32AVX512(o, v *float32, stride, n, count int, e *float32)
+
+// scoresF32Fast is scoresF32Go with dotF32Fast's arithmetic per key, in one
+// call for all keys when the head is a multiple of 32 floats.
+func scoresF32Fast(q, k []float32, stride int, out []float32) {
+	n, count := len(q), len(out)
+	if count == 0 {
+		return
+	}
+	if n == 0 || n%32 != 0 {
+		scoresF32Go(q, k, stride, out)
+		return
+	}
+	_ = k[(count-1)*stride+n-1]
+	scoresF32AVX512(&q[0], &k[0], stride, n, count, &out[0])
+}
+
+// axpyRowsF32Fast is axpyRowsF32Go with axpyF32Fast's arithmetic, o kept
+// in registers across the rows when its length is a multiple of 16.
+func axpyRowsF32Fast(o, v []float32, stride int, e []float32) {
+	n, count := len(o), len(e)
+	if count == 0 {
+		return
+	}
+	if n == 0 || n%16 != 0 {
+		axpyRowsF32Go(o, v, stride, e)
+		return
+	}
+	_ = v[(count-1)*stride+n-1]
+	axpyRowsF32AVX512(&o[0], &v[0], stride, n, count, &e[0])
 }

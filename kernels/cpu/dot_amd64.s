@@ -972,3 +972,78 @@ f32seqloop:
 	VMOVSS      X0, ret+24(FP)
 	VZEROUPPER
 	RET
+
+// func scoresF32AVX512(q, k *float32, stride, n, count int, out *float32)
+// out[p] = dotF32AVX512(q, k+p·stride, n) for p < count: the attention
+// scores of one query against count keys stride floats apart, with the
+// arithmetic of dotF32AVX512 per key. n is a positive multiple of 32,
+// count positive.
+TEXT ·scoresF32AVX512(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), DI
+	MOVQ k+8(FP), SI
+	MOVQ stride+16(FP), R9
+	MOVQ n+24(FP), R10
+	MOVQ count+32(FP), R11
+	MOVQ out+40(FP), R12
+	SHLQ $2, R9
+
+scoresrow:
+	MOVQ   DI, AX
+	MOVQ   SI, BX
+	MOVQ   R10, CX
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+
+scoresloop:
+	VMOVUPS     (AX), Z2
+	VMOVUPS     64(AX), Z3
+	VFMADD231PS (BX), Z2, Z0
+	VFMADD231PS 64(BX), Z3, Z1
+	ADDQ        $128, AX
+	ADDQ        $128, BX
+	SUBQ        $32, CX
+	JNZ         scoresloop
+	VADDPS      Z1, Z0, Z0
+	HSUM16
+	VMOVSS      X0, (R12)
+	ADDQ        $4, R12
+	ADDQ        R9, SI
+	DECQ        R11
+	JNZ         scoresrow
+	VZEROUPPER
+	RET
+
+// func axpyRowsF32AVX512(o, v *float32, stride, n, count int, e *float32)
+// o += e[p]·v[p·stride…] for p < count in order: axpyF32AVX512 once per
+// row, each element's fused multiply-adds in the same order, with o kept
+// in a register across the rows. n is a positive multiple of 16, count
+// positive.
+TEXT ·axpyRowsF32AVX512(SB), NOSPLIT, $0-48
+	MOVQ o+0(FP), DI
+	MOVQ v+8(FP), SI
+	MOVQ stride+16(FP), R9
+	MOVQ n+24(FP), R10
+	MOVQ count+32(FP), R11
+	MOVQ e+40(FP), R12
+	SHLQ $2, R9
+
+axpyrcol:
+	VMOVUPS (DI), Z1
+	MOVQ    SI, BX
+	MOVQ    R12, DX
+	MOVQ    R11, CX
+
+axpyrrow:
+	VBROADCASTSS (DX), Z0
+	VFMADD231PS  (BX), Z0, Z1
+	ADDQ         $4, DX
+	ADDQ         R9, BX
+	DECQ         CX
+	JNZ          axpyrrow
+	VMOVUPS      Z1, (DI)
+	ADDQ         $64, DI
+	ADDQ         $64, SI
+	SUBQ         $16, R10
+	JNZ          axpyrcol
+	VZEROUPPER
+	RET

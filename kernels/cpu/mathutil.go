@@ -34,4 +34,20 @@ func axpyF32Go(y, x []float32, a float32) {
 	}
 }
 
+// scoresF32Go sets out[p] = dotF32(q, k[p·stride:p·stride+len(q)]) for
+// every p < len(out).
+func scoresF32Go(q, k []float32, stride int, out []float32) {
+	for p := range out {
+		out[p] = dotF32(q, k[p*stride:p*stride+len(q)])
+	}
+}
+
+// axpyRowsF32Go adds e[p]·v[p·stride:p·stride+len(o)] to o for every
+// p < len(e), in order.
+func axpyRowsF32Go(o, v []float32, stride int, e []float32) {
+	for p, a := range e {
+		axpyF32(o, v[p*stride:p*stride+len(o)], a)
+	}
+}
+
 func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 	"runtime/debug"
 
 	"github.com/forge-llm/forge/kernels"
@@ -191,23 +190,17 @@ func (t *pagedTask) run(w, lo, hi int) {
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := int(lay.Pos[i]) + 1
 		sc := t.b.scratch[w].scores[:npos]
-		mx := float32(math.Inf(-1))
-		for p := range npos {
-			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
-			s := dotF32(qv, t.kc[r:r+hd]) * a.Scale
-			sc[p] = s
-			mx = max(mx, s)
+		// Keys and values of one block are consecutive rows: one call
+		// per block.
+		for p := 0; p < npos; p += t.bs {
+			r := int(tab[p/t.bs])*t.bs*kvDim + g*hd
+			scoresF32(qv, t.kc[r:], kvDim, sc[p:min(p+t.bs, npos)])
 		}
-		var sum float32
-		for p, s := range sc {
-			e := float32(math.Exp(float64(s - mx)))
-			sc[p] = e
-			sum += e
-		}
+		sum := softmaxScores(sc, a.Scale)
 		clear(o)
-		for p, e := range sc {
-			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
-			axpyF32(o, t.vc[r:r+hd], e)
+		for p := 0; p < npos; p += t.bs {
+			r := int(tab[p/t.bs])*t.bs*kvDim + g*hd
+			axpyRowsF32(o, t.vc[r:], kvDim, sc[p:min(p+t.bs, npos)])
 		}
 		inv := 1 / sum
 		for j := range o {
