@@ -76,6 +76,8 @@ func init() {
 	asmEnabled = true
 	dotF32 = dotF32Fast
 	axpyF32 = axpyF32Fast
+	quantQ8_0 = quantQ8_0Fast
+	quantQ8_K = quantQ8_KFast
 	scoresF32 = scoresF32Fast
 	axpyRowsF32 = axpyRowsF32Fast
 }
@@ -278,4 +280,40 @@ func axpyRowsF32Fast(o, v []float32, stride int, e []float32) {
 	}
 	_ = v[(count-1)*stride+n-1]
 	axpyRowsF32AVX512(&o[0], &v[0], stride, n, count, &e[0])
+}
+
+//go:noescape
+func quantQ8_KAVX512(x *float32, q *int8, d *float32, bs *int16, nb int)
+
+//go:noescape
+func quantQ8_0AVX512(x *float32, q *int8, amax *float32, sums *int32, nb int)
+
+// quantQ8_KFast is quantQ8_KGo in assembly (the same codes, scales and
+// sums for finite activations).
+func quantQ8_KFast(x []float32, q []int8, d []float32, bs []int16) {
+	nb := len(x) / 256
+	if nb == 0 {
+		return
+	}
+	_, _, _ = q[256*nb-1], d[nb-1], bs[16*nb-1]
+	quantQ8_KAVX512(&x[0], &q[0], &d[0], &bs[0], nb)
+}
+
+// quantQ8_0Fast is quantQ8_0Go: the codes and their sums in assembly, 64
+// blocks at a time, the f16 scales from them in Go (q8_0Scales).
+func quantQ8_0Fast(x []float32, q []int8, d, s []float32, q81 bool) {
+	var amax [64]float32
+	var sums [64]int32
+	nb := len(x) / 32
+	if nb == 0 {
+		return
+	}
+	_, _, _ = q[32*nb-1], d[nb-1], s[nb-1]
+	for b0 := 0; b0 < nb; b0 += 64 {
+		k := min(64, nb-b0)
+		quantQ8_0AVX512(&x[32*b0], &q[32*b0], &amax[0], &sums[0], k)
+		for i := range k {
+			d[b0+i], s[b0+i] = q8_0Scales(amax[i], sums[i], q81)
+		}
+	}
 }

@@ -1047,3 +1047,223 @@ axpyrrow:
 	JNZ          axpyrcol
 	VZEROUPPER
 	RET
+
+// Index of dword 4k in lane k: picks one group sum per 128-bit lane.
+DATA q8kpick<>+0(SB)/4, $0
+DATA q8kpick<>+4(SB)/4, $4
+DATA q8kpick<>+8(SB)/4, $8
+DATA q8kpick<>+12(SB)/4, $12
+GLOBL q8kpick<>(SB), RODATA|NOPTR, $16
+
+// AMAX16(off, acc) folds |x| of the 16 floats at off(DI) into acc (Z31:
+// the sign mask's complement).
+#define AMAX16(off, acc) \
+	VANDPS off(DI), Z31, Z8 \
+	VMAXPS Z8, acc, acc
+
+// CODES16(k) quantizes the 16 floats at 64k(DI) by Z3 into 16 codes at
+// 16k(SI), clamped to 127 as ggml's quantize_row_q8_K does.
+#define CODES16(k) \
+	VMULPS    (64*k)(DI), Z3, Z4 \
+	VCVTPS2DQ Z4, Z4             \
+	VPMINSD   Z30, Z4, Z4        \
+	VPMOVSDB  Z4, (16*k)(SI)
+
+// BSUMS4(j) writes the sums of the 4 groups of 16 codes at 64j(SI) as 4
+// int16 at 8j(R8).
+#define BSUMS4(j) \
+	VPXORD    Z6, Z6, Z6        \
+	VPDPBUSD  (64*j)(SI), Z29, Z6 \
+	VPSHUFD   $0x4E, Z6, Z7     \
+	VPADDD    Z7, Z6, Z6        \
+	VPSHUFD   $0xB1, Z6, Z7     \
+	VPADDD    Z7, Z6, Z6        \
+	VPERMD    Z6, Z28, Z7       \
+	VPMOVDW   X7, (8*j)(R8)
+
+// func quantQ8_KAVX512(x *float32, q *int8, d *float32, bs *int16, nb int)
+// quantQ8_KGo's arithmetic on nb blocks of 256 (finite x): the value of
+// largest magnitude (the first such) maps to −127, codes
+// min(127, round-half-even(x·iscale)), d = 1/iscale, bs the sums of 16.
+TEXT ·quantQ8_KAVX512(SB), NOSPLIT, $0-40
+	MOVQ         x+0(FP), DI
+	MOVQ         q+8(FP), SI
+	MOVQ         d+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         nb+32(FP), CX
+	MOVL         $0x7FFFFFFF, AX
+	VPBROADCASTD AX, Z31
+	MOVL         $127, AX
+	VPBROADCASTD AX, Z30
+	MOVL         $0x01010101, AX
+	VPBROADCASTD AX, Z29
+	VMOVDQU32    q8kpick<>(SB), X28
+	TESTQ        CX, CX
+	JEQ          q8kdone
+
+q8kblock:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	AMAX16(0, Z0)
+	AMAX16(64, Z1)
+	AMAX16(128, Z0)
+	AMAX16(192, Z1)
+	AMAX16(256, Z0)
+	AMAX16(320, Z1)
+	AMAX16(384, Z0)
+	AMAX16(448, Z1)
+	AMAX16(512, Z0)
+	AMAX16(576, Z1)
+	AMAX16(640, Z0)
+	AMAX16(704, Z1)
+	AMAX16(768, Z0)
+	AMAX16(832, Z1)
+	AMAX16(896, Z0)
+	AMAX16(960, Z1)
+	VMAXPS        Z1, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VMAXPS        Y1, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VMAXPS        X1, X0, X0
+	VMOVHLPS      X0, X0, X1
+	VMAXPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VMAXSS        X1, X0, X0
+	VXORPS        X1, X1, X1
+	VUCOMISS      X1, X0
+	JEQ           q8kzero
+
+	// The first element whose magnitude is the maximum.
+	VBROADCASTSS X0, Z1
+	XORQ         BX, BX
+
+q8kfind:
+	VANDPS   (DI)(BX*1), Z31, Z8
+	VCMPPS   $0, Z1, Z8, K1
+	KMOVW    K1, AX
+	TESTL    AX, AX
+	JNZ      q8kfound
+	ADDQ     $64, BX
+	CMPQ     BX, $1024
+	JLT      q8kfind
+	JMP      q8kzero // unreachable for finite x
+
+q8kfound:
+	TZCNTL AX, AX
+	LEAQ   (DI)(BX*1), R10
+	VMOVSS (R10)(AX*4), X2    // mx
+	MOVL   $0xC2FE0000, AX    // −127
+	VMOVD  AX, X3
+	VDIVSS X2, X3, X3         // iscale = −127/mx
+	MOVL   $0x3F800000, AX    // 1
+	VMOVD  AX, X5
+	VDIVSS X3, X5, X5         // d = 1/iscale
+	VMOVSS X5, (DX)
+	VBROADCASTSS X3, Z3
+	CODES16(0)
+	CODES16(1)
+	CODES16(2)
+	CODES16(3)
+	CODES16(4)
+	CODES16(5)
+	CODES16(6)
+	CODES16(7)
+	CODES16(8)
+	CODES16(9)
+	CODES16(10)
+	CODES16(11)
+	CODES16(12)
+	CODES16(13)
+	CODES16(14)
+	CODES16(15)
+	BSUMS4(0)
+	BSUMS4(1)
+	BSUMS4(2)
+	BSUMS4(3)
+	JMP q8knext
+
+q8kzero:
+	VPXORD    Z4, Z4, Z4
+	VMOVDQU64 Z4, (SI)
+	VMOVDQU64 Z4, 64(SI)
+	VMOVDQU64 Z4, 128(SI)
+	VMOVDQU64 Z4, 192(SI)
+	VMOVDQU64 Y4, (R8)
+	MOVL      $0, (DX)
+
+q8knext:
+	ADDQ $1024, DI
+	ADDQ $256, SI
+	ADDQ $4, DX
+	ADDQ $32, R8
+	DECQ CX
+	JNZ  q8kblock
+
+q8kdone:
+	VZEROUPPER
+	RET
+
+// func quantQ8_0AVX512(x *float32, q *int8, amax *float32, sums *int32, nb int)
+// The integer part of quantQ8_0Go on nb blocks of 32 (finite x): amax[b] =
+// max|x|, codes round-half-even(x·(127/amax)) (0 where amax is 0) and
+// their sum; the f16 scales are left to the caller.
+TEXT ·quantQ8_0AVX512(SB), NOSPLIT, $0-40
+	MOVQ         x+0(FP), DI
+	MOVQ         q+8(FP), SI
+	MOVQ         amax+16(FP), DX
+	MOVQ         sums+24(FP), R8
+	MOVQ         nb+32(FP), CX
+	MOVL         $0x7FFFFFFF, AX
+	VPBROADCASTD AX, Z31
+	MOVL         $0x42FE0000, AX // 127
+	VMOVD        AX, X30
+	VXORPS       X29, X29, X29
+	TESTQ        CX, CX
+	JEQ          q80qdone
+
+q80qblock:
+	VANDPS        (DI), Z31, Z0
+	VANDPS        64(DI), Z31, Z1
+	VMAXPS        Z1, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VMAXPS        Y1, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VMAXPS        X1, X0, X0
+	VMOVHLPS      X0, X0, X1
+	VMAXPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VMAXSS        X1, X0, X0
+	VMOVSS        X0, (DX)
+	VXORPS        X2, X2, X2
+	VUCOMISS      X29, X0
+	JEQ           q80qscale
+	VDIVSS        X0, X30, X2 // id = 127/amax
+
+q80qscale:
+	VBROADCASTSS  X2, Z2
+	VMULPS        (DI), Z2, Z4
+	VMULPS        64(DI), Z2, Z5
+	VCVTPS2DQ     Z4, Z4
+	VCVTPS2DQ     Z5, Z5
+	VPMOVSDB      Z4, (SI)
+	VPMOVSDB      Z5, 16(SI)
+	VPADDD        Z5, Z4, Z4
+	VEXTRACTI64X4 $1, Z4, Y5
+	VPADDD        Y5, Y4, Y4
+	VEXTRACTI128  $1, Y4, X5
+	VPADDD        X5, X4, X4
+	VPSHUFD       $0x4E, X4, X5
+	VPADDD        X5, X4, X4
+	VPSHUFD       $0xB1, X4, X5
+	VPADDD        X5, X4, X4
+	VMOVD         X4, (R8)
+	ADDQ          $128, DI
+	ADDQ          $32, SI
+	ADDQ          $4, DX
+	ADDQ          $4, R8
+	DECQ          CX
+	JNZ           q80qblock
+
+q80qdone:
+	VZEROUPPER
+	RET

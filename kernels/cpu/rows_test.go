@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/kernels/conformance"
@@ -41,4 +42,65 @@ func TestRowLoopsMatchSingle(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestQuantMatchesGo checks the activation quantizers MatMul uses
+// (assembly where available) against the Go ones bit for bit, on rows with
+// the awkward cases: all-zero blocks, a maximum magnitude reached by both
+// signs (the first one sets Q8_K's sign), exact half-way products (ties to
+// even), and tiny and huge magnitudes.
+func TestQuantMatchesGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 7))
+	for trial := range 40 {
+		nb := 1 + rng.IntN(6)
+		x := conformance.RandomVector(rng, 256*nb, math.Pow(10, float64(rng.IntN(9)-4)))
+		switch trial % 5 {
+		case 1:
+			clear(x[256*rng.IntN(nb):][:256])
+		case 2:
+			for b := range nb {
+				i, j := 256*b+rng.IntN(256), 256*b+rng.IntN(256)
+				x[i], x[j] = 3, -3 // both signs at the maximum
+			}
+		case 3:
+			for b := range 8 * nb {
+				x[32*b] = 127 // max 127: codes are the values, halves tie
+				for i := 1; i < 32; i++ {
+					x[32*b+i] = float32(rng.IntN(255)-127) / 2
+				}
+			}
+		case 4:
+			clear(x[:32])
+		}
+		q1, q2 := make([]int8, len(x)), make([]int8, len(x))
+		d1, d2 := make([]float32, nb), make([]float32, nb)
+		bs1, bs2 := make([]int16, 16*nb), make([]int16, 16*nb)
+		quantQ8_K(x, q1, d1, bs1)
+		quantQ8_KGo(x, q2, d2, bs2)
+		if !slices.Equal(q1, q2) || !slices.Equal(bs1, bs2) || !bitsEqual(d1, d2) {
+			t.Fatalf("trial %d: Q8_K differs from the Go quantizer:\nd %v / %v\nbs %v / %v", trial, d1, d2, bs1, bs2)
+		}
+		for _, q81 := range []bool{false, true} {
+			n32 := len(x) / 32
+			d1, d2 := make([]float32, n32), make([]float32, n32)
+			s1, s2 := make([]float32, n32), make([]float32, n32)
+			quantQ8_0(x, q1, d1, s1, q81)
+			quantQ8_0Go(x, q2, d2, s2, q81)
+			if !slices.Equal(q1, q2) || !bitsEqual(d1, d2) || !bitsEqual(s1, s2) {
+				t.Fatalf("trial %d q81=%v: Q8_0 differs from the Go quantizer", trial, q81)
+			}
+		}
+	}
+}
+
+func bitsEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }
