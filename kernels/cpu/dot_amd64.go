@@ -84,14 +84,14 @@ func init() {
 
 // asmKernels are the types with assembly dot products.
 var asmKernels = map[gguf.Type]kernel{
-	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false},
-	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false},
-	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false},
-	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, false},
-	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false},
-	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false},
-	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false},
-	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false},
+	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm},
+	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil},
+	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil},
+	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil},
+	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil},
+	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil},
+	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false, nil},
 }
 
 func dotQ8_0Asm(w []byte, x *qrow) float32 {
@@ -316,4 +316,15 @@ func quantQ8_0Fast(x []float32, q []int8, d, s []float32, q81 bool) {
 			d[b0+i], s[b0+i] = q8_0Scales(amax[i], sums[i], q81)
 		}
 	}
+}
+
+//go:noescape
+func dotQ8_0r4VNNI(w *byte, rb int, xq *int8, xd *float32, nb int, out *float32)
+
+// dotQ8_0r4Asm is dotQ8_0Asm for the four weight rows w[0:rb], …,
+// w[3rb:4rb] (decode: one activation row, four independent streams).
+func dotQ8_0r4Asm(w []byte, rb int, x *qrow, out *[4]float32) {
+	nb := len(x.d)
+	_, _ = w[3*rb+34*nb-1], x.q[32*nb-1]
+	dotQ8_0r4VNNI(&w[0], rb, &x.q[0], &x.d[0], nb, &out[0])
 }

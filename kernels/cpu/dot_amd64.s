@@ -1267,3 +1267,70 @@ q80qscale:
 q80qdone:
 	VZEROUPPER
 	RET
+
+// R4BLOCK adds to acc row r's block (w at wa, its codes at qa) times the
+// activation block in Y9 with scale d_x at da, as BLOCKDOT and BLOCKACC
+// do for one row.
+#define R4BLOCK(wa, qa, da, acc) \
+	VMOVDQU      qa, Y1      \
+	VPABSB       Y1, Y3      \
+	VPSIGNB      Y1, Y9, Y2  \
+	VPXOR        Y4, Y4, Y4  \
+	VPDPBUSD     Y2, Y3, Y4  \
+	VCVTDQ2PS    Y4, Y4      \
+	MOVWLZX      wa, AX      \
+	VMOVD        AX, X5      \
+	VCVTPH2PS    X5, X5      \
+	VMULSS       da, X5, X5  \
+	VBROADCASTSS X5, Y5      \
+	VFMADD231PS  Y4, Y5, acc
+
+// func dotQ8_0r4VNNI(w *byte, rb int, xq *int8, xd *float32, nb int, out *float32)
+// dotQ8_0VNNI for the 4 weight rows at w, w+rb, w+2rb, w+3rb and one
+// activation row: each activation block is loaded once, the 4 rows' chains
+// are independent (the single-row kernel waits on its one accumulator),
+// and every row keeps the single-row arithmetic, so out[r] equals
+// dotQ8_0VNNI of row r bit for bit.
+TEXT ·dotQ8_0r4VNNI(SB), NOSPLIT, $0-48
+	MOVQ   w+0(FP), DI
+	MOVQ   rb+8(FP), R9
+	MOVQ   xq+16(FP), SI
+	MOVQ   xd+24(FP), DX
+	MOVQ   nb+32(FP), CX
+	LEAQ   (R9)(R9*2), R10
+	LEAQ   (DI)(R9*4), R11 // the next 4 rows, swept linearly
+	VXORPS Y0, Y0, Y0
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	TESTQ  CX, CX
+	JEQ    q80r4done
+
+q80r4loop:
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	VMOVDQU (SI), Y9
+	R4BLOCK((DI), 2(DI), (DX), Y0)
+	R4BLOCK((DI)(R9*1), 2(DI)(R9*1), (DX), Y6)
+	R4BLOCK((DI)(R9*2), 2(DI)(R9*2), (DX), Y7)
+	R4BLOCK((DI)(R10*1), 2(DI)(R10*1), (DX), Y8)
+	ADDQ    $34, DI
+	ADDQ    $136, R11
+	ADDQ    $32, SI
+	ADDQ    $4, DX
+	DECQ    CX
+	JNZ     q80r4loop
+
+q80r4done:
+	MOVQ   out+40(FP), AX
+	HSUM8(Y0, X0, Y1, X1)
+	VMOVSS X0, 0(AX)
+	HSUM8(Y6, X6, Y1, X1)
+	VMOVSS X6, 4(AX)
+	HSUM8(Y7, X7, Y1, X1)
+	VMOVSS X7, 8(AX)
+	HSUM8(Y8, X8, Y1, X1)
+	VMOVSS X8, 12(AX)
+	VZEROUPPER
+	RET

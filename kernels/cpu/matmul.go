@@ -30,7 +30,14 @@ type dotFunc func(w []byte, x *qrow) float32
 // which decodes each weight block once for four tokens.
 type dot4Func func(w []byte, a *actBuf, j int, out *[4]float32)
 
-// kernel is how MatMul handles one weight type. dot4 is optional; inexact4
+// dotR4Func is the dot product of the four consecutive weight rows w[0:rb],
+// w[rb:2rb], w[2rb:3rb], w[3rb:4rb] with one activation row: for decode,
+// where a row at a time leaves the core waiting on memory or on one
+// accumulator. Each result equals dot's on that row bit for bit.
+type dotR4Func func(w []byte, rb int, x *qrow, out *[4]float32)
+
+// kernel is how MatMul handles one weight type. dot4 and dotR4 are
+// optional; inexact4
 // marks a dot4 whose float accumulation order differs from dot's, so its
 // rows are not bit-identical to the row computed alone. MatMul uses such a
 // dot4 only above kernels.MaxBatchRows rows, where the Batcher contract
@@ -40,28 +47,29 @@ type kernel struct {
 	dot      dotFunc
 	dot4     dot4Func
 	inexact4 bool
+	dotR4    dotR4Func
 }
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -161,14 +169,15 @@ func (t *quantTask) run(_, lo, hi int) {
 // n activation rows pass over it, so for prompts every weight block is read
 // from memory once per MatMul, not once per token.
 type matmulTask struct {
-	dst  []float32
-	w    []byte
-	rb   int // bytes per weight row
-	rows int
-	act  *actBuf
-	dot  dotFunc
-	dot4 dot4Func
-	scr  []workerScratch
+	dst   []float32
+	w     []byte
+	rb    int // bytes per weight row
+	rows  int
+	act   *actBuf
+	dot   dotFunc
+	dot4  dot4Func
+	dotR4 dotR4Func
+	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
@@ -187,7 +196,15 @@ func (t *matmulTask) run(w, lo, hi int) {
 	for ; j < t.act.n; j++ {
 		x := &t.act.rows[j]
 		out := t.dst[j*t.rows : (j+1)*t.rows]
-		for r := lo; r < hi; r++ {
+		r := lo
+		if t.dotR4 != nil {
+			o := &t.scr[w].out4
+			for ; r+4 <= hi; r += 4 {
+				t.dotR4(t.w[r*t.rb:(r+4)*t.rb], t.rb, x, o)
+				copy(out[r:r+4], o[:])
+			}
+		}
+		for ; r < hi; r++ {
 			out[r] = t.dot(t.w[r*t.rb:(r+1)*t.rb], x)
 		}
 	}
@@ -240,8 +257,8 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if k.inexact4 && n <= kernels.MaxBatchRows {
 		dot4 = nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, scr: b.scratch}
-	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dotR4: k.dotR4, scr: b.scratch}
+	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, n, b.threads))
 	b.mm = matmulTask{}
 	if err != nil {
 		return opFault("matmul", w, err)
@@ -249,10 +266,17 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	return nil
 }
 
-// rowChunk picks how many weight rows one work item covers: a tile of about
-// 16 KiB of weights (it stays in L1/L2 while the activation rows pass over
-// it), but small enough that every worker gets several items.
-func rowChunk(rows, rb, threads int) int {
+// rowChunk picks how many weight rows one work item covers. For a batch of
+// tokens: a tile of about 16 KiB of weights (it stays in L1/L2 while the
+// activation rows pass over it), but small enough that every worker gets
+// several items. For fewer than 4 tokens nothing is reused, and long runs
+// of consecutive rows stream from memory faster (the hardware prefetchers
+// follow one sequential stream per core): four items per worker, whole
+// groups of 4 rows for the four-row kernels.
+func rowChunk(rows, rb, n, threads int) int {
+	if n < 4 {
+		return max(4, rows/(4*threads)&^3)
+	}
 	c := max(1, (16<<10)/max(rb, 1))
 	c = min(c, max(1, rows/(4*threads)))
 	return c

@@ -104,3 +104,29 @@ func bitsEqual(a, b []float32) bool {
 	}
 	return true
 }
+
+// TestRowKernelsMatchSingle checks every four-row decode kernel against the
+// one-row kernel of its type bit for bit, so that a row's result does not
+// depend on which rows it was computed with.
+func TestRowKernelsMatchSingle(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 8))
+	for typ, k := range fastKernels {
+		if k.dotR4 == nil {
+			continue
+		}
+		bs := max(typ.BlockSize(), 32)
+		for _, nb := range []int{1, 3, 24, 64} {
+			cols := nb * bs
+			w := conformance.RandomWeight(rng, "w", typ, 4, cols)
+			rb := len(w.Host) / 4
+			x := preparedRow(typ, conformance.RandomVector(rng, cols, 1))
+			var out [4]float32
+			k.dotR4(w.Host, rb, x, &out)
+			for r := range 4 {
+				if want := k.dot(w.Host[r*rb:(r+1)*rb], x); math.Float32bits(out[r]) != math.Float32bits(want) {
+					t.Errorf("%s cols=%d row %d: four-row kernel %g, one-row %g", typ, cols, r, out[r], want)
+				}
+			}
+		}
+	}
+}
