@@ -94,10 +94,9 @@ func softmaxScores(sc []float32, scale float32) float32 {
 		sc[p] = s
 		mx = max(mx, s)
 	}
+	expShift(sc, mx)
 	var sum float32
-	for p, s := range sc {
-		e := float32(math.Exp(float64(s - mx)))
-		sc[p] = e
+	for _, e := range sc {
 		sum += e
 	}
 	return sum

@@ -11,6 +11,10 @@ var (
 	// and slice checks per position.
 	scoresF32   = scoresF32Go
 	axpyRowsF32 = axpyRowsF32Go
+	// siluMul and expShift are SiLUMul's and softmax's exponential loops
+	// (math.Exp in float64, rounded to float32).
+	siluMul  = siluMulGo
+	expShift = expShiftGo
 )
 
 // asmEnabled reports whether the architecture file installed assembly

@@ -78,6 +78,8 @@ func init() {
 	axpyF32 = axpyF32Fast
 	quantQ8_0 = quantQ8_0Fast
 	quantQ8_K = quantQ8_KFast
+	siluMul = siluMulFast
+	expShift = expShiftFast
 	scoresF32 = scoresF32Fast
 	axpyRowsF32 = axpyRowsF32Fast
 }
@@ -87,7 +89,7 @@ var asmKernels = map[gguf.Type]kernel{
 	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm},
 	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil},
 	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil},
-	gguf.TypeQ4_K: {actQ8_K, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil},
+	gguf.TypeQ4_K: {actQ8_K4, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil},
 	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil},
 	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil},
 	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil},
@@ -327,4 +329,41 @@ func dotQ8_0r4Asm(w []byte, rb int, x *qrow, out *[4]float32) {
 	nb := len(x.d)
 	_, _ = w[3*rb+34*nb-1], x.q[32*nb-1]
 	dotQ8_0r4VNNI(&w[0], rb, &x.q[0], &x.d[0], nb, &out[0])
+}
+
+//go:noescape
+func siluMulAVX512(d, gate, u *float32, n int) int
+
+//go:noescape
+func expShiftAVX512(x *float32, m float32, n int) int
+
+// siluMulFast is siluMulGo with the exponentials 8 at a time in assembly
+// (math.Exp's own arithmetic, so the same bits); values outside its range
+// (|x| > 700, NaN) and the tail take the Go loop.
+func siluMulFast(d, g, u []float32) {
+	n := len(d)
+	g, u = g[:n], u[:n]
+	i := 0
+	for i+8 <= n {
+		i += siluMulAVX512(&d[i], &g[i], &u[i], (n-i)&^7)
+		if i+8 <= n { // stopped at an out-of-range 8
+			siluMulGo(d[i:i+8], g[i:i+8], u[i:i+8])
+			i += 8
+		}
+	}
+	siluMulGo(d[i:], g[i:], u[i:])
+}
+
+// expShiftFast is expShiftGo with the exponentials 8 at a time in assembly.
+func expShiftFast(x []float32, m float32) {
+	n := len(x)
+	i := 0
+	for i+8 <= n {
+		i += expShiftAVX512(&x[i], m, (n-i)&^7)
+		if i+8 <= n {
+			expShiftGo(x[i:i+8], m)
+			i += 8
+		}
+	}
+	expShiftGo(x[i:], m)
 }

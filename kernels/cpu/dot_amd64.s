@@ -359,29 +359,43 @@ f16x4loop:
 	VZEROUPPER
 	RET
 
-// Word lanes 0–15 = 0 and 16–31 = 4: shifts the upper 32 bytes of a
-// broadcast 32-byte load right by a nibble.
-DATA shiftQ4K<>+0(SB)/8, $0
-DATA shiftQ4K<>+8(SB)/8, $0
-DATA shiftQ4K<>+16(SB)/8, $0
-DATA shiftQ4K<>+24(SB)/8, $0
-DATA shiftQ4K<>+32(SB)/8, $0x0004000400040004
-DATA shiftQ4K<>+40(SB)/8, $0x0004000400040004
-DATA shiftQ4K<>+48(SB)/8, $0x0004000400040004
-DATA shiftQ4K<>+56(SB)/8, $0x0004000400040004
-GLOBL shiftQ4K<>(SB), RODATA|NOPTR, $64
-
-// Word lanes 0–15 = 0 and 16–31 = 1: picks the scales of groups 2p and
-// 2p+1 (after adding 2p) for the 64 products of one 32-byte chunk.
-DATA idxQ4K<>+0(SB)/8, $0
-DATA idxQ4K<>+8(SB)/8, $0
-DATA idxQ4K<>+16(SB)/8, $0
-DATA idxQ4K<>+24(SB)/8, $0
-DATA idxQ4K<>+32(SB)/8, $0x0001000100010001
-DATA idxQ4K<>+40(SB)/8, $0x0001000100010001
-DATA idxQ4K<>+48(SB)/8, $0x0001000100010001
-DATA idxQ4K<>+56(SB)/8, $0x0001000100010001
-GLOBL idxQ4K<>(SB), RODATA|NOPTR, $64
+// VPERMW indices of the scale words for 64 bytes of Q4_K nibbles (see
+// q4kOrder): low nibbles of the first 128 values are groups 0 (words
+// 0–15) and 2 (16–31), high nibbles groups 1 and 3; likewise 4–7 for the
+// second 128.
+DATA q4kidx<>+0(SB)/8, $0
+DATA q4kidx<>+8(SB)/8, $0
+DATA q4kidx<>+16(SB)/8, $0
+DATA q4kidx<>+24(SB)/8, $0
+DATA q4kidx<>+32(SB)/8, $0x0002000200020002
+DATA q4kidx<>+40(SB)/8, $0x0002000200020002
+DATA q4kidx<>+48(SB)/8, $0x0002000200020002
+DATA q4kidx<>+56(SB)/8, $0x0002000200020002
+DATA q4kidx<>+64(SB)/8, $0x0001000100010001
+DATA q4kidx<>+72(SB)/8, $0x0001000100010001
+DATA q4kidx<>+80(SB)/8, $0x0001000100010001
+DATA q4kidx<>+88(SB)/8, $0x0001000100010001
+DATA q4kidx<>+96(SB)/8, $0x0003000300030003
+DATA q4kidx<>+104(SB)/8, $0x0003000300030003
+DATA q4kidx<>+112(SB)/8, $0x0003000300030003
+DATA q4kidx<>+120(SB)/8, $0x0003000300030003
+DATA q4kidx<>+128(SB)/8, $0x0004000400040004
+DATA q4kidx<>+136(SB)/8, $0x0004000400040004
+DATA q4kidx<>+144(SB)/8, $0x0004000400040004
+DATA q4kidx<>+152(SB)/8, $0x0004000400040004
+DATA q4kidx<>+160(SB)/8, $0x0006000600060006
+DATA q4kidx<>+168(SB)/8, $0x0006000600060006
+DATA q4kidx<>+176(SB)/8, $0x0006000600060006
+DATA q4kidx<>+184(SB)/8, $0x0006000600060006
+DATA q4kidx<>+192(SB)/8, $0x0005000500050005
+DATA q4kidx<>+200(SB)/8, $0x0005000500050005
+DATA q4kidx<>+208(SB)/8, $0x0005000500050005
+DATA q4kidx<>+216(SB)/8, $0x0005000500050005
+DATA q4kidx<>+224(SB)/8, $0x0007000700070007
+DATA q4kidx<>+232(SB)/8, $0x0007000700070007
+DATA q4kidx<>+240(SB)/8, $0x0007000700070007
+DATA q4kidx<>+248(SB)/8, $0x0007000700070007
+GLOBL q4kidx<>(SB), RODATA|NOPTR, $256
 
 // Constants for the vector unpacking of Q4_K's 12 scale bytes.
 DATA k4m3f<>+0(SB)/8, $0x3f3f3f3f3f3f3f3f
@@ -420,21 +434,34 @@ GLOBL k4minidx<>(SB), RODATA|NOPTR, $32
 	VPUNPCKLDQ X3, X1, X1             \
 	VPMOVZXBW  X1, Y1
 
-// Q4KCHUNK handles groups 2p, 2p+1: the 32 bytes at qoff(DI) (low nibbles
-// group 2p, high nibbles group 2p+1) against the 64 codes at xoff(SI),
-// adding sc·Σ q·x to the int32 lanes of Z4. Z6 holds the scale indices.
-#define Q4KCHUNK(qoff, xoff) \
-	VBROADCASTI64X4 qoff(DI), Z7  \
-	VPSRLVW         Z14, Z7, Z7   \
-	VPANDD          Z15, Z7, Z7   \
-	VPERMW          Z1, Z6, Z8    \
-	VPMADDUBSW      xoff(SI), Z7, Z10 \
-	VPDPWSSD        Z8, Z10, Z4   \
-	VPADDW          Z12, Z6, Z6
+// Q4KPAIR decodes 64 bytes of nibbles at qoff(DI) into lo (low nibbles)
+// and hi (high nibbles), and their scale words into sclo, schi (Z1: the
+// unpacked scales; idxlo, idxhi: q4kidx rows).
+#define Q4KPAIR(qoff, lo, hi, sclo, schi, idxlo, idxhi) \
+	VMOVDQU64 qoff(DI), lo  \
+	VPSRLW    $4, lo, hi    \
+	VPANDD    Z15, lo, lo   \
+	VPANDD    Z15, hi, hi   \
+	VPERMW    Z1, idxlo, sclo \
+	VPERMW    Z1, idxhi, schi
+
+// Q4KSUMS leaves in the int32 lanes of Z4 Σ sc·q·x over the super-block
+// decoded into Z16–Z19 (nibbles) and Z20–Z23 (scale words), against the
+// 256 codes at xp in q4kOrder.
+#define Q4KSUMS(xp) \
+	VPMADDUBSW (xp), Z16, Z10    \
+	VPMADDWD   Z20, Z10, Z4      \
+	VPMADDUBSW 64(xp), Z17, Z10  \
+	VPDPWSSD   Z21, Z10, Z4      \
+	VPMADDUBSW 128(xp), Z18, Z10 \
+	VPDPWSSD   Z22, Z10, Z4      \
+	VPMADDUBSW 192(xp), Z19, Z10 \
+	VPDPWSSD   Z23, Z10, Z4
 
 // func dotQ4_KVNNI(w *byte, xq *int8, xd *float32, bs *int16, nb int) float32
 // Per super-block (144 bytes: d, dmin f16, 12 bytes of 6-bit scales and
-// mins, 128 bytes of nibbles): d_x·(d·Σ_g sc_g·Σ q·x − dmin·Σ_g mn_g·Σx_g).
+// mins, 128 bytes of nibbles): d_x·(d·Σ_g sc_g·Σ q·x − dmin·Σ_g mn_g·Σx_g),
+// the codes xq in q4kOrder.
 TEXT ·dotQ4_KVNNI(SB), NOSPLIT, $0-44
 	MOVQ         w+0(FP), DI
 	MOVQ         xq+8(FP), SI
@@ -445,10 +472,10 @@ TEXT ·dotQ4_KVNNI(SB), NOSPLIT, $0-44
 	VXORPS       Y9, Y9, Y9
 	MOVL         $0x0F0F0F0F, AX
 	VPBROADCASTD AX, Z15
-	VMOVDQU64    shiftQ4K<>(SB), Z14
-	VMOVDQU64    idxQ4K<>(SB), Z13
-	MOVL         $0x00020002, AX
-	VPBROADCASTD AX, Z12
+	VMOVDQU64    q4kidx<>+0(SB), Z12
+	VMOVDQU64    q4kidx<>+64(SB), Z13
+	VMOVDQU64    q4kidx<>+128(SB), Z14
+	VMOVDQU64    q4kidx<>+192(SB), Z30
 	VMOVDQU      k4minidx<>(SB), Y11
 	TESTQ        CX, CX
 	JEQ          q4kdone
@@ -469,12 +496,9 @@ q4kloop:
 	VFMADD231PS  Y5, Y3, Y9
 
 	// Scaled codes.
-	VPXORD       Z4, Z4, Z4
-	VMOVDQA64    Z13, Z6
-	Q4KCHUNK(16, 0)
-	Q4KCHUNK(48, 64)
-	Q4KCHUNK(80, 128)
-	Q4KCHUNK(112, 192)
+	Q4KPAIR(16, Z16, Z17, Z20, Z21, Z12, Z13)
+	Q4KPAIR(80, Z18, Z19, Z22, Z23, Z14, Z30)
+	Q4KSUMS(SI)
 	VCVTDQ2PS    Z4, Z4
 	VMULPS.BCST  (DX), Z4, Z4
 	VPBROADCASTW (DI), Y5
@@ -692,15 +716,7 @@ axpyloop:
 // Q4KTOKEN adds one token to acc (scaled sums) and macc (scaled mins):
 // xp its codes, da its d_x, ba its 16 block sums.
 #define Q4KTOKEN(xp, da, ba, acc, macc) \
-	VPXORD      Z4, Z4, Z4        \
-	VPMADDUBSW  (xp), Z16, Z10    \
-	VPDPWSSD    Z20, Z10, Z4      \
-	VPMADDUBSW  64(xp), Z17, Z10  \
-	VPDPWSSD    Z21, Z10, Z4      \
-	VPMADDUBSW  128(xp), Z18, Z10 \
-	VPDPWSSD    Z22, Z10, Z4      \
-	VPMADDUBSW  192(xp), Z19, Z10 \
-	VPDPWSSD    Z23, Z10, Z4      \
+	Q4KSUMS(xp)                   \
 	VCVTDQ2PS   Z4, Z4            \
 	VMULPS.BCST da, Z4, Z4        \
 	VFMADD231PS Z24, Z4, acc      \
@@ -708,15 +724,6 @@ axpyloop:
 	VCVTDQ2PS   Y6, Y6            \
 	VMULPS.BCST da, Y6, Y6        \
 	VFMADD231PS Y25, Y6, macc
-
-// Q4KNIB decodes chunk p (32 bytes at qoff(DI)) into nib and its scale
-// words into sc (Z6 holds the indices and advances).
-#define Q4KNIB(qoff, nib, sc) \
-	VBROADCASTI64X4 qoff(DI), nib \
-	VPSRLVW         Z14, nib, nib \
-	VPANDD          Z15, nib, nib \
-	VPERMW          Z1, Z6, sc    \
-	VPADDW          Z12, Z6, Z6
 
 // HSUMZ adds the 16 floats of z (y, x: its lower parts) into x's low lane.
 #define HSUMZ(z, y, x) \
@@ -764,11 +771,11 @@ TEXT ·dotQ4_Kx4VNNI(SB), NOSPLIT, $0-56
 	SHRQ         $3, R13          // block-sum stride in bytes: cols/16 int16
 	MOVL         $0x0F0F0F0F, AX
 	VPBROADCASTD AX, Z15
-	MOVL         $0x00020002, AX
-	VPBROADCASTD AX, Z12
 	LEAQ         (R13)(R13*2), AX
-	VMOVDQU64    shiftQ4K<>(SB), Z14
-	VMOVDQU64    idxQ4K<>(SB), Z13
+	VMOVDQU64    q4kidx<>+0(SB), Z12
+	VMOVDQU64    q4kidx<>+64(SB), Z13
+	VMOVDQU64    q4kidx<>+128(SB), Z14
+	VMOVDQU64    q4kidx<>+192(SB), Z30
 	VMOVDQU      k4minidx<>(SB), Y11
 	VXORPS       Z0, Z0, Z0
 	VXORPS       Z7, Z7, Z7
@@ -784,11 +791,8 @@ TEXT ·dotQ4_Kx4VNNI(SB), NOSPLIT, $0-56
 q4kx4loop:
 	Q4KUNPACK
 	VPERMW       Y1, Y11, Y3 // min pairs
-	VMOVDQA64    Z13, Z6
-	Q4KNIB(16, Z16, Z20)
-	Q4KNIB(48, Z17, Z21)
-	Q4KNIB(80, Z18, Z22)
-	Q4KNIB(112, Z19, Z23)
+	Q4KPAIR(16, Z16, Z17, Z20, Z21, Z12, Z13)
+	Q4KPAIR(80, Z18, Z19, Z22, Z23, Z14, Z30)
 	VPBROADCASTW (DI), Y5
 	VCVTPH2PS    Y5, Z24      // d_w in 16 lanes
 	VPBROADCASTW 2(DI), X5
@@ -1332,5 +1336,133 @@ q80r4done:
 	VMOVSS X7, 8(AX)
 	HSUM8(Y8, X8, Y1, X1)
 	VMOVSS X8, 12(AX)
+	VZEROUPPER
+	RET
+
+// Constants of Go's math.Exp on amd64 (its FMA path; exp_amd64.s), which
+// EXP8 evaluates for 8 float64 lanes with the same operations in the same
+// order, so each lane's result is math.Exp's bit for bit.
+DATA expc<>+0(SB)/8, $0.5
+DATA expc<>+8(SB)/8, $1.0
+DATA expc<>+16(SB)/8, $2.0
+DATA expc<>+24(SB)/8, $1.6666666666666666667e-1
+DATA expc<>+32(SB)/8, $4.1666666666666666667e-2
+DATA expc<>+40(SB)/8, $8.3333333333333333333e-3
+DATA expc<>+48(SB)/8, $1.3888888888888888889e-3
+DATA expc<>+56(SB)/8, $1.9841269841269841270e-4
+DATA expc<>+64(SB)/8, $2.4801587301587301587e-5
+DATA expc<>+72(SB)/8, $1.4426950408889634073599246810018920
+DATA expc<>+80(SB)/8, $0.69314718055966295651160180568695068359375
+DATA expc<>+88(SB)/8, $0.28235290563031577122588448175013436025525412068e-12
+DATA expc<>+96(SB)/8, $0.0625
+DATA expc<>+104(SB)/8, $700.0
+DATA expc<>+112(SB)/8, $1023
+GLOBL expc<>(SB), RODATA|NOPTR, $120
+
+// EXP8 replaces the 8 float64 lanes of Z1 (|x| ≤ 700, checked by the
+// caller) by exp(x). Scratch: Y4, Z3, Z5, Z6.
+#define EXP8 \
+	VMULPD.BCST      expc<>+72(SB), Z1, Z3 \
+	VCVTPD2DQ        Z3, Y4                \
+	VCVTDQ2PD        Y4, Z3                \
+	VFNMADD231PD.BCST expc<>+80(SB), Z3, Z1 \
+	VFNMADD231PD.BCST expc<>+88(SB), Z3, Z1 \
+	VMULPD.BCST      expc<>+96(SB), Z1, Z1 \
+	VBROADCASTSD     expc<>+64(SB), Z5     \
+	VFMADD213PD.BCST expc<>+56(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+48(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+40(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+32(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+24(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+0(SB), Z1, Z5  \
+	VFMADD213PD.BCST expc<>+8(SB), Z1, Z5  \
+	VMULPD           Z5, Z1, Z1            \
+	VADDPD.BCST      expc<>+16(SB), Z1, Z5 \
+	VMULPD           Z5, Z1, Z1            \
+	VADDPD.BCST      expc<>+16(SB), Z1, Z5 \
+	VMULPD           Z5, Z1, Z1            \
+	VADDPD.BCST      expc<>+16(SB), Z1, Z5 \
+	VMULPD           Z5, Z1, Z1            \
+	VADDPD.BCST      expc<>+16(SB), Z1, Z5 \
+	VFMADD213PD.BCST expc<>+8(SB), Z5, Z1  \
+	VPMOVSXDQ        Y4, Z6                \
+	VPADDQ.BCST      expc<>+112(SB), Z6, Z6 \
+	VPSLLQ           $52, Z6, Z6           \
+	VMULPD           Z6, Z1, Z1
+
+// EXPRANGE sets K1 where a lane of Z1 is outside |x| ≤ 700 (or NaN).
+#define EXPRANGE \
+	VPANDQ.BCST  absmask64<>(SB), Z1, Z3 \
+	VCMPPD.BCST  $0x16, expc<>+104(SB), Z3, K1
+
+DATA absmask64<>+0(SB)/8, $0x7FFFFFFFFFFFFFFF
+GLOBL absmask64<>(SB), RODATA|NOPTR, $8
+
+// func siluMulAVX512(d, gate, u *float32, n int) int
+// d[i] = gate[i] / (1 + float32(math.Exp(float64(−gate[i])))) · u[i], 8 values at a
+// time, up to n (a multiple of 8); stops before the first 8 holding a
+// value outside the fast range and returns how many it did.
+TEXT ·siluMulAVX512(SB), NOSPLIT, $0-40
+	MOVQ         d+0(FP), DI
+	MOVQ         gate+8(FP), SI
+	MOVQ         u+16(FP), DX
+	MOVQ         n+24(FP), CX
+	XORQ         R9, R9
+	MOVL         $0x80000000, AX
+	VPBROADCASTD AX, Y7
+	MOVL         $0x3F800000, AX
+	VPBROADCASTD AX, Y8
+	TESTQ        CX, CX
+	JEQ          silndone
+
+silnloop:
+	VMOVUPS   (SI)(R9*4), Y0
+	VXORPS    Y7, Y0, Y2
+	VCVTPS2PD Y2, Z1
+	EXPRANGE
+	KORTESTB  K1, K1
+	JNZ       silndone
+	EXP8
+	VCVTPD2PS Z1, Y1
+	VADDPS    Y8, Y1, Y1
+	VDIVPS    Y1, Y0, Y0
+	VMULPS    (DX)(R9*4), Y0, Y0
+	VMOVUPS   Y0, (DI)(R9*4)
+	ADDQ      $8, R9
+	CMPQ      R9, CX
+	JLT       silnloop
+
+silndone:
+	MOVQ R9, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func expShiftAVX512(x *float32, m float32, n int) int
+// x[i] = float32(math.Exp(float64(x[i]−m))) for 8 values at a time, up to
+// n (a multiple of 8), stopping as siluMulAVX512 does; returns how many.
+TEXT ·expShiftAVX512(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), DI
+	VBROADCASTSS m+8(FP), Y7
+	MOVQ         n+16(FP), CX
+	XORQ         R9, R9
+	TESTQ        CX, CX
+	JEQ          expsdone
+
+expsloop:
+	VMOVUPS   (DI)(R9*4), Y0
+	VSUBPS    Y7, Y0, Y2
+	VCVTPS2PD Y2, Z1
+	EXPRANGE
+	KORTESTB  K1, K1
+	JNZ       expsdone
+	EXP8
+	VCVTPD2PS Z1, Y1
+	VMOVUPS   Y1, (DI)(R9*4)
+	ADDQ      $8, R9
+	CMPQ      R9, CX
+	JLT       expsloop
+
+expsdone:
+	MOVQ R9, ret+24(FP)
 	VZEROUPPER
 	RET

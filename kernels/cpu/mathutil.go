@@ -50,4 +50,19 @@ func axpyRowsF32Go(o, v []float32, stride int, e []float32) {
 	}
 }
 
+// siluMulGo sets d[i] = silu(g[i])·u[i], silu(x) = x/(1+e^-x).
+func siluMulGo(d, g, u []float32) {
+	g, u = g[:len(d)], u[:len(d)]
+	for i, v := range g {
+		d[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
+	}
+}
+
+// expShiftGo replaces every x[i] by e^(x[i]−m).
+func expShiftGo(x []float32, m float32) {
+	for i, s := range x {
+		x[i] = float32(math.Exp(float64(s - m)))
+	}
+}
+
 func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

@@ -13,12 +13,13 @@ import (
 type actKind int
 
 const (
-	actF32  actKind = iota // F32 weights: activations as they are
-	actF16                 // F16 weights: activations rounded to f16
-	actBF16                // BF16 weights: activations rounded to bf16
-	actQ8_0                // 32-element blocks, f16 scale
-	actQ8_1                // Q8_0 plus ggml's f16 block sums (Q4_1, Q5_1)
-	actQ8_K                // 256-element blocks, f32 scale, per-16 sums
+	actF32   actKind = iota // F32 weights: activations as they are
+	actF16                  // F16 weights: activations rounded to f16
+	actBF16                 // BF16 weights: activations rounded to bf16
+	actQ8_0                 // 32-element blocks, f16 scale
+	actQ8_1                 // Q8_0 plus ggml's f16 block sums (Q4_1, Q5_1)
+	actQ8_K                 // 256-element blocks, f32 scale, per-16 sums
+	actQ8_K4                // actQ8_K with the codes in Q4_K's nibble order (q4kOrder)
 )
 
 // dotFunc is the dot product of one weight row (its GGUF bytes) with one
@@ -121,7 +122,7 @@ func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
 		for j := range n {
 			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
 		}
-	case actQ8_K:
+	case actQ8_K, actQ8_K4:
 		nb := cols / 256
 		a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*cols/16)
 		for j := range n {
@@ -148,6 +149,9 @@ func (a *actBuf) quantRow(j int, xr []float32) {
 		quantQ8_0(xr, r.q, r.d, r.s, true)
 	case actQ8_K:
 		quantQ8_K(xr, r.q, r.d, r.bs)
+	case actQ8_K4:
+		quantQ8_K(xr, r.q, r.d, r.bs)
+		q4kOrder(r.q)
 	}
 }
 

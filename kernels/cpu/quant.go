@@ -108,3 +108,18 @@ func nearestInt(f float32) int32 {
 	v := f + 12582912
 	return int32(math.Float32bits(v)&0x007fffff) - 0x00400000
 }
+
+// q4kOrder reorders Q8_K codes (in place; the sums bs keep their order)
+// for the Q4_K kernels: in every 128 codes, the 32-code groups 0 1 2 3
+// become 0 2 1 3. A Q4_K super-block keeps groups 2p and 2p+1 in the low
+// and high nibbles of the same 32 bytes, so 64 bytes of nibbles hold, once
+// masked, groups 0 and 2 (low) and 1 and 3 (high) of each 128: in this
+// order each matches 64 consecutive codes.
+func q4kOrder(q []int8) {
+	var t [32]int8
+	for h := 0; h+128 <= len(q); h += 128 {
+		copy(t[:], q[h+32:h+64])
+		copy(q[h+32:h+64], q[h+64:h+96])
+		copy(q[h+64:h+96], t[:])
+	}
+}

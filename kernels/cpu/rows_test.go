@@ -119,7 +119,7 @@ func TestRowKernelsMatchSingle(t *testing.T) {
 			cols := nb * bs
 			w := conformance.RandomWeight(rng, "w", typ, 4, cols)
 			rb := len(w.Host) / 4
-			x := preparedRow(typ, conformance.RandomVector(rng, cols, 1))
+			x := preparedFor(k.act, conformance.RandomVector(rng, cols, 1))
 			var out [4]float32
 			k.dotR4(w.Host, rb, x, &out)
 			for r := range 4 {
@@ -127,6 +127,42 @@ func TestRowKernelsMatchSingle(t *testing.T) {
 					t.Errorf("%s cols=%d row %d: four-row kernel %g, one-row %g", typ, cols, r, out[r], want)
 				}
 			}
+		}
+	}
+}
+
+// TestExpLoopsMatchGo checks SiLUMul's and softmax's exponential loops
+// (assembly where available) against the Go loops bit for bit, over
+// magnitudes from 1e-9 to 1e3, both signs, lengths that are not multiples
+// of 8, and infinities and NaN among them (which the assembly leaves to
+// the Go loop).
+func TestExpLoopsMatchGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 9))
+	for trial := range 200 {
+		n := rng.IntN(100)
+		g, u := make([]float32, n), make([]float32, n)
+		for i := range g {
+			g[i] = float32(math.Pow(10, rng.Float64()*12-9) * float64(1-2*rng.IntN(2)))
+			u[i] = float32(rng.NormFloat64())
+			if trial%7 == 3 && rng.IntN(10) == 0 {
+				g[i] = []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 700.5, -745.2, 88.7}[rng.IntN(6)]
+			}
+		}
+		d1, d2 := make([]float32, n), make([]float32, n)
+		siluMul(d1, g, u)
+		siluMulGo(d2, g, u)
+		if !bitsEqual(d1, d2) {
+			t.Fatalf("trial %d: silu·mul differs from the Go loop\n%v\n%v", trial, d1, d2)
+		}
+		m := float32(0)
+		if n > 0 {
+			m = g[rng.IntN(n)]
+		}
+		x1, x2 := append([]float32(nil), g...), append([]float32(nil), g...)
+		expShift(x1, m)
+		expShiftGo(x2, m)
+		if !bitsEqual(x1, x2) {
+			t.Fatalf("trial %d: exp shift differs from the Go loop\n%v\n%v", trial, x1, x2)
 		}
 	}
 }
