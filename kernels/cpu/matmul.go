@@ -262,7 +262,16 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		dot4 = nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
 	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dotR4: k.dotR4, scr: b.scratch}
-	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, n, b.threads))
+	if n < 4 {
+		// Nothing to reuse across tokens: long runs of consecutive rows
+		// stream from memory fastest (the hardware prefetchers follow one
+		// sequential stream per core), shrinking towards the end so the
+		// workers finish together; whole groups of 4 rows for the
+		// four-row kernels.
+		err = b.pool.parallelGuided(&b.mm, w.Rows, 4)
+	} else {
+		err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	}
 	b.mm = matmulTask{}
 	if err != nil {
 		return opFault("matmul", w, err)
@@ -270,17 +279,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	return nil
 }
 
-// rowChunk picks how many weight rows one work item covers. For a batch of
-// tokens: a tile of about 16 KiB of weights (it stays in L1/L2 while the
-// activation rows pass over it), but small enough that every worker gets
-// several items. For fewer than 4 tokens nothing is reused, and long runs
-// of consecutive rows stream from memory faster (the hardware prefetchers
-// follow one sequential stream per core): four items per worker, whole
-// groups of 4 rows for the four-row kernels.
-func rowChunk(rows, rb, n, threads int) int {
-	if n < 4 {
-		return max(4, rows/(4*threads)&^3)
-	}
+// rowChunk picks how many weight rows one work item of a multi-token
+// MatMul covers: a tile of about 16 KiB of weights (it stays in L1/L2
+// while the activation rows pass over it), but small enough that every
+// worker gets several items.
+func rowChunk(rows, rb, threads int) int {
 	c := max(1, (16<<10)/max(rb, 1))
 	c = min(c, max(1, rows/(4*threads)))
 	return c
