@@ -56,6 +56,7 @@ type workerScratch struct {
 	row    []float32  // small per-op vectors (RoPE angles)
 	scores []float32  // attention scores of one head, up to ctx
 	out4   [4]float32 // results of a four-token dot product
+	out8   [8]float32 // results of an eight-token dot product
 }
 
 // New returns a CPU backend that runs on threads worker goroutines

@@ -86,14 +86,14 @@ func init() {
 
 // asmKernels are the types with assembly dot products.
 var asmKernels = map[gguf.Type]kernel{
-	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm},
-	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil},
-	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil},
-	gguf.TypeQ4_K: {actQ8_K4, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil},
-	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil},
-	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil},
-	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil},
-	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false, nil},
+	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm, nil},
+	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil, nil},
+	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil, nil},
+	gguf.TypeQ4_K: {actQ8_K4, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil, dotQ4_Kx8Asm},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil, nil},
+	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil, nil},
+	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil, nil},
+	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false, nil, nil},
 }
 
 func dotQ8_0Asm(w []byte, x *qrow) float32 {
@@ -366,4 +366,15 @@ func expShiftFast(x []float32, m float32) {
 		}
 	}
 	expShiftGo(x[i:], m)
+}
+
+//go:noescape
+func dotQ4_Kx8VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+
+// dotQ4_Kx8Asm multiplies one weight row by activation rows j…j+7.
+func dotQ4_Kx8Asm(w []byte, a *actBuf, j int, out *[8]float32) {
+	nb := a.cols / 256
+	_, _, _ = w[144*nb-1], a.q[(j+8)*a.cols-1], a.bs[(j+8)*a.cols/16-1]
+	_ = a.d[(j+8)*nb-1]
+	dotQ4_Kx8VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], &a.bs[j*a.cols/16], a.cols, nb, &out[0])
 }

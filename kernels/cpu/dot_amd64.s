@@ -421,17 +421,20 @@ GLOBL k4minidx<>(SB), RODATA|NOPTR, $32
 
 // Q4KUNPACK leaves in Y1 the 16 words sc0…sc7, mn0…mn7 of the super-block
 // at DI (see dequant.BlockQ4_K for the packing), using vector ops only.
-#define Q4KUNPACK \
+#define Q4KUNPACK Q4KUNPACKT(X2, X3)
+
+// Q4KUNPACKT is Q4KUNPACK with scratch registers t2, t3.
+#define Q4KUNPACKT(t2, t3) \
 	VMOVDQU    4(DI), X1              \
-	VPSRLD     $6, X1, X2             \
-	VPAND      k4m03<>(SB), X2, X2    \
-	VPSLLD     $4, X2, X2             \
-	VPSHUFD    $0xAA, X1, X3          \
-	VPSRLVD    k4sh<>(SB), X3, X3     \
-	VPAND      k4m0f<>(SB), X3, X3    \
-	VPOR       X2, X3, X3             \
+	VPSRLD     $6, X1, t2             \
+	VPAND      k4m03<>(SB), t2, t2    \
+	VPSLLD     $4, t2, t2             \
+	VPSHUFD    $0xAA, X1, t3          \
+	VPSRLVD    k4sh<>(SB), t3, t3     \
+	VPAND      k4m0f<>(SB), t3, t3    \
+	VPOR       t2, t3, t3             \
 	VPAND      k4m3f<>(SB), X1, X1    \
-	VPUNPCKLDQ X3, X1, X1             \
+	VPUNPCKLDQ t3, X1, X1             \
 	VPMOVZXBW  X1, Y1
 
 // Q4KPAIR decodes 64 bytes of nibbles at qoff(DI) into lo (low nibbles)
@@ -1464,5 +1467,136 @@ expsloop:
 
 expsdone:
 	MOVQ R9, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// Q4KPAIR8 is Q4KPAIR with the scale indices loaded from q4kidx at
+// byte offsets ilo, ihi (through Z10).
+#define Q4KPAIR8(qoff, lo, hi, sclo, schi, ilo, ihi) \
+	VMOVDQU64 qoff(DI), lo            \
+	VPSRLW    $4, lo, hi              \
+	VPANDD    Z15, lo, lo             \
+	VPANDD    Z15, hi, hi             \
+	VMOVDQU64 q4kidx<>+ilo(SB), Z10   \
+	VPERMW    Z1, Z10, sclo           \
+	VMOVDQU64 q4kidx<>+ihi(SB), Z10   \
+	VPERMW    Z1, Z10, schi
+
+// Q4KTOKEN8 is Q4KTOKEN with the scale words in Z28–Z31: x0…x3 the
+// addresses of the token's 4 × 64 codes, da its d_x, ba its block sums.
+#define Q4KTOKEN8(x0, x1, x2, x3, da, ba, acc, macc) \
+	VPMADDUBSW  x0, Z16, Z10      \
+	VPMADDWD    Z28, Z10, Z4      \
+	VPMADDUBSW  x1, Z17, Z10      \
+	VPDPWSSD    Z29, Z10, Z4      \
+	VPMADDUBSW  x2, Z18, Z10      \
+	VPDPWSSD    Z30, Z10, Z4      \
+	VPMADDUBSW  x3, Z19, Z10      \
+	VPDPWSSD    Z31, Z10, Z4      \
+	VCVTDQ2PS   Z4, Z4            \
+	VMULPS.BCST da, Z4, Z4        \
+	VFMADD231PS Z24, Z4, acc      \
+	VPMADDWD    ba, Y3, Y6        \
+	VCVTDQ2PS   Y6, Y6            \
+	VMULPS.BCST da, Y6, Y6        \
+	VFMADD231PS Y25, Y6, macc
+
+// Q4KFOUR8 runs Q4KTOKEN8 for the 4 tokens at SI, DX, R8 (strides R9,
+// R11, R13; R10, R12, AX their triples) into the accumulators given.
+#define Q4KFOUR8(a0, m0, a1, m1, a2, m2, a3, m3) \
+	Q4KTOKEN8((SI), 64(SI), 128(SI), 192(SI), (DX), (R8), a0, m0) \
+	Q4KTOKEN8((SI)(R9*1), 64(SI)(R9*1), 128(SI)(R9*1), 192(SI)(R9*1), (DX)(R11*1), (R8)(R13*1), a1, m1) \
+	Q4KTOKEN8((SI)(R9*2), 64(SI)(R9*2), 128(SI)(R9*2), 192(SI)(R9*2), (DX)(R11*2), (R8)(R13*2), a2, m2) \
+	Q4KTOKEN8((SI)(R10*1), 64(SI)(R10*1), 128(SI)(R10*1), 192(SI)(R10*1), (DX)(R12*1), (R8)(AX*1), a3, m3)
+
+// Q4KX8OUT finishes one token as Q4KX4FIN does and stores it at off(AX).
+#define Q4KX8OUT(acc, macc, off) \
+	VMOVAPS acc, Z6                 \
+	VMOVAPS macc, Y10               \
+	Q4KX4FIN(Z6, Y6, X6, Y10)       \
+	VMOVSS  X6, off(AX)
+
+// func dotQ4_Kx8VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+// dotQ4_KVNNI for 8 activation rows cols codes apart (the codes in
+// q4kOrder): each super-block's nibbles and scales are decoded once for
+// the 8 tokens, and every token keeps the one-token arithmetic, so out[k]
+// equals dotQ4_KVNNI of token k bit for bit. Accumulators (sums / mins):
+// Z0/Y13, Z2/Y14, Z5/Y20, Z7/Y21, Z8/Y22, Z9/Y23, Z11/Y26, Z12/Y27.
+TEXT ·dotQ4_Kx8VNNI(SB), NOSPLIT, $16-56
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         cols+32(FP), R9
+	MOVQ         nb+40(FP), CX
+	MOVQ         CX, R11
+	SHLQ         $2, R11          // d_x stride in bytes
+	MOVQ         R9, R13
+	SHRQ         $3, R13          // block-sum stride in bytes: cols/16 int16
+	LEAQ         (R11*4), AX
+	MOVQ         AX, fourd-8(SP)  // 4 token strides of d_x
+	LEAQ         (R13*4), AX
+	MOVQ         AX, fourbs-16(SP)
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	LEAQ         (R9)(R9*2), R10  // 3 token strides of codes
+	LEAQ         (R11)(R11*2), R12
+	LEAQ         (R13)(R13*2), AX
+	LEAQ         (R9*4), BX       // 4 token strides of codes
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z5, Z5, Z5
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z11, Z11, Z11
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Y13, Y13, Y13
+	VXORPS       Y14, Y14, Y14
+	VXORPS       Y20, Y20, Y20
+	VXORPS       Y21, Y21, Y21
+	VXORPS       Y22, Y22, Y22
+	VXORPS       Y23, Y23, Y23
+	VXORPS       Y26, Y26, Y26
+	VXORPS       Y27, Y27, Y27
+	TESTQ        CX, CX
+	JEQ          q4kx8done
+
+q4kx8loop:
+	Q4KUNPACKT(X4, X3)
+	VMOVDQU      k4minidx<>(SB), Y4
+	VPERMW       Y1, Y4, Y3
+	Q4KPAIR8(16, Z16, Z17, Z28, Z29, 0, 64)
+	Q4KPAIR8(80, Z18, Z19, Z30, Z31, 128, 192)
+	VPBROADCASTW (DI), Y4
+	VCVTPH2PS    Y4, Z24
+	VPBROADCASTW 2(DI), X4
+	VCVTPH2PS    X4, Y25
+	Q4KFOUR8(Z0, Y13, Z2, Y14, Z5, Y20, Z7, Y21)
+	ADDQ         BX, SI
+	ADDQ         fourd-8(SP), DX
+	ADDQ         fourbs-16(SP), R8
+	Q4KFOUR8(Z8, Y22, Z9, Y23, Z11, Y26, Z12, Y27)
+	SUBQ         BX, SI
+	SUBQ         fourd-8(SP), DX
+	SUBQ         fourbs-16(SP), R8
+	ADDQ         $144, DI
+	ADDQ         $256, SI
+	ADDQ         $4, DX
+	ADDQ         $32, R8
+	DECQ         CX
+	JNZ          q4kx8loop
+
+q4kx8done:
+	// Token 2 first: its Z5 is Q4KX4FIN's scratch.
+	MOVQ out+48(FP), AX
+	Q4KX8OUT(Z5, Y20, 8)
+	Q4KX8OUT(Z0, Y13, 0)
+	Q4KX8OUT(Z2, Y14, 4)
+	Q4KX8OUT(Z7, Y21, 12)
+	Q4KX8OUT(Z8, Y22, 16)
+	Q4KX8OUT(Z9, Y23, 20)
+	Q4KX8OUT(Z11, Y26, 24)
+	Q4KX8OUT(Z12, Y27, 28)
 	VZEROUPPER
 	RET

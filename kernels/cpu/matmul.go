@@ -31,6 +31,11 @@ type dotFunc func(w []byte, x *qrow) float32
 // which decodes each weight block once for four tokens.
 type dot4Func func(w []byte, a *actBuf, j int, out *[4]float32)
 
+// dot8Func is dot4Func for the eight activation rows j…j+7: the weight
+// blocks decoded once for eight tokens (batched decode of 8+ sequences,
+// prompts).
+type dot8Func func(w []byte, a *actBuf, j int, out *[8]float32)
+
 // dotR4Func is the dot product of the four consecutive weight rows w[0:rb],
 // w[rb:2rb], w[2rb:3rb], w[3rb:4rb] with one activation row: for decode,
 // where a row at a time leaves the core waiting on memory or on one
@@ -49,28 +54,29 @@ type kernel struct {
 	dot4     dot4Func
 	inexact4 bool
 	dotR4    dotR4Func
+	dot8     dot8Func // as exact as dot4, used where dot4 is
 }
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -180,13 +186,25 @@ type matmulTask struct {
 	act   *actBuf
 	dot   dotFunc
 	dot4  dot4Func
+	dot8  dot8Func
 	dotR4 dotR4Func
 	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
-	if t.dot4 != nil && t.act.n >= 4 {
+	if t.dot8 != nil && t.act.n >= 8 {
+		o := &t.scr[w].out8
+		for ; j+8 <= t.act.n; j += 8 {
+			for r := lo; r < hi; r++ {
+				t.dot8(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
+				for k, v := range o {
+					t.dst[(j+k)*t.rows+r] = v
+				}
+			}
+		}
+	}
+	if t.dot4 != nil && t.act.n-j >= 4 {
 		o := &t.scr[w].out4 // per-worker, so the call allocates nothing
 		for ; j+4 <= t.act.n; j += 4 {
 			for r := lo; r < hi; r++ {
@@ -257,11 +275,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 			return opFault("matmul: quantizing activations", nil, err)
 		}
 	}
-	dot4 := k.dot4
+	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
-		dot4 = nil // keep every row bit-identical to n = 1 (batch invariance)
+		dot4, dot8 = nil, nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dotR4: k.dotR4, scr: b.scratch}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, scr: b.scratch}
 	if n < 4 {
 		// Nothing to reuse across tokens: long runs of consecutive rows
 		// stream from memory fastest (the hardware prefetchers follow one

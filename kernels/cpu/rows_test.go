@@ -166,3 +166,41 @@ func TestExpLoopsMatchGo(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenKernelsMatchSingle checks the four- and eight-token kernels
+// against the one-token kernel of their type bit for bit on every token
+// (the batch invariance MatMul promises up to kernels.MaxBatchRows rows).
+func TestTokenKernelsMatchSingle(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 10))
+	for typ, k := range fastKernels {
+		if k.inexact4 || (k.dot4 == nil && k.dot8 == nil) {
+			continue
+		}
+		bs := max(typ.BlockSize(), 32)
+		for _, nb := range []int{1, 3, 8} {
+			cols := nb * bs
+			w := conformance.RandomWeight(rng, "w", typ, 1, cols)
+			x := conformance.RandomVector(rng, 8*cols, 1)
+			var a actBuf
+			a.prepare(k.act, 8, cols, x)
+			for j := range 8 {
+				a.quantRow(j, x[j*cols:(j+1)*cols])
+			}
+			var got [8]float32
+			if k.dot8 != nil {
+				k.dot8(w.Host, &a, 0, &got)
+			} else {
+				var o [4]float32
+				for j := 0; j < 8; j += 4 {
+					k.dot4(w.Host, &a, j, &o)
+					copy(got[j:], o[:])
+				}
+			}
+			for j := range 8 {
+				if want := k.dot(w.Host, &a.rows[j]); math.Float32bits(got[j]) != math.Float32bits(want) {
+					t.Errorf("%s cols=%d token %d: multi-token kernel %g, one-token %g", typ, cols, j, got[j], want)
+				}
+			}
+		}
+	}
+}
