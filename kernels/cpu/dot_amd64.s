@@ -1034,7 +1034,41 @@ TEXT ·axpyRowsF32AVX512(SB), NOSPLIT, $0-48
 	MOVQ e+40(FP), R12
 	SHLQ $2, R9
 
+	// 64 columns at a time: four independent chains per row, where one
+	// chain at a time would wait on each fused multiply-add.
+axpyr64:
+	CMPQ    R10, $64
+	JLT     axpyrcol
+	VMOVUPS (DI), Z1
+	VMOVUPS 64(DI), Z2
+	VMOVUPS 128(DI), Z3
+	VMOVUPS 192(DI), Z4
+	MOVQ    SI, BX
+	MOVQ    R12, DX
+	MOVQ    R11, CX
+
+axpyr64row:
+	VBROADCASTSS (DX), Z0
+	VFMADD231PS  (BX), Z0, Z1
+	VFMADD231PS  64(BX), Z0, Z2
+	VFMADD231PS  128(BX), Z0, Z3
+	VFMADD231PS  192(BX), Z0, Z4
+	ADDQ         $4, DX
+	ADDQ         R9, BX
+	DECQ         CX
+	JNZ          axpyr64row
+	VMOVUPS      Z1, (DI)
+	VMOVUPS      Z2, 64(DI)
+	VMOVUPS      Z3, 128(DI)
+	VMOVUPS      Z4, 192(DI)
+	ADDQ         $256, DI
+	ADDQ         $256, SI
+	SUBQ         $64, R10
+	JMP          axpyr64
+
 axpyrcol:
+	TESTQ   R10, R10
+	JEQ     axpyrdone
 	VMOVUPS (DI), Z1
 	MOVQ    SI, BX
 	MOVQ    R12, DX
@@ -1051,7 +1085,9 @@ axpyrrow:
 	ADDQ         $64, DI
 	ADDQ         $64, SI
 	SUBQ         $16, R10
-	JNZ          axpyrcol
+	JMP          axpyrcol
+
+axpyrdone:
 	VZEROUPPER
 	RET
 
