@@ -562,8 +562,8 @@ GLOBL idxQ6K<>(SB), RODATA|NOPTR, $64
 
 // Q6KHALF handles one 128-value half: ql at qloff(DI), qh at qhoff(DI),
 // codes at xoff(SI) and xoff+64(SI); adds Σ sc·q·x (q unsigned, 0…63) to
-// Z4. Z6 holds the scale indices and advances by 8 groups.
-#define Q6KHALF(qloff, qhoff, xoff) \
+// Z4. ia, ib are the scale indices of its two 64-value parts.
+#define Q6KHALF(qloff, qhoff, xoff, ia, ib) \
 	VMOVDQU64       qloff(DI), Z7  \
 	VPSRLW          $4, Z7, Z8     \
 	VPANDD          Z15, Z7, Z7    \
@@ -577,10 +577,8 @@ GLOBL idxQ6K<>(SB), RODATA|NOPTR, $64
 	VPSLLW          $4, Z11, Z11   \
 	VPORD           Z10, Z7, Z7    \
 	VPORD           Z11, Z8, Z8    \
-	VPERMW          Z1, Z6, Z16    \
-	VPADDW          Z20, Z6, Z6   \
-	VPERMW          Z1, Z6, Z17    \
-	VPADDW          Z20, Z6, Z6   \
+	VPERMW          Z1, ia, Z16    \
+	VPERMW          Z1, ib, Z17    \
 	VPMADDUBSW      xoff(SI), Z7, Z18 \
 	VPMADDUBSW      xoff+64(SI), Z8, Z19 \
 	VPDPWSSD        Z16, Z18, Z4   \
@@ -605,6 +603,9 @@ TEXT ·dotQ6_KVNNI(SB), NOSPLIT, $0-44
 	VMOVDQU64    idxQ6K<>(SB), Z21
 	MOVL         $0x00040004, AX
 	VPBROADCASTD AX, Z20
+	VPADDW       Z20, Z21, Z22 // the scale indices of groups 4–7, 8–11, 12–15
+	VPADDW       Z20, Z22, Z23
+	VPADDW       Z20, Z23, Z24
 	TESTQ        CX, CX
 	JEQ          q6kdone
 
@@ -618,9 +619,8 @@ q6kloop:
 	VPSLLD    $5, Y2, Y2
 	VPXORD    Z4, Z4, Z4
 	VPSUBD    Z2, Z4, Z4  // −32·Σ sc·Σx
-	VMOVDQA64 Z21, Z6
-	Q6KHALF(0, 128, 0)
-	Q6KHALF(64, 160, 128)
+	Q6KHALF(0, 128, 0, Z21, Z22)
+	Q6KHALF(64, 160, 128, Z23, Z24)
 	VCVTDQ2PS    Z4, Z4
 	HALF(208)
 	VMULSS       (DX), X5, X5
@@ -829,8 +829,8 @@ q4kx4done:
 
 // Q6KDEC decodes one 128-value half of a Q6_K super-block (ql at
 // qloff(DI), qh at qhoff(DI)) into qa (values 0…63) and qb (64…127), and
-// their scale words into sca, scb (Z6 holds the indices and advances).
-#define Q6KDEC(qloff, qhoff, qa, qb, sca, scb) \
+// their scale words into sca, scb (ia, ib: the indices of the two parts).
+#define Q6KDEC(qloff, qhoff, qa, qb, sca, scb, ia, ib) \
 	VMOVDQU64       qloff(DI), qa \
 	VPSRLW          $4, qa, qb    \
 	VPANDD          Z15, qa, qa   \
@@ -844,10 +844,8 @@ q4kx4done:
 	VPSLLW          $4, Z9, Z9    \
 	VPORD           Z10, qa, qa   \
 	VPORD           Z9, qb, qb    \
-	VPERMW          Z1, Z6, sca   \
-	VPADDW          Z11, Z6, Z6   \
-	VPERMW          Z1, Z6, scb   \
-	VPADDW          Z11, Z6, Z6
+	VPERMW          Z1, ia, sca   \
+	VPERMW          Z1, ib, scb
 
 // Q6KTOKEN adds one token to acc: xp its codes, da its d_x, ba its block
 // sums (for the −32 offset).
@@ -896,6 +894,9 @@ TEXT ·dotQ6_Kx4VNNI(SB), NOSPLIT, $0-56
 	VMOVDQU64    shiftQ6Ka<>(SB), Z13
 	VMOVDQU64    shiftQ6Kb<>(SB), Z12
 	VMOVDQU64    idxQ6K<>(SB), Z25
+	VPADDW       Z11, Z25, Z26 // the scale indices of groups 4–7, 8–11, 12–15
+	VPADDW       Z11, Z26, Z27
+	VPADDW       Z11, Z27, Z28
 	VXORPS       Z0, Z0, Z0
 	VXORPS       Z2, Z2, Z2
 	VXORPS       Z3, Z3, Z3
@@ -905,9 +906,8 @@ TEXT ·dotQ6_Kx4VNNI(SB), NOSPLIT, $0-56
 
 q6kx4loop:
 	VPMOVSXBW    192(DI), Y1
-	VMOVDQA64    Z25, Z6
-	Q6KDEC(0, 128, Z16, Z17, Z20, Z21)
-	Q6KDEC(64, 160, Z18, Z19, Z22, Z23)
+	Q6KDEC(0, 128, Z16, Z17, Z20, Z21, Z25, Z26)
+	Q6KDEC(64, 160, Z18, Z19, Z22, Z23, Z27, Z28)
 	VPBROADCASTW 208(DI), Y5
 	VCVTPH2PS    Y5, Z24
 	Q6KTOKEN(SI, (DX), (R8), Z0)
