@@ -52,11 +52,27 @@
 	VPDPBUSD  Y2, Y3, Y4 \
 	VCVTDQ2PS Y4, Y4
 
+// BLOCKDOTA is BLOCKDOT with |codes| already in Y3 (the next tokens of a
+// multi-token kernel).
+#define BLOCKDOTA(xa) \
+	VMOVDQU   xa, Y2     \
+	VPSIGNB   Y1, Y2, Y2 \
+	VPXOR     Y4, Y4, Y4 \
+	VPDPBUSD  Y2, Y3, Y4 \
+	VCVTDQ2PS Y4, Y4
+
 // BLOCKACC adds d_w·d_x·Y4 to acc; d_w is the f16 at woff(DI), d_x the
 // float at da.
 #define BLOCKACC(woff, da, acc) \
 	HALF(woff)               \
 	VMULSS       da, X5, X5  \
+	VBROADCASTSS X5, Y5      \
+	VFMADD231PS  Y4, Y5, acc
+
+// BLOCKACCW is BLOCKACC with d_w already in X13 (HALF once per block for
+// all the tokens of a multi-token kernel).
+#define BLOCKACCW(da, acc) \
+	VMULSS       da, X13, X5 \
 	VBROADCASTSS X5, Y5      \
 	VFMADD231PS  Y4, Y5, acc
 
@@ -79,14 +95,16 @@
 
 // X4TOKENS multiplies the signed codes in Y1 with the 4 tokens' blocks.
 #define X4TOKENS \
+	HALF(0)                       \
+	VMOVAPS X5, X13               \
 	BLOCKDOT((SI))                \
-	BLOCKACC(0, (DX), Y0)         \
-	BLOCKDOT((SI)(R9*1))          \
-	BLOCKACC(0, (DX)(R11*1), Y6)  \
-	BLOCKDOT((SI)(R9*2))          \
-	BLOCKACC(0, (DX)(R11*2), Y7)  \
-	BLOCKDOT((SI)(R10*1))         \
-	BLOCKACC(0, (DX)(R12*1), Y8)
+	BLOCKACCW((DX), Y0)           \
+	BLOCKDOTA((SI)(R9*1))         \
+	BLOCKACCW((DX)(R11*1), Y6)    \
+	BLOCKDOTA((SI)(R9*2))         \
+	BLOCKACCW((DX)(R11*2), Y7)    \
+	BLOCKDOTA((SI)(R10*1))        \
+	BLOCKACCW((DX)(R12*1), Y8)
 
 // X4EPILOGUE stores the 4 sums to out.
 #define X4EPILOGUE \
@@ -155,14 +173,7 @@ TEXT ·dotQ8_0x4VNNI(SB), NOSPLIT, $0-48
 
 q80x4loop:
 	VMOVDQU 2(DI), Y1
-	BLOCKDOT((SI))
-	BLOCKACC(0, (DX), Y0)
-	BLOCKDOT((SI)(R9*1))
-	BLOCKACC(0, (DX)(R11*1), Y6)
-	BLOCKDOT((SI)(R9*2))
-	BLOCKACC(0, (DX)(R11*2), Y7)
-	BLOCKDOT((SI)(R10*1))
-	BLOCKACC(0, (DX)(R12*1), Y8)
+	X4TOKENS
 	ADDQ    $34, DI
 	ADDQ    $32, SI
 	ADDQ    $4, DX
