@@ -24,6 +24,7 @@ threads=${THREADS:-2}
 reps=${REPS:-5}
 iters=${ENGINE_ITERS:-5}
 root=$PWD
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo +changes)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -90,7 +91,7 @@ mkdir -p "$(dirname "$report")"
 {
   echo "# CPU generation: forge against llama.cpp, and batching with 8 clients"
   echo
-  echo "Written by \`bench/cpu-gen.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)."
+  echo "Written by \`bench/cpu-gen.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit."
   echo
   echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores; relevant flags:" \
     "$(for f in avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512vbmi; do [[ " $flags " == *" $f "* ]] && printf '%s ' $f; done)"
