@@ -42,12 +42,12 @@ type dot8Func func(w []byte, a *actBuf, j int, out *[8]float32)
 // accumulator. Each result equals dot's on that row bit for bit.
 type dotR4Func func(w []byte, rb int, x *qrow, out *[4]float32)
 
-// kernel is how MatMul handles one weight type. dot4 and dotR4 are
-// optional; inexact4
-// marks a dot4 whose float accumulation order differs from dot's, so its
-// rows are not bit-identical to the row computed alone. MatMul uses such a
-// dot4 only above kernels.MaxBatchRows rows, where the Batcher contract
-// promises no row invariance (long prompt chunks).
+// kernel is how MatMul handles one weight type. dot4, dot8 and dotR4 are
+// optional; inexact4 marks a dot4 (and dot8) whose float accumulation
+// order differs from dot's, so its rows are not bit-identical to the row
+// computed alone. MatMul uses such kernels only above kernels.MaxBatchRows
+// rows, where the Batcher contract promises no row invariance (long prompt
+// chunks).
 type kernel struct {
 	act      actKind
 	dot      dotFunc
