@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,7 +51,7 @@ func benchGenCommand() *cli.Command {
 			"to the last (n decode steps). Mean ± stddev over -r repetitions after a warm-up, the model " +
 			"resident first. On a GPU, tg's weight bytes per second are compared with the device's copy " +
 			"bandwidth. --peer runs llama-bench (its command, without -m/-p/-n/-r/-o, which are " +
-			"added) on the same models and shows its rows, parsed from its JSON output.",
+			"added, with -t from --threads unless given) on the same models and shows its rows, parsed from its JSON output.",
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "model", Aliases: []string{"m"}, Usage: "GGUF model file (repeat for several)", Required: true},
 			&cli.IntFlag{Name: "p", Value: 512, Usage: "prompt tokens (0: no pp test)"},
@@ -58,7 +59,7 @@ func benchGenCommand() *cli.Command {
 			&cli.IntFlag{Name: "r", Value: 3, Usage: "repetitions"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
-			&cli.StringFlag{Name: "peer", Usage: "llama-bench command line (e.g. 'llama-bench -ngl 99'); -m, -p, -n, -r and -o json are appended"},
+			&cli.StringFlag{Name: "peer", Usage: "llama-bench command line (e.g. 'llama-bench -ngl 99'); -m, -p, -n, -r and -o json are appended, and -t when --threads is set and the command has none"},
 			&cli.BoolFlag{Name: "json", Usage: "print the rows as JSON instead of the table"},
 		},
 		Action: benchGenCmd,
@@ -358,6 +359,10 @@ func runPeerBench(ctx context.Context, peer, model string, cfg genConfig) ([]gen
 		return nil, usageErrorf("--peer: empty command")
 	}
 	args = append(args, "-m", model, "-p", strconv.Itoa(cfg.p), "-n", strconv.Itoa(cfg.n), "-r", strconv.Itoa(cfg.r), "-o", "json")
+	// The same threads as forge, unless the command line sets its own.
+	if cfg.threads > 0 && !slices.ContainsFunc(args[1:], func(a string) bool { return a == "-t" || a == "--threads" }) {
+		args = append(args, "-t", strconv.Itoa(cfg.threads))
+	}
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

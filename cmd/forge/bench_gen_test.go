@@ -14,18 +14,18 @@ import (
 
 // fakeLlamaBench writes a script that answers like `llama-bench -o json`:
 // one record for the -p and one for the -n it was given, after checking it
-// got -m, -r and -o json.
+// got -m, -r and -o json, and -t 1 (forge's --threads) once.
 func fakeLlamaBench(t *testing.T) string {
 	t.Helper()
 	script := `#!/bin/sh
-p=; n=; r=; o=; m=
+p=; n=; r=; o=; m=; t=
 while [ $# -gt 0 ]; do
   case "$1" in
-    -p) p=$2; shift ;; -n) n=$2; shift ;; -r) r=$2; shift ;; -o) o=$2; shift ;; -m) m=$2; shift ;;
+    -p) p=$2; shift ;; -n) n=$2; shift ;; -r) r=$2; shift ;; -o) o=$2; shift ;; -m) m=$2; shift ;; -t) t=$t$2; shift ;;
   esac
   shift
 done
-[ "$o" = json ] && [ -f "$m" ] && [ "$r" = 2 ] || { echo "bad args" >&2; exit 3; }
+[ "$o" = json ] && [ -f "$m" ] && [ "$r" = 2 ] && [ "$t" = 1 ] || { echo "bad args" >&2; exit 3; }
 cat <<JSON
 [
   {"build_commit": "fake", "model_type": "llama ?B Q4_0", "model_size": 262656, "model_n_params": 292800, "backends": "CPU",
@@ -147,5 +147,21 @@ func TestMeanStddev(t *testing.T) {
 	}
 	if got := backendName("/m.gguf (llama, 5 layers, cuda:0, prefetch)"); got != "cuda:0" {
 		t.Errorf("backendName = %q", got)
+	}
+}
+
+// A peer command line that sets its own -t keeps it: forge's --threads is
+// not appended a second time (the fake refuses two -t).
+func TestBenchGenPeerOwnThreads(t *testing.T) {
+	leakCheck(t)
+	m := testmodels.Path(t, "stories260K-Q4_0.gguf")
+	var stdout, stderr bytes.Buffer
+	err := newApp(&stdout, &stderr).RunContext(t.Context(), []string{"forge", "bench", "gen", "-m", m,
+		"-p", "8", "-n", "4", "-r", "2", "--device", "cpu", "-t", "2", "--peer", fakeLlamaBench(t) + " -t 1"})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "| llama-bench ") {
+		t.Fatalf("no peer rows:\n%s", stdout.String())
 	}
 }

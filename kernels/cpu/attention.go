@@ -86,6 +86,24 @@ var (
 	pagedNames = [4]string{"paged attention: q", "paged attention: out", "paged attention: k", "paged attention: v"}
 )
 
+// softmaxScores scales the raw scores sc, replaces each by its exponential
+// less the maximum, and returns their sum: the softmax numerators of
+// Attention and PagedAttention (which divide by the sum at the end).
+func softmaxScores(sc []float32, scale float32) float32 {
+	mx := float32(math.Inf(-1))
+	for p, s := range sc {
+		s *= scale
+		sc[p] = s
+		mx = max(mx, s)
+	}
+	expShift(sc, mx)
+	var sum float32
+	for _, e := range sc {
+		sum += e
+	}
+	return sum
+}
+
 // attnTask computes one (token, query head) pair per item.
 type attnTask struct {
 	b      *Backend
@@ -105,25 +123,34 @@ func (t *attnTask) run(w, lo, hi int) {
 		qv := t.q[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := t.pos0 + i + 1
-		first := a.First(npos - 1) // 0 unless a sliding window hides older positions
-		sc := t.b.scratch[w].scores[:npos-first]
-		mx := float32(math.Inf(-1))
-		for j := range sc {
-			p := first + j
-			s := a.Cap(dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale)
-			sc[j] = s
-			mx = max(mx, s)
-		}
 		var sum float32
-		for j, s := range sc {
-			e := float32(math.Exp(float64(s - mx)))
-			sc[j] = e
-			sum += e
-		}
-		clear(o)
-		for j, e := range sc {
-			p := first + j
-			axpyF32(o, t.vc[p*kvDim+g*hd:p*kvDim+(g+1)*hd], e)
+		if a.Plain() { // the common case: row loops in assembly
+			sc := t.b.scratch[w].scores[:npos]
+			scoresF32(qv, t.kc[g*hd:], kvDim, sc)
+			sum = softmaxScores(sc, a.Scale)
+			clear(o)
+			axpyRowsF32(o, t.vc[g*hd:], kvDim, sc)
+		} else { // a sliding window or a score soft-cap
+			first := a.First(npos - 1) // 0 unless a sliding window hides older positions
+			sc := t.b.scratch[w].scores[:npos-first]
+			mx := float32(math.Inf(-1))
+			for j := range sc {
+				p := first + j
+				s := a.Cap(dotF32(qv, t.kc[p*kvDim+g*hd:p*kvDim+(g+1)*hd]) * a.Scale)
+				sc[j] = s
+				mx = max(mx, s)
+			}
+			sum = 0
+			for j, s := range sc {
+				e := float32(math.Exp(float64(s - mx)))
+				sc[j] = e
+				sum += e
+			}
+			clear(o)
+			for j, e := range sc {
+				p := first + j
+				axpyF32(o, t.vc[p*kvDim+g*hd:p*kvDim+(g+1)*hd], e)
+			}
 		}
 		inv := 1 / sum
 		for j := range o {

@@ -6,8 +6,14 @@
 // Weights stay in their GGUF block form: MatMul quantizes the activation row
 // once (to Q8_0, Q8_1 or Q8_K, as llama.cpp does) and takes integer dot
 // products with the weight blocks, so nothing is dequantized per token. On
-// amd64 with AVX-512 VNNI the hot dot products run in assembly (dot_amd64.s);
-// the plain-Go kernels (dot_*.go) are the reference twins and the fallback.
+// amd64 with AVX-512 VNNI the hot loops run in assembly (dot_amd64.s): the
+// dot products (one row; four weight rows for Q8_0 decode; four and eight
+// tokens per weight row for batches and prompts), the activation
+// quantizers, attention's runs of cache rows and the exponentials of SiLU
+// and softmax. The plain-Go kernels (dot_go.go, quant.go, mathutil.go) are
+// the reference twins and the fallback (-tags purego, other
+// architectures); the tests hold each fast path to its twin, bit for bit
+// where the arithmetic is the same.
 //
 // Numerics follow llama.cpp's CPU backend where that decides greedy output:
 // the same activation quantization (x86 rounding), activations rounded to
@@ -56,6 +62,7 @@ type workerScratch struct {
 	row    []float32  // small per-op vectors (RoPE angles)
 	scores []float32  // attention scores of one head, up to ctx
 	out4   [4]float32 // results of a four-token dot product
+	out8   [8]float32 // results of an eight-token dot product
 }
 
 // New returns a CPU backend that runs on threads worker goroutines

@@ -11,10 +11,14 @@ import (
 	"github.com/forge-llm/forge/kernels/conformance"
 )
 
-// preparedRow quantizes x for weight type t the way MatMul does.
-func preparedRow(t gguf.Type, x []float32) *qrow {
+// preparedRow quantizes x for weight type t the way MatMul does with the
+// Go kernels.
+func preparedRow(t gguf.Type, x []float32) *qrow { return preparedFor(goKernels[t].act, x) }
+
+// preparedFor quantizes x into activation form k.
+func preparedFor(k actKind, x []float32) *qrow {
 	var a actBuf
-	a.prepare(goKernels[t].act, 1, len(x), x)
+	a.prepare(k, 1, len(x), x)
 	a.quantRow(0, x)
 	return &a.rows[0]
 }
@@ -79,9 +83,9 @@ func TestKernelsExact(t *testing.T) {
 				want, mag := exactDot(t, typ, wb, row, cols)
 				for _, k := range []struct {
 					name string
-					dot  dotFunc
-				}{{"go", goKernels[typ].dot}, {"fast", fastKernels[typ].dot}} {
-					got := float64(k.dot(wb, row))
+					k    kernel
+				}{{"go", goKernels[typ]}, {"fast", fastKernels[typ]}} {
+					got := float64(k.k.dot(wb, preparedFor(k.k.act, x)))
 					if math.Abs(got-want) > 2e-6*mag+1e-30 {
 						t.Errorf("%s %s cols=%d row %d: got %g, want %g (Σ|w·x| = %g)", typ, k.name, cols, r, got, want, mag)
 					}

@@ -34,4 +34,35 @@ func axpyF32Go(y, x []float32, a float32) {
 	}
 }
 
+// scoresF32Go sets out[p] = dotF32(q, k[p·stride:p·stride+len(q)]) for
+// every p < len(out).
+func scoresF32Go(q, k []float32, stride int, out []float32) {
+	for p := range out {
+		out[p] = dotF32(q, k[p*stride:p*stride+len(q)])
+	}
+}
+
+// axpyRowsF32Go adds e[p]·v[p·stride:p·stride+len(o)] to o for every
+// p < len(e), in order.
+func axpyRowsF32Go(o, v []float32, stride int, e []float32) {
+	for p, a := range e {
+		axpyF32(o, v[p*stride:p*stride+len(o)], a)
+	}
+}
+
+// siluMulGo sets d[i] = silu(g[i])·u[i], silu(x) = x/(1+e^-x).
+func siluMulGo(d, g, u []float32) {
+	g, u = g[:len(d)], u[:len(d)]
+	for i, v := range g {
+		d[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
+	}
+}
+
+// expShiftGo replaces every x[i] by e^(x[i]−m).
+func expShiftGo(x []float32, m float32) {
+	for i, s := range x {
+		x[i] = float32(math.Exp(float64(s - m)))
+	}
+}
+
 func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

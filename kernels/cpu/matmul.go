@@ -13,12 +13,13 @@ import (
 type actKind int
 
 const (
-	actF32  actKind = iota // F32 weights: activations as they are
-	actF16                 // F16 weights: activations rounded to f16
-	actBF16                // BF16 weights: activations rounded to bf16
-	actQ8_0                // 32-element blocks, f16 scale
-	actQ8_1                // Q8_0 plus ggml's f16 block sums (Q4_1, Q5_1)
-	actQ8_K                // 256-element blocks, f32 scale, per-16 sums
+	actF32   actKind = iota // F32 weights: activations as they are
+	actF16                  // F16 weights: activations rounded to f16
+	actBF16                 // BF16 weights: activations rounded to bf16
+	actQ8_0                 // 32-element blocks, f16 scale
+	actQ8_1                 // Q8_0 plus ggml's f16 block sums (Q4_1, Q5_1)
+	actQ8_K                 // 256-element blocks, f32 scale, per-16 sums
+	actQ8_K4                // actQ8_K with the codes in Q4_K's nibble order (q4kOrder)
 )
 
 // dotFunc is the dot product of one weight row (its GGUF bytes) with one
@@ -30,38 +31,52 @@ type dotFunc func(w []byte, x *qrow) float32
 // which decodes each weight block once for four tokens.
 type dot4Func func(w []byte, a *actBuf, j int, out *[4]float32)
 
-// kernel is how MatMul handles one weight type. dot4 is optional; inexact4
-// marks a dot4 whose float accumulation order differs from dot's, so its
-// rows are not bit-identical to the row computed alone. MatMul uses such a
-// dot4 only above kernels.MaxBatchRows rows, where the Batcher contract
-// promises no row invariance (long prompt chunks).
+// dot8Func is dot4Func for the eight activation rows j…j+7: the weight
+// blocks decoded once for eight tokens (batched decode of 8+ sequences,
+// prompts).
+type dot8Func func(w []byte, a *actBuf, j int, out *[8]float32)
+
+// dotR4Func is the dot product of the four consecutive weight rows w[0:rb],
+// w[rb:2rb], w[2rb:3rb], w[3rb:4rb] with one activation row: for decode,
+// where a row at a time leaves the core waiting on memory or on one
+// accumulator. Each result equals dot's on that row bit for bit.
+type dotR4Func func(w []byte, rb int, x *qrow, out *[4]float32)
+
+// kernel is how MatMul handles one weight type. dot4, dot8 and dotR4 are
+// optional; inexact4 marks a dot4 (and dot8) whose float accumulation
+// order differs from dot's, so its rows are not bit-identical to the row
+// computed alone. MatMul uses such kernels only above kernels.MaxBatchRows
+// rows, where the Batcher contract promises no row invariance (long prompt
+// chunks).
 type kernel struct {
 	act      actKind
 	dot      dotFunc
 	dot4     dot4Func
 	inexact4 bool
+	dotR4    dotR4Func
+	dot8     dot8Func // as exact as dot4, used where dot4 is
 }
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -113,7 +128,7 @@ func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
 		for j := range n {
 			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
 		}
-	case actQ8_K:
+	case actQ8_K, actQ8_K4:
 		nb := cols / 256
 		a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*cols/16)
 		for j := range n {
@@ -140,6 +155,9 @@ func (a *actBuf) quantRow(j int, xr []float32) {
 		quantQ8_0(xr, r.q, r.d, r.s, true)
 	case actQ8_K:
 		quantQ8_K(xr, r.q, r.d, r.bs)
+	case actQ8_K4:
+		quantQ8_K(xr, r.q, r.d, r.bs)
+		q4kOrder(r.q)
 	}
 }
 
@@ -161,19 +179,32 @@ func (t *quantTask) run(_, lo, hi int) {
 // n activation rows pass over it, so for prompts every weight block is read
 // from memory once per MatMul, not once per token.
 type matmulTask struct {
-	dst  []float32
-	w    []byte
-	rb   int // bytes per weight row
-	rows int
-	act  *actBuf
-	dot  dotFunc
-	dot4 dot4Func
-	scr  []workerScratch
+	dst   []float32
+	w     []byte
+	rb    int // bytes per weight row
+	rows  int
+	act   *actBuf
+	dot   dotFunc
+	dot4  dot4Func
+	dot8  dot8Func
+	dotR4 dotR4Func
+	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
-	if t.dot4 != nil && t.act.n >= 4 {
+	if t.dot8 != nil && t.act.n >= 8 {
+		o := &t.scr[w].out8
+		for ; j+8 <= t.act.n; j += 8 {
+			for r := lo; r < hi; r++ {
+				t.dot8(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
+				for k, v := range o {
+					t.dst[(j+k)*t.rows+r] = v
+				}
+			}
+		}
+	}
+	if t.dot4 != nil && t.act.n-j >= 4 {
 		o := &t.scr[w].out4 // per-worker, so the call allocates nothing
 		for ; j+4 <= t.act.n; j += 4 {
 			for r := lo; r < hi; r++ {
@@ -187,7 +218,15 @@ func (t *matmulTask) run(w, lo, hi int) {
 	for ; j < t.act.n; j++ {
 		x := &t.act.rows[j]
 		out := t.dst[j*t.rows : (j+1)*t.rows]
-		for r := lo; r < hi; r++ {
+		r := lo
+		if t.dotR4 != nil {
+			o := &t.scr[w].out4
+			for ; r+4 <= hi; r += 4 {
+				t.dotR4(t.w[r*t.rb:(r+4)*t.rb], t.rb, x, o)
+				copy(out[r:r+4], o[:])
+			}
+		}
+		for ; r < hi; r++ {
 			out[r] = t.dot(t.w[r*t.rb:(r+1)*t.rb], x)
 		}
 	}
@@ -236,12 +275,21 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 			return opFault("matmul: quantizing activations", nil, err)
 		}
 	}
-	dot4 := k.dot4
+	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
-		dot4 = nil // keep every row bit-identical to n = 1 (batch invariance)
+		dot4, dot8 = nil, nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, scr: b.scratch}
-	err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, scr: b.scratch}
+	if n < 4 {
+		// Nothing to reuse across tokens: long runs of consecutive rows
+		// stream from memory fastest (the hardware prefetchers follow one
+		// sequential stream per core), shrinking towards the end so the
+		// workers finish together; whole groups of 4 rows for the
+		// four-row kernels.
+		err = b.pool.parallelGuided(&b.mm, w.Rows, 4)
+	} else {
+		err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+	}
 	b.mm = matmulTask{}
 	if err != nil {
 		return opFault("matmul", w, err)
@@ -249,9 +297,10 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	return nil
 }
 
-// rowChunk picks how many weight rows one work item covers: a tile of about
-// 16 KiB of weights (it stays in L1/L2 while the activation rows pass over
-// it), but small enough that every worker gets several items.
+// rowChunk picks how many weight rows one work item of a multi-token
+// MatMul covers: a tile of about 16 KiB of weights (it stays in L1/L2
+// while the activation rows pass over it), but small enough that every
+// worker gets several items.
 func rowChunk(rows, rb, threads int) int {
 	c := max(1, (16<<10)/max(rb, 1))
 	c = min(c, max(1, rows/(4*threads)))

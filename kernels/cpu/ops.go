@@ -297,10 +297,7 @@ func (b *Backend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
 type siluTask struct{ d, g, u []float32 }
 
 func (t *siluTask) run(_, lo, hi int) {
-	d, g, u := t.d[lo:hi], t.g[lo:hi], t.u[lo:hi]
-	for i, v := range g {
-		d[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
-	}
+	siluMul(t.d[lo:hi], t.g[lo:hi], t.u[lo:hi])
 }
 
 // Add computes dst = a + b over n values.

@@ -190,27 +190,43 @@ func (t *pagedTask) run(w, lo, hi int) {
 		qv := t.q[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		o := t.out[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 		npos := int(lay.Pos[i]) + 1
-		first := a.First(npos - 1)
-		sc := t.b.scratch[w].scores[:npos-first]
-		mx := float32(math.Inf(-1))
-		for j := range sc {
-			p := first + j
-			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
-			s := a.Cap(dotF32(qv, t.kc[r:r+hd]) * a.Scale)
-			sc[j] = s
-			mx = max(mx, s)
-		}
 		var sum float32
-		for j, s := range sc {
-			e := float32(math.Exp(float64(s - mx)))
-			sc[j] = e
-			sum += e
-		}
-		clear(o)
-		for j, e := range sc {
-			p := first + j
-			r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
-			axpyF32(o, t.vc[r:r+hd], e)
+		if a.Plain() {
+			sc := t.b.scratch[w].scores[:npos]
+			// Keys and values of one block are consecutive rows: one call
+			// per block.
+			for p := 0; p < npos; p += t.bs {
+				r := int(tab[p/t.bs])*t.bs*kvDim + g*hd
+				scoresF32(qv, t.kc[r:], kvDim, sc[p:min(p+t.bs, npos)])
+			}
+			sum = softmaxScores(sc, a.Scale)
+			clear(o)
+			for p := 0; p < npos; p += t.bs {
+				r := int(tab[p/t.bs])*t.bs*kvDim + g*hd
+				axpyRowsF32(o, t.vc[r:], kvDim, sc[p:min(p+t.bs, npos)])
+			}
+		} else { // a sliding window or a score soft-cap
+			first := a.First(npos - 1)
+			sc := t.b.scratch[w].scores[:npos-first]
+			mx := float32(math.Inf(-1))
+			for j := range sc {
+				p := first + j
+				r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
+				s := a.Cap(dotF32(qv, t.kc[r:r+hd]) * a.Scale)
+				sc[j] = s
+				mx = max(mx, s)
+			}
+			for j, s := range sc {
+				e := float32(math.Exp(float64(s - mx)))
+				sc[j] = e
+				sum += e
+			}
+			clear(o)
+			for j, e := range sc {
+				p := first + j
+				r := (int(tab[p/t.bs])*t.bs+p%t.bs)*kvDim + g*hd
+				axpyF32(o, t.vc[r:r+hd], e)
+			}
 		}
 		inv := 1 / sum
 		for j := range o {

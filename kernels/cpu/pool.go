@@ -49,6 +49,7 @@ type pool struct {
 	t       task
 	total   int
 	chunk   int
+	guided  bool // chunks shrink as the loop runs out (parallelGuided)
 	next    atomic.Int64
 	gen     atomic.Uint64 // loop number; the helpers join when it changes
 	pending atomic.Int32  // helpers still inside the current loop
@@ -138,12 +139,38 @@ func (p *pool) spinWait(seen uint64) bool {
 
 // work takes chunks until the loop is exhausted.
 func (p *pool) work(w int) {
+	if p.guided {
+		p.workGuided(w)
+		return
+	}
 	for {
 		lo := int(p.next.Add(int64(p.chunk))) - p.chunk
 		if lo >= p.total {
 			return
 		}
 		p.t.run(w, lo, min(lo+p.chunk, p.total))
+	}
+}
+
+// workGuided takes a share of what is left (half of it over the workers,
+// in whole multiples of chunk) until the loop is exhausted: long first
+// chunks, so each core streams a long run of rows, and short last ones, so
+// the workers finish together instead of one waiting out another's last
+// long chunk.
+func (p *pool) workGuided(w int) {
+	step := int64(p.chunk)
+	share := int64(2 * p.threads)
+	total := int64(p.total)
+	for {
+		lo := p.next.Load()
+		if lo >= total {
+			return
+		}
+		n := max(step, (total-lo)/share/step*step)
+		if !p.next.CompareAndSwap(lo, lo+n) {
+			continue
+		}
+		p.t.run(w, int(lo), int(min(lo+n, total)))
 	}
 }
 
@@ -158,6 +185,16 @@ func (p *pool) work(w int) {
 // are done with the loop, to the op's recoverFault: the pool stays usable
 // either way.
 func (p *pool) parallel(t task, total, chunk int) (err error) {
+	return p.run(t, total, chunk, false)
+}
+
+// parallelGuided is parallel with chunks that shrink as the loop runs out
+// (workGuided), each a multiple of chunk items.
+func (p *pool) parallelGuided(t task, total, chunk int) error {
+	return p.run(t, total, chunk, true)
+}
+
+func (p *pool) run(t task, total, chunk int, guided bool) (err error) {
 	if total <= 0 {
 		return nil
 	}
@@ -167,7 +204,7 @@ func (p *pool) parallel(t task, total, chunk int) (err error) {
 		t.run(0, 0, total)
 		return nil
 	}
-	p.t, p.total, p.chunk = t, total, chunk
+	p.t, p.total, p.chunk, p.guided = t, total, chunk, guided
 	p.next.Store(0)
 	p.fault.Store(nil)
 	p.pending.Store(int32(len(p.helpers)))
