@@ -22,7 +22,7 @@ func TestGPUSplit(t *testing.T) {
 	// (A synthetic model with rope_freqs, which the split copies to every
 	// device, is in pipeline's TestGPUSplitTokens: synth imports this
 	// package, so this test cannot make one.)
-	freqs := testmodels.Path(t, "synth-kq-Q4_K_M.gguf")
+	freqs := testmodels.Path(t, "stories260K-Q8_0.gguf") // (synth-kq has one layer: nothing to split)
 	ctx := context.Background()
 	prompt := []int32{1, 403, 407, 261, 378, 9, 13}
 	for _, path := range []string{testmodels.Path(t, "stories260K-Q4_K_M.gguf"), testmodels.Path(t, "stories260K-F32.gguf"), freqs} {
