@@ -82,9 +82,9 @@ for phase in "$@"; do
     $F bench gen -m $L8 --device gpu -p 512 -n 128 -r 3 --peer "/tmp/llama/bin/llama-bench -ngl 99 -fa 1" >"$o/gen.txt" 2>&1
     echo "rc=$?" >>"$o/gen.txt" ;;
   sweep) # first token by prompt length, and with an empty kernel cache
-    $F bench load -m $L8 --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 1,8,32,128,512 >"$o/sweep.txt" 2>&1
+    $F bench load -m $L8 --device gpu --runs 2 --cache warm --strategies prefetch --prompt-tokens 1,8,32,128,512 >"$o/sweep.txt" 2>&1
     echo "rc=$?" >>"$o/sweep.txt"
-    $F bench load -m $L8 --device gpu --runs 3 --cache warm --strategies prefetch --prompt-tokens 32 --fresh-kernel-cache >>"$o/sweep.txt" 2>&1
+    $F bench load -m $L8 --device gpu --runs 2 --cache warm --strategies prefetch --prompt-tokens 32 --fresh-kernel-cache >>"$o/sweep.txt" 2>&1
     echo "rc=$?" >>"$o/sweep.txt" ;;
   turns) # batching on: a GPU server without --batch-seqs runs one sequence at a time, with no prefix cache
     llama_up 4 4096 && {
