@@ -29,7 +29,8 @@
 #    (Q8=auto, the default: the clock at that point must leave ~3.5 min);
 #    Q8=1 forces it, Q8=0 skips it. Q8_SHAPE names the preset instead.
 #
-# RUNS (default 3) is forge bench load's runs per device setting.
+# RUNS (default 3) is forge bench load's runs per device setting; PARTS=tests
+# stops after parts 1 and 2.
 set -uo pipefail
 t0=$(date +%s)
 elapsed() { echo $(($(date +%s) - t0)); }
@@ -77,11 +78,15 @@ gen() { # preset quant file log
   echo "gen $1 $2: exit $rc, $n bytes in $(((e - s) / 1000000)) ms ($((n / ((e - s) / 1000 + 1))) MB/s)" >>"$4"
   tail -1 "$4"
 }
-say "$(gen llama3-8b q4_k_m $f8 $logs/gen-8b.txt)"
+[ "${PARTS:-all}" != 70b ] && say "$(gen llama3-8b q4_k_m $f8 $logs/gen-8b.txt)"
 # The 70B file is written while the tests run (they use the GPUs, the
 # writer the CPUs and the disk).
-gen llama3-70b q4_k_m $f70 $logs/gen-70b.txt >/dev/null &
-genpid=$!
+genpid=
+if [ "${PARTS:-all}" != tests ]; then
+  [ "${PARTS:-all}" = 70b ] && Q8=${Q8:-0}
+  gen llama3-70b q4_k_m $f70 $logs/gen-70b.txt >/dev/null &
+  genpid=$!
+fi
 
 # 1. Tests. Built with -trimpath, a test binary finds gguf/testdata at
 # github.com/forge-llm/forge/gguf/testdata under its working directory.
@@ -95,6 +100,7 @@ test_run() { # label binary pattern env…
   say "test $label: exit $rc ($(grep -cE '^\s*--- PASS' "$logs/$label.txt") passed, $(grep -cE '^\s*--- FAIL' "$logs/$label.txt") failed, $(grep -cE '^\s*--- SKIP' "$logs/$label.txt") skipped)"
   grep -E '^\s*--- FAIL|^panic' "$logs/$label.txt" | head -5 | tee -a "$sum"
 }
+if [ "${PARTS:-all}" != 70b ]; then # PARTS=70b: part 3 (and 4) only
 test_run rocm-peer rocm.test '^TestPeerCopy$' FORGE_X=
 test_run model-split model.test '^TestGPUSplit$' FORGE_X=
 test_run pipeline-split-2gpu pipeline.test '^TestGPUSplit' FORGE_SPLIT_DEVICE=gpu:0,1
@@ -116,13 +122,18 @@ else
   say "8B Q4_K_M greedy, 32 tokens: DIFFER  one=$one  two=$two"
 fi
 rm -f $f8
+fi
+if [ "${PARTS:-all}" = tests ]; then # PARTS=tests: parts 1 and 2 only, for a short call
+  say "stopped after the tests and the 8B check (PARTS=tests) at $(elapsed) s"
+  exit 0
+fi
 
 # 3. The 70B shape at Q4_K_M.
 wait $genpid
 say "$(tail -1 $logs/gen-70b.txt)"
 cat $f70 >/dev/null
 say "70B file warm at $(elapsed) s"
-# median of a bench load column (9: first token ms, 11: load GB/s) of the prefetch warm row
+# median of a bench load column (10: first token ms, 12: load GB/s) of the prefetch warm row
 col() { awk -v c="$2" '$1=="prefetch" && $2=="warm" {split($c, a, "/"); print a[2]}' "$1"; }
 # Log names: 1 for gpu:0, 2 for gpu:0,1 (no ':' or ',' in files that come back).
 for n in 1 2; do
@@ -130,8 +141,8 @@ for n in 1 2; do
   [ $n = 2 ] && d=gpu:0,1
   $bin/forge bench load -m $f70 --device $d --runs "$runs" --cache warm --strategies prefetch --prompt-tokens 32 >"$logs/load-$n.txt" 2>&1
 done
-ft1=$(col "$logs/load-1.txt" 9) ft2=$(col "$logs/load-2.txt" 9)
-lr1=$(col "$logs/load-1.txt" 11) lr2=$(col "$logs/load-2.txt" 11)
+ft1=$(col "$logs/load-1.txt" 10) ft2=$(col "$logs/load-2.txt" 10)
+lr1=$(col "$logs/load-1.txt" 12) lr2=$(col "$logs/load-2.txt" 12)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
 say "70B Q4_K_M bench load (prefetch, warm, median of $runs): first token gpu:0 ${ft1:-?} ms, gpu:0,1 ${ft2:-?} ms (× $(ratio "$ft2" "$ft1"), target ≤ 0.7)"
 say "70B Q4_K_M load rate: gpu:0 ${lr1:-?} GB/s, gpu:0,1 ${lr2:-?} GB/s (× $(ratio "$lr2" "$lr1"), target ≥ 1.6)"
