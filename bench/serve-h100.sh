@@ -108,7 +108,7 @@ for phase in "$@"; do
       echo "=== $pr ($(stat -c %s $f) bytes)" >>"$o/presets.txt"
       $F bench gen -m $f --device gpu -p 512 -n 128 -r 2 --peer "/tmp/llama/bin/llama-bench -ngl 99 -fa 1" >>"$o/presets.txt" 2>&1
       $F bench load -m $f --device gpu --runs 2 --cache warm --strategies prefetch --prompt-tokens 8 \
-        --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >>"$o/presets.txt" 2>&1
+        --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -c 4096 -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >>"$o/presets.txt" 2>&1
       rm -f $f
     done ;;
   *) echo "unknown phase $phase" >&2 ;;

@@ -28,7 +28,8 @@ var phi3Arch = Arch{
 	Presets: map[string]Shape{
 		// Phi-3-mini-128k-instruct: LongRoPE from a 4096-position original.
 		"phi3-mini": {Embd: 3072, FF: 8192, Layers: 32, Heads: 32, KVHeads: 32, Vocab: 32064, Ctx: 131072, RopeBase: 10000, NormEps: 1e-5,
-			RopeOrigCtx: 4096, ChatTemplate: phi3Template},
+			RopeOrigCtx: 4096, ChatTemplate: phi3Template,
+			SpecialTokens: []string{"<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"}},
 		// Small, with an original context of 32 so that the tests' contexts
 		// (64 here, 256 for llama.cpp) both take the long factors.
 		"tiny-phi3": {Embd: 256, FF: 512, Layers: 2, Heads: 4, KVHeads: 4, Vocab: 512, Ctx: 256, RopeBase: 10000, NormEps: 1e-5,

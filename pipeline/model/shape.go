@@ -47,6 +47,12 @@ type Shape struct {
 	// written as tokenizer.chat_template unless the vocabulary copied
 	// into the file brings its own; "": none.
 	ChatTemplate string
+	// SpecialTokens are control tokens the model's own vocabulary has,
+	// which a synthetic byte vocabulary then ends with: its chat template's
+	// markers, and those llama.cpp looks up by name for some models (it
+	// refuses a file named like Phi-3 whose vocabulary lacks
+	// "<|endoftext|>").
+	SpecialTokens []string
 }
 
 // HeadSize is the attention head size: HeadDim, or Embd/Heads.

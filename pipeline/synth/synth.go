@@ -151,7 +151,7 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	}
 	voc := o.Vocab
 	if voc == nil {
-		voc = byteVocab(max(s.Vocab, 259))
+		voc = byteVocab(max(s.Vocab, 259), s.SpecialTokens)
 	}
 	if o.ChatTemplate != "" {
 		v := *voc
@@ -344,8 +344,9 @@ func writeVocab(w *gguf.Writer, voc *gguf.TokenizerMeta, n int, template string)
 
 // byteVocab is a SentencePiece-style vocabulary with nothing learnt: the
 // control tokens, the 256 byte tokens (so any text encodes by byte
-// fallback), then filler pieces up to n tokens.
-func byteVocab(n int) *gguf.TokenizerMeta {
+// fallback), then filler pieces up to n tokens, the last of them replaced
+// by the model's special tokens (control tokens) where it names some.
+func byteVocab(n int, specials []string) *gguf.TokenizerMeta {
 	v := &gguf.TokenizerMeta{Model: "llama", Pre: "default", BOS: 1, EOS: 2, UNK: 0, PAD: -1, SEP: -1, EOT: -1, AddBOS: true, AddSpacePrefix: true}
 	v.Tokens = append(v.Tokens, "<unk>", "<s>", "</s>")
 	v.TokenTypes = append(v.TokenTypes, 2, 3, 3) // unknown, control, control
@@ -356,6 +357,11 @@ func byteVocab(n int) *gguf.TokenizerMeta {
 	for i := len(v.Tokens); i < n; i++ {
 		v.Tokens = append(v.Tokens, fmt.Sprintf("▁w%d", i))
 		v.TokenTypes = append(v.TokenTypes, 1)
+	}
+	for k, sp := range specials {
+		if i := n - len(specials) + k; i >= 3+256 {
+			v.Tokens[i], v.TokenTypes[i] = sp, 3 // control
+		}
 	}
 	v.Scores = make([]float32, len(v.Tokens))
 	for i := range v.Scores {

@@ -239,7 +239,7 @@ func TestDeterministic(t *testing.T) {
 // checks the sizes add up to a Q4_K_M 70B file (~40 GiB).
 func TestZeroLargePreset(t *testing.T) {
 	s := Presets["llama3-70b"]
-	smallVocab := byteVocab(1000) // padded to 128256 in the file
+	smallVocab := byteVocab(1000, nil) // padded to 128256 in the file
 	path := filepath.Join(t.TempDir(), "70b.gguf")
 	if err := WriteFile(context.Background(), path, Options{Shape: s, Mix: MixQ4_KM, Zero: true, Vocab: smallVocab}); err != nil {
 		t.Fatal(err)
@@ -554,5 +554,25 @@ func TestBlocksForward(t *testing.T) {
 	t.Logf("mean logit std: %.3g with block fill, %.3g with quantize fill", spread[FillBlocks], spread[FillQuantize])
 	if r := spread[FillBlocks] / spread[FillQuantize]; r < 0.5 || r > 2 {
 		t.Errorf("logit std %.3g with block fill, %.3g with quantize fill", spread[FillBlocks], spread[FillQuantize])
+	}
+}
+
+// TestByteVocabSpecials: a preset's special tokens end the byte vocabulary
+// as control tokens (llama.cpp refuses a file named like Phi-3 whose
+// vocabulary lacks "<|endoftext|>"), the size unchanged.
+func TestByteVocabSpecials(t *testing.T) {
+	sp := Presets["phi3-mini"].SpecialTokens
+	if len(sp) == 0 || sp[0] != "<|endoftext|>" {
+		t.Fatalf("phi3-mini's special tokens: %q", sp)
+	}
+	v := byteVocab(32064, sp)
+	if len(v.Tokens) != 32064 {
+		t.Fatalf("%d tokens, want 32064", len(v.Tokens))
+	}
+	for k, s := range sp {
+		i := 32064 - len(sp) + k
+		if v.Tokens[i] != s || v.TokenTypes[i] != 3 {
+			t.Errorf("token %d = %q (type %d), want %q (control)", i, v.Tokens[i], v.TokenTypes[i], s)
+		}
 	}
 }
