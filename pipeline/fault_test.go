@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,12 +137,14 @@ func TestEngineModelFileChanged(t *testing.T) {
 			}
 			ra := req("a")
 			if mid {
-				n := 0
-				ra.OnText = func(string) error {
-					if n++; n == 2 {
-						halve(t, a)
-					}
-					return nil
+				// The file is cut between the second and third tokens, on
+				// the goroutine that generates (a constraint's Accept runs
+				// there), so the fault lands mid-request whatever the
+				// timing: a streamed callback runs apart from the steps and
+				// may come after the last one.
+				ra.MaxTokens = 16
+				ra.Constrain = func(tok *tokenizer.Tokenizer, _ *EngineRequest) (Constraint, error) {
+					return &cutAfter{n: 2, cut: func() { halve(t, a) }, mask: allTokens(tok.VocabSize())}, nil
 				}
 			} else {
 				halve(t, a)
@@ -207,4 +210,32 @@ func TestLazyModelTruncatedBeforeLayers(t *testing.T) {
 	if err := m.Ready().Err(); err != nil {
 		t.Errorf("the globals, resident before the cut: %v", err)
 	}
+}
+
+// cutAfter is a constraint that allows every token and calls cut once n
+// tokens were generated: a hook on the generating goroutine.
+type cutAfter struct {
+	n, seen int
+	cut     func()
+	mask    []uint64
+}
+
+func (c *cutAfter) Allowed() ([]uint64, error) { return c.mask, nil }
+
+func (c *cutAfter) Accept(int32) error {
+	if c.seen++; c.seen == c.n {
+		c.cut()
+	}
+	return nil
+}
+
+func (c *cutAfter) Close() {}
+
+// allTokens is a constraint mask allowing each of n tokens.
+func allTokens(n int) []uint64 {
+	m := make([]uint64, (n+63)/64)
+	for i := range n {
+		m[i/64] |= 1 << (i % 64)
+	}
+	return m
 }
