@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"github.com/forge-llm/forge/pipeline/tokenizer"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -167,15 +168,17 @@ func TestEngineBatchingCancel(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			n := 0
-			res, err := e.Generate(ctx, EngineRequest{Model: path, Prompt: "Once upon a time", MaxTokens: 24, IgnoreEOG: true,
-				Sampling: sample.Params{Temp: 0.8, TopK: 40, Seed: uint64(i)},
-				OnText: func(string) error {
-					if n++; i%2 == 1 && n == 3 {
-						cancel()
-					}
-					return nil
-				}})
+			r := EngineRequest{Model: path, Prompt: "Once upon a time", MaxTokens: 24, IgnoreEOG: true,
+				Sampling: sample.Params{Temp: 0.8, TopK: 40, Seed: uint64(i)}}
+			if i%2 == 1 {
+				// Cancelled after its third token, from the generating
+				// goroutine (a constraint's Accept), so mid-request
+				// whatever the timing of the streamed callbacks.
+				r.Constrain = func(tok *tokenizer.Tokenizer, _ *EngineRequest) (Constraint, error) {
+					return &cutAfter{n: 3, cut: cancel, mask: allTokens(tok.VocabSize())}, nil
+				}
+			}
+			res, err := e.Generate(ctx, r)
 			got[i], errs[i] = res.Tokens, err
 		}()
 	}
