@@ -46,12 +46,14 @@ type Backend struct {
 
 	// Tasks of the parallel ops, kept here so that starting a loop passes a
 	// pointer to an existing struct and allocates nothing.
-	mm   matmulTask
-	qt   quantTask
-	att  attnTask
-	norm normTask
-	silu siluTask
-	patt pagedTask
+	mm    matmulTask
+	mms   [maxMulti]matmulTask // MatMuls' products
+	multi multiTask
+	qt    quantTask
+	att   attnTask
+	norm  normTask
+	silu  siluTask
+	patt  pagedTask
 
 	layout    kernels.Layout // the layout of RoPEAt and PagedAttention (SetLayout's copy)
 	hasLayout bool

@@ -306,3 +306,111 @@ func rowChunk(rows, rb, threads int) int {
 	c = min(c, max(1, rows/(4*threads)))
 	return c
 }
+
+var _ kernels.SharedInputMatMuler = (*Backend)(nil)
+
+// MatMuls implements kernels.SharedInputMatMuler: several weights times the
+// same activation rows (a layer's Q, K and V; its gate and up). For a
+// decode step (n < 4) whose weights take the same activation form and
+// width, x is quantized once and the rows of every weight are shared out
+// in one parallel loop: one hand-off to the workers instead of one per
+// weight, which on a small model is a good part of a token's time. Each
+// row is computed by the same kernel as MatMul computes it, so the results
+// are MatMul's bit for bit. Otherwise it is one MatMul per weight.
+func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, n int) (err error) {
+	if len(dsts) != len(ws) || len(ws) == 0 {
+		return fmt.Errorf("cpu: matmuls: %d outputs for %d weights", len(dsts), len(ws))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer recoverFault(&err, debug.SetPanicOnFault(true), "matmuls", ws[0])
+	if n >= 4 || len(ws) > len(b.mms) || !sharedInput(ws, fastKernels) {
+		for i := range ws {
+			if err := b.matmul(dsts[i], ws[i], x, n, fastKernels); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	k := fastKernels[ws[0].Type]
+	if n <= 0 {
+		return fmt.Errorf("cpu: matmuls: n = %d rows", n)
+	}
+	if err := checkTensor("matmuls: x", x, n*ws[0].Cols); err != nil {
+		return err
+	}
+	total := 0
+	for i, w := range ws {
+		kw := fastKernels[w.Type]
+		rb, err := rowBytes(w)
+		if err != nil {
+			return fmt.Errorf("cpu: matmuls: %w", err)
+		}
+		if err := checkTensor("matmuls: dst", dsts[i], n*w.Rows); err != nil {
+			return err
+		}
+		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, scr: b.scratch}
+		b.multi.off[i] = total
+		total += w.Rows
+	}
+	a := &b.act
+	a.prepare(k.act, n, ws[0].Cols, x.Host)
+	if k.act != actF32 {
+		b.qt = quantTask{a: a, x: x.Host, cols: ws[0].Cols}
+		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
+			return opFault("matmuls: quantizing activations", nil, err)
+		}
+	}
+	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
+	b.multi.off[len(ws)] = total
+	err = b.pool.parallelGuided(&b.multi, total, 4)
+	for i := range b.mms {
+		b.mms[i] = matmulTask{}
+	}
+	b.multi = multiTask{}
+	if err != nil {
+		return opFault("matmuls", ws[0], err)
+	}
+	return nil
+}
+
+// sharedInput reports whether ws can share one quantized activation: every
+// weight supported, of one activation form and one width.
+func sharedInput(ws []*kernels.Weight, table map[gguf.Type]kernel) bool {
+	for _, w := range ws {
+		if w == nil {
+			return false
+		}
+	}
+	k0, ok := table[ws[0].Type]
+	if !ok {
+		return false
+	}
+	for _, w := range ws {
+		k, ok := table[w.Type]
+		if !ok || k.act != k0.act || w.Cols != ws[0].Cols {
+			return false
+		}
+	}
+	return true
+}
+
+// multiTask is one parallel loop over the rows of several weights laid end
+// to end: rows [off[i], off[i+1]) are weight i's.
+type multiTask struct {
+	tasks []matmulTask
+	k     int
+	off   [maxMulti + 1]int
+}
+
+// maxMulti is the most weights one MatMuls shares a loop between.
+const maxMulti = 4
+
+func (t *multiTask) run(w, lo, hi int) {
+	for i := range t.k {
+		a, b := max(lo, t.off[i]), min(hi, t.off[i+1])
+		if a < b {
+			t.tasks[i].run(w, a-t.off[i], b-t.off[i])
+		}
+	}
+}
