@@ -17,7 +17,8 @@
 #   - BenchmarkEngineClients (pipeline): tokens/s summed over 1 and 8
 #     clients with continuous batching, and the ratio.
 #
-# THREADS (default 2), REPS (-r, default 5), ENGINE_ITERS (default 5).
+# THREADS (default 2), REPS (-r, default 5), ENGINE_ITERS (default 5);
+# NATIVE_BENCH: a natively built llama-bench to compare with too.
 set -euo pipefail
 report=${1:-bench/results/2026-11-25-cpu-gen.md}
 threads=${THREADS:-2}
@@ -48,7 +49,7 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 load0=$(load)
 gen=$("$tmp/forge" bench gen --device cpu -t "$threads" -p 128 -n 64 -r "$reps" -m "${models[0]}" -m "${models[1]}" \
   --peer "$root/bench/llamacpp/llama llama-bench" --json)
-table=$(printf '%s' "$gen" | python3 -c '
+mktable() { python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
 print("| runtime | model | test | t/s |")
@@ -62,7 +63,17 @@ peer = {(r["model"], r["test"]): r["avg_ts"] for r in rows if r["runtime"] != "f
 for r in rows:
     if r["runtime"] == "forge" and (r["model"], r["test"]) in peer:
         print("| %s | %s | %.2f |" % (r["model"], r["test"], r["avg_ts"] / peer[(r["model"], r["test"])]))
-')
+'; }
+table=$(printf '%s' "$gen" | mktable)
+# NATIVE_BENCH: a llama-bench built on this machine (GGML_NATIVE=ON), in a
+# second run beside forge's, since the Debian build's kernels are chosen
+# among a few generic variants.
+table2=""
+if [ -n "${NATIVE_BENCH:-}" ]; then
+  gen2=$("$tmp/forge" bench gen --device cpu -t "$threads" -p 128 -n 64 -r "$reps" -m "${models[0]}" -m "${models[1]}" \
+    --peer "$NATIVE_BENCH" --json)
+  table2=$(printf '%s' "$gen2" | mktable)
+fi
 load1=$(load)
 
 # The other variants this CPU can run, for reference (Zen 4, for one, runs
@@ -106,6 +117,12 @@ mkdir -p "$(dirname "$report")"
   echo
   echo "$table"
   echo
+  if [ -n "$table2" ]; then
+    echo "The same against llama-bench built here (\`${NATIVE_LABEL:-$NATIVE_BENCH}\`), in a second run:"
+    echo
+    echo "$table2"
+    echo
+  fi
   if [ -n "$variants" ]; then
     echo "llama-bench with the other backend variants this CPU runs:"
     echo
