@@ -29,27 +29,38 @@ type OnceConfig struct {
 	Trace bool
 }
 
-// PromptIDs makes a prompt of n tokens from the vocabulary: BOS (when the
-// model asks for it), then ordinary tokens drawn with a fixed seed, so
-// every run and strategy processes the same prompt.
-func PromptIDs(path string, n int) ([]int32, error) {
+// OrdinaryTokens reads a model file's tokenizer and lists its normal
+// tokens (no control, byte or unused ones): the pool random prompts are
+// drawn from.
+func OrdinaryTokens(path string) (*gguf.TokenizerMeta, []int32, error) {
 	f, err := gguf.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	tm, err := f.Tokenizer()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var normal []int32
+	var ids []int32
 	for i := range tm.Tokens {
 		if i >= len(tm.TokenTypes) || tm.TokenTypes[i] == 1 {
-			normal = append(normal, int32(i))
+			ids = append(ids, int32(i))
 		}
 	}
-	if len(normal) == 0 {
-		return nil, fmt.Errorf("loadbench: %s: no ordinary tokens in the vocabulary", path)
+	if len(ids) == 0 {
+		return nil, nil, fmt.Errorf("loadbench: %s: no ordinary tokens in the vocabulary", path)
+	}
+	return tm, ids, nil
+}
+
+// PromptIDs makes a prompt of n tokens from the vocabulary: BOS (when the
+// model asks for it), then ordinary tokens drawn with a fixed seed, so
+// every run and strategy processes the same prompt.
+func PromptIDs(path string, n int) ([]int32, error) {
+	tm, normal, err := OrdinaryTokens(path)
+	if err != nil {
+		return nil, err
 	}
 	var ids []int32
 	if tm.AddBOS && tm.BOS >= 0 {

@@ -94,7 +94,46 @@ func complete(ctx context.Context, hc *http.Client, base string, r request) outc
 	if err != nil {
 		return outcome{err: err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(b))
+	return stream(ctx, hc, base+"/v1/completions", b, "data: [DONE]", func(field, value string, o *outcome) (string, bool, error) {
+		switch field {
+		case "data":
+		case "error": // some servers name the event instead of the object
+			return "", false, fmt.Errorf("error event: %s", errorText([]byte(value)))
+		default: // event:, id:, retry:
+			return "", false, nil
+		}
+		if value == "[DONE]" {
+			return "", true, nil
+		}
+		var c chunk
+		if err := json.Unmarshal([]byte(value), &c); err != nil {
+			return "", false, fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
+		}
+		if len(c.Error) > 0 && string(c.Error) != "null" {
+			return "", false, fmt.Errorf("error in the stream: %s", errorText(c.Error))
+		}
+		if c.Usage != nil {
+			o.usage = c.Usage
+		}
+		piece := ""
+		for _, ch := range c.Choices {
+			piece += ch.Text + ch.Delta.Content
+		}
+		return piece, false, nil
+	})
+}
+
+// stream POSTs body to url and reads the server-sent events of the
+// answer, handing each event's field and value to event, which returns
+// the text the event carries (timed as a chunk: the first one's arrival
+// is the time to first token, the others' gaps the inter-token latency)
+// and whether the stream ended there. An HTTP status but 200, an error
+// from event, a read error or a stream that ends before event says so is
+// an error in the outcome (named by end, the end the stream lacked), with
+// the times measured so far.
+func stream(ctx context.Context, hc *http.Client, url string, body []byte, end string,
+	event func(field, value string, o *outcome) (piece string, done bool, err error)) outcome {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -123,70 +162,42 @@ func complete(ctx context.Context, hc *http.Client, base string, r request) outc
 	var text strings.Builder
 	var last time.Time
 	rd := bufio.NewReaderSize(resp.Body, 64<<10)
-	done := false
-	for !done {
+	for {
 		line, err := rd.ReadString('\n')
 		now := time.Now()
 		if err != nil {
-			o.total = now.Sub(start)
-			o.text = text.String()
+			o.total, o.text = now.Sub(start), text.String()
 			if errors.Is(err, io.EOF) {
-				o.err = errors.New("stream ended without data: [DONE]")
+				o.err = fmt.Errorf("stream ended without %s", end)
 			} else {
 				o.err = fmt.Errorf("reading the stream: %w", err)
 			}
 			return o
 		}
-		line = strings.TrimRight(line, "\r\n")
-		field, value, ok := strings.Cut(line, ":")
+		field, value, ok := strings.Cut(strings.TrimRight(line, "\r\n"), ":")
 		if !ok || field == "" { // blank line between events, or a comment
 			continue
 		}
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "data":
-		case "error": // some servers name the event instead of the object
-			o.err = fmt.Errorf("error event: %s", errorText([]byte(value)))
-		default: // event:, id:, retry:
-			continue
-		}
-		if o.err != nil {
+		piece, done, err := event(field, strings.TrimPrefix(value, " "), &o)
+		if err != nil {
+			o.err = err
 			break
 		}
-		if value == "[DONE]" {
-			done = true
-			continue
+		if piece != "" {
+			text.WriteString(piece)
+			o.chunks++
+			if o.chunks == 1 {
+				o.ttft = now.Sub(start)
+			} else {
+				o.gaps = append(o.gaps, now.Sub(last))
+			}
+			last = now
 		}
-		var c chunk
-		if err := json.Unmarshal([]byte(value), &c); err != nil {
-			o.err = fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
+		if done {
 			break
 		}
-		if len(c.Error) > 0 && string(c.Error) != "null" {
-			o.err = fmt.Errorf("error in the stream: %s", errorText(c.Error))
-			break
-		}
-		if c.Usage != nil {
-			o.usage = c.Usage
-		}
-		piece := ""
-		for _, ch := range c.Choices {
-			piece += ch.Text + ch.Delta.Content
-		}
-		if piece == "" {
-			continue
-		}
-		text.WriteString(piece)
-		o.chunks++
-		if o.chunks == 1 {
-			o.ttft = now.Sub(start)
-		} else {
-			o.gaps = append(o.gaps, now.Sub(last))
-		}
-		last = now
 	}
-	o.total = time.Since(start)
-	o.text = text.String()
+	o.total, o.text = time.Since(start), text.String()
 	return o
 }
 
@@ -266,68 +277,20 @@ func completeLlama(ctx context.Context, hc *http.Client, base string, r request)
 	if err != nil {
 		return outcome{err: err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/completion", bytes.NewReader(b))
-	if err != nil {
-		return outcome{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Idempotency-Key", fmt.Sprintf("forge-bench-%d", requestSeq.Add(1)))
-	start := time.Now()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return outcome{err: err, total: time.Since(start)}
-	}
-	defer resp.Body.Close()
-	o := outcome{status: resp.StatusCode}
-	if resp.StatusCode != http.StatusOK {
-		eb, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		o.total = time.Since(start)
-		o.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorText(eb))
-		return o
-	}
-	var text strings.Builder
-	var last time.Time
-	rd := bufio.NewReaderSize(resp.Body, 64<<10)
-	for {
-		line, err := rd.ReadString('\n')
-		now := time.Now()
-		if err != nil {
-			o.total, o.text = now.Sub(start), text.String()
-			if errors.Is(err, io.EOF) {
-				o.err = errors.New("stream ended without a stop event")
-			} else {
-				o.err = fmt.Errorf("reading the stream: %w", err)
-			}
-			return o
-		}
-		value, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: ")
-		if !ok {
-			continue
+	return stream(ctx, hc, base+"/completion", b, "a stop event", func(field, value string, o *outcome) (string, bool, error) {
+		if field != "data" {
+			return "", false, nil
 		}
 		var c llamaChunk
 		if err := json.Unmarshal([]byte(value), &c); err != nil {
-			o.err = fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
-			break
+			return "", false, fmt.Errorf("bad chunk %q: %w", errorText([]byte(value)), err)
 		}
 		if len(c.Error) > 0 && string(c.Error) != "null" {
-			o.err = fmt.Errorf("error in the stream: %s", errorText(c.Error))
-			break
-		}
-		if c.Content != "" {
-			text.WriteString(c.Content)
-			o.chunks++
-			if o.chunks == 1 {
-				o.ttft = now.Sub(start)
-			} else {
-				o.gaps = append(o.gaps, now.Sub(last))
-			}
-			last = now
+			return "", false, fmt.Errorf("error in the stream: %s", errorText(c.Error))
 		}
 		if c.Stop {
 			o.usage = &usage{PromptTokens: c.TokensEvaluated, CompletionTokens: c.TokensPredicted}
-			break
 		}
-	}
-	o.total, o.text = time.Since(start), text.String()
-	return o
+		return c.Content, c.Stop, nil
+	})
 }

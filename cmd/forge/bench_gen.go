@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/forge-llm/forge/bench/loadbench"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -164,36 +165,12 @@ func modelSize(path string) (bytes, params int64, err error) {
 	return bytes, params, nil
 }
 
-// ordinaryTokens lists the vocabulary's normal tokens, the pool random
-// prompts are drawn from.
-func ordinaryTokens(path string) ([]int32, error) {
-	f, err := gguf.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	tm, err := f.Tokenizer()
-	if err != nil {
-		return nil, err
-	}
-	var ids []int32
-	for i := range tm.Tokens {
-		if i >= len(tm.TokenTypes) || tm.TokenTypes[i] == 1 {
-			ids = append(ids, int32(i))
-		}
-	}
-	if len(ids) == 0 {
-		return nil, fmt.Errorf("no ordinary tokens in the vocabulary")
-	}
-	return ids, nil
-}
-
 func benchGenModel(ctx context.Context, path string, cfg genConfig) ([]genRow, error) {
 	size, params, err := modelSize(path)
 	if err != nil {
 		return nil, err
 	}
-	pool, err := ordinaryTokens(path)
+	_, pool, err := loadbench.OrdinaryTokens(path)
 	if err != nil {
 		return nil, err
 	}
