@@ -267,13 +267,9 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
 	}
-	a := &b.act
-	a.prepare(k.act, n, w.Cols, x.Host)
-	if k.act != actF32 {
-		b.qt = quantTask{a: a, x: x.Host, cols: w.Cols}
-		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
-			return opFault("matmul: quantizing activations", nil, err)
-		}
+	a, err := b.quantize(k.act, n, w.Cols, x.Host)
+	if err != nil {
+		return err
 	}
 	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
@@ -295,6 +291,21 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		return opFault("matmul", w, err)
 	}
 	return nil
+}
+
+// quantize puts n rows of cols activations from x into the backend's
+// activation buffer in the form kind a kernel reads (quantized in
+// parallel, one row a work item), and returns it.
+func (b *Backend) quantize(kind actKind, n, cols int, x []float32) (*actBuf, error) {
+	a := &b.act
+	a.prepare(kind, n, cols, x)
+	if kind != actF32 {
+		b.qt = quantTask{a: a, x: x, cols: cols}
+		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
+			return nil, opFault("matmul: quantizing activations", nil, err)
+		}
+	}
+	return a, nil
 }
 
 // rowChunk picks how many weight rows one work item of a multi-token
@@ -353,13 +364,8 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		b.multi.off[i] = total
 		total += w.Rows
 	}
-	a := &b.act
-	a.prepare(k.act, n, ws[0].Cols, x.Host)
-	if k.act != actF32 {
-		b.qt = quantTask{a: a, x: x.Host, cols: ws[0].Cols}
-		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
-			return opFault("matmuls: quantizing activations", nil, err)
-		}
+	if _, err := b.quantize(k.act, n, ws[0].Cols, x.Host); err != nil {
+		return err
 	}
 	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
 	b.multi.off[len(ws)] = total
