@@ -45,9 +45,9 @@ for phase in "$@"; do
     bash bench/llamacpp-cuda.sh unpack >"$o/unpack.txt" 2>&1 || tail -5 "$o/unpack.txt"
     if [ -f .carry/forge.xz ]; then mkdir -p bin && xz -dc .carry/forge.xz >$F && chmod +x $F; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$o/device.txt" ;;
-  models)
-    [ -f $L8 ] || $F gen --preset llama3-8b --quant q4_k_m -o $L8 --progress plain >"$o/gen.txt" 2>&1
-    [ -f $L8B ] || $F gen --preset llama3-8b --quant q4_k_m --seed 2 -o $L8B --progress plain >>"$o/gen.txt" 2>&1
+  models) # --valid-utf8: llama-server refuses (mid-stream) output that is not valid UTF-8, which random weights produce
+    [ -f $L8 ] || $F gen --preset llama3-8b --quant q4_k_m --valid-utf8 -o $L8 --progress plain >"$o/gen.txt" 2>&1
+    [ -f $L8B ] || $F gen --preset llama3-8b --quant q4_k_m --valid-utf8 --seed 2 -o $L8B --progress plain >>"$o/gen.txt" 2>&1
     cat $L8 $L8B >/dev/null ;;
   load) # N clients x 128 tokens, forge vs llama-server, one run
     llama_up && {

@@ -39,6 +39,8 @@ func init() {
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "random seed of the weights"},
 			&cli.StringFlag{Name: "fill", Value: synth.FillBlocks.String(), Usage: "blocks (random valid blocks, at disk speed) or quantize " +
 				"(quantize Gaussian weights, as llama-quantize would; CPU-bound)"},
+			&cli.BoolFlag{Name: "valid-utf8", Usage: "zero the output head's rows of the byte tokens 0x80-0xFF, so that greedy output is always valid UTF-8 " +
+				"(servers that parse their output, such as llama-server, refuse malformed text)"},
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "auto (a bar on a terminal, else plain lines), tty or plain"},
 		},
 		Action: genCmd,
@@ -75,7 +77,8 @@ func gen(ctx context.Context, c *cli.Context) error {
 	if err != nil {
 		return usageErrorf("--fill: %w", err)
 	}
-	o := synth.Options{Shape: shape, Mix: mix, Seed: c.Uint64("seed"), Fill: fill, Name: "synthetic " + c.String("preset") + " " + string(mix)}
+	o := synth.Options{Shape: shape, Mix: mix, Seed: c.Uint64("seed"), Fill: fill, ValidUTF8: c.Bool("valid-utf8"),
+		Name: "synthetic " + c.String("preset") + " " + string(mix)}
 	if v := c.String("vocab"); v != "" {
 		if o.Vocab, err = synth.VocabFromFile(v); err != nil {
 			return err

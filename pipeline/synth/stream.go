@@ -215,6 +215,7 @@ func fillJob(ctx context.Context, j *job, o *Options, scratch *[]float32) error 
 	if p.blocks {
 		r := chunkRNG(o.Seed, p.idx, j.seq)
 		fillBlocks(p.t.typ, j.buf, p.scales, &r)
+		zeroHeadRows(o, p.t.name, j.r0, j.r1, p.rowBytes, j.buf)
 		return nil
 	}
 	// Draw floats 16 rows at a time (each group its own PCG stream, keyed
@@ -259,5 +260,6 @@ func fillJob(ctx context.Context, j *job, o *Options, scratch *[]float32) error 
 			return fmt.Errorf("synth: tensor %q: %w", t.name, err)
 		}
 	}
+	zeroHeadRows(o, t.name, j.r0, j.r1, p.rowBytes, j.buf)
 	return nil
 }

@@ -76,6 +76,18 @@ type Options struct {
 	// blocks at disk speed. Norms, biases and rope frequencies are drawn
 	// the same way under both.
 	Fill Fill
+	// ValidUTF8 gives the byte tokens 0x80–0xFF (pieces of a multi-byte
+	// character, not text by themselves) zero rows in the output head, so
+	// that greedy output of random weights is always valid UTF-8: a zero
+	// row's logit is 0, and among a large vocabulary's random logits the
+	// largest is always above it. Servers that parse what they generate
+	// (llama-server's chat parser refuses malformed UTF-8 mid-stream) then
+	// accept a synthetic model's output, which bench serve's peer needs.
+	// The head is token_embd where the shape ties it.
+	ValidUTF8 bool
+
+	headRows map[int]bool // rows of the head that ValidUTF8 zeroes (set by Write)
+	head     string       // the head's tensor name
 }
 
 // tensor is one tensor to write.
@@ -185,6 +197,9 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.ValidUTF8 {
+		o.headRows, o.head = partialCharTokens(voc), headTensor(ts)
+	}
 	for _, t := range ts {
 		if err := w.AddTensor(t.name, t.typ, uint64(t.cols), uint64(t.rows)); err != nil {
 			return fmt.Errorf("synth: %w", err)
@@ -204,6 +219,46 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 		return fmt.Errorf("synth: %w", err)
 	}
 	return nil
+}
+
+// partialCharTokens are the ids of a vocabulary's byte tokens 0x80–0xFF:
+// each is part of a multi-byte UTF-8 character, invalid text alone.
+func partialCharTokens(voc *gguf.TokenizerMeta) map[int]bool {
+	ids := map[int]bool{}
+	for i, t := range voc.Tokens {
+		var b int
+		if i < len(voc.TokenTypes) && voc.TokenTypes[i] == 6 { // byte
+			if _, err := fmt.Sscanf(t, "<0x%02X>", &b); err == nil && b >= 0x80 {
+				ids[i] = true
+			}
+		}
+	}
+	return ids
+}
+
+// headTensor is the name of the tensor the logits come from: output.weight,
+// else the tied token_embd.weight.
+func headTensor(ts []tensor) string {
+	for _, t := range ts {
+		if t.name == "output.weight" {
+			return t.name
+		}
+	}
+	return "token_embd.weight"
+}
+
+// zeroHeadRows clears the rows [r0, r1) of buf (rowBytes each, starting at
+// row r0) that ValidUTF8 zeroes when buf is the head's: zero bytes are a
+// zero row in every type the writer stores (float or quantized blocks).
+func zeroHeadRows(o *Options, name string, r0, r1, rowBytes int, buf []byte) {
+	if len(o.headRows) == 0 || name != o.head {
+		return
+	}
+	for r := r0; r < r1; r++ {
+		if o.headRows[r] {
+			clear(buf[(r-r0)*rowBytes : (r-r0+1)*rowBytes])
+		}
+	}
 }
 
 // encode stores float32 values as type t.

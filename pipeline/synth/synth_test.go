@@ -576,3 +576,87 @@ func TestByteVocabSpecials(t *testing.T) {
 		}
 	}
 }
+
+// TestValidUTF8: ValidUTF8 zeroes exactly the head rows of the byte tokens
+// 0x80–0xFF, under both fills, and greedy decoding from every byte token
+// then never picks one of them (so the text decodes as valid UTF-8).
+func TestValidUTF8(t *testing.T) {
+	dir := t.TempDir()
+	for _, fill := range Fills() {
+		path := filepath.Join(dir, fill.String()+".gguf")
+		if err := WriteFile(context.Background(), path, Options{Shape: Presets["tiny"], Mix: MixQ4_KM, Seed: 3, Fill: fill, ValidUTF8: true}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tm, err := f.Tokenizer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		partial := partialCharTokens(tm)
+		if len(partial) != 128 {
+			t.Fatalf("%s: %d byte tokens 0x80–0xFF, want 128", fill, len(partial))
+		}
+		name := "output.weight"
+		ti, ok := f.Tensor(name)
+		if !ok {
+			name = "token_embd.weight"
+			ti, _ = f.Tensor(name)
+		}
+		data, err := f.TensorData(ti)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := make([]float32, ti.Elements())
+		if err := dequant.ToFloat32(ti.Type, data, v); err != nil {
+			t.Fatal(err)
+		}
+		cols := int(ti.Dims[0])
+		for r := range int(ti.Rows()) {
+			zero := true
+			for _, x := range v[r*cols : (r+1)*cols] {
+				zero = zero && x == 0
+			}
+			if zero != partial[r] {
+				t.Errorf("%s: %s row %d (%q) zero = %v", fill, name, r, tm.Tokens[r], zero)
+			}
+		}
+		cfg, err := model.ConfigFromFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := model.NewFileWeights(f, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := cpu.New(2)
+		m, err := model.New(be, cfg, w, model.Options{Ctx: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for start := range partial {
+			next := int32(start)
+			for pos := range 16 {
+				logits, err := m.Forward(context.Background(), []int32{next}, pos)
+				if err != nil {
+					t.Fatal(err)
+				}
+				best := 0
+				for i, x := range logits {
+					if x > logits[best] {
+						best = i
+					}
+				}
+				if partial[best] {
+					t.Fatalf("%s: greedy picked byte token %q after %d steps from %q", fill, tm.Tokens[best], pos, tm.Tokens[start])
+				}
+				next = int32(best)
+			}
+		}
+		m.Close()
+		be.Close()
+		f.Close()
+	}
+}
