@@ -54,7 +54,8 @@ type Config struct {
 	// anything is measured; they are not recorded.
 	Warmup   int
 	Prompter Prompter
-	// Turns > 0 makes each client hold a conversation of Turns turns:
+	// Turns > 0 makes each client hold RequestsPerClient conversations of
+	// Turns turns, one after the other:
 	// turn 1 sends a history of HistoryTokens tokens shared by every
 	// client plus TurnTokens new tokens; turn k resends turn k−1's prompt
 	// and reply plus TurnTokens new tokens. After the conversations, each
@@ -289,46 +290,59 @@ func (c *Config) loadStep(ctx context.Context, t Target, n int) ([]Record, time.
 	})
 }
 
-// turnsStep holds n conversations at once, then sends each turn's new
-// text alone, n clients at once again; it returns both phases' records
-// and wall times. A turn's new text is what its prompt adds to the one
-// before: the previous reply and the turn's own words (for turn 1, the
-// whole prompt, since nothing came before it). The reply counts because
-// the server never saw it as prompt: on a random-weight model its text,
-// tokenized again, can be several times the tokens generated.
+// turnsStep holds n conversations at once (each client RequestsPerClient
+// of them, one after the other, so that one client still gives a median),
+// then sends each turn's new text alone, n clients at once again; it
+// returns both phases' records and wall times. A turn's new text is what
+// its prompt adds to the one before: the previous reply and the turn's own
+// words (for turn 1, the whole prompt, since nothing came before it). The
+// reply counts because the server never saw it as prompt: on a
+// random-weight model its text, tokenized again, can be several times the
+// tokens generated.
 func (c *Config) turnsStep(ctx context.Context, t Target, n int) ([]Record, time.Duration, time.Duration) {
 	history := c.Prompter.Text("history", c.HistoryTokens)
-	newText := func(client, turn int) string {
-		return c.Prompter.Text(fmt.Sprintf("turn/%d/%d/%d", n, client, turn), c.TurnTokens)
+	convs := max(c.RequestsPerClient, 1)
+	newText := func(client, conv, turn int) string {
+		key := fmt.Sprintf("turn/%d/%d/%d", n, client, turn)
+		if conv > 0 {
+			key = fmt.Sprintf("turn/%d/%d/%d/%d", n, client, conv, turn)
+		}
+		return c.Prompter.Text(key, c.TurnTokens)
 	}
-	added := make([][]string, n) // added[client][turn-1]: the text turn added
+	added := make([][][]string, n) // added[client][conv][turn-1]: the text turn added
 	conv, convWall := clients(n, func(client int, start time.Time) []Record {
 		var recs []Record
-		prompt, reply := history, ""
-		for turn := 1; turn <= c.Turns && ctx.Err() == nil; turn++ {
-			before := prompt
-			prompt = join(prompt, newText(client, turn))
-			if turn == 1 {
-				added[client] = append(added[client], prompt)
-			} else {
-				added[client] = append(added[client], strings.TrimLeft(join(reply, prompt[len(before):]), " "))
+		for cv := 0; cv < convs && ctx.Err() == nil; cv++ {
+			var adds []string
+			prompt, reply := history, ""
+			for turn := 1; turn <= c.Turns && ctx.Err() == nil; turn++ {
+				before := prompt
+				prompt = join(prompt, newText(client, cv, turn))
+				if turn == 1 {
+					adds = append(adds, prompt)
+				} else {
+					adds = append(adds, strings.TrimLeft(join(reply, prompt[len(before):]), " "))
+				}
+				r := request{model: t.model(client), prompt: prompt, maxTokens: c.MaxTokens}
+				rec := c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: cv*c.Turns + turn - 1, Kind: "turn", Turn: turn})
+				recs = append(recs, rec)
+				if rec.Err != "" {
+					break // the conversation has no reply to go on with
+				}
+				reply = rec.text
+				prompt += rec.text
 			}
-			r := request{model: t.model(client), prompt: prompt, maxTokens: c.MaxTokens}
-			rec := c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: turn - 1, Kind: "turn", Turn: turn})
-			recs = append(recs, rec)
-			if rec.Err != "" {
-				break // the conversation has no reply to go on with
-			}
-			reply = rec.text
-			prompt += rec.text
+			added[client] = append(added[client], adds)
 		}
 		return recs
 	})
 	alone, aloneWall := clients(n, func(client int, start time.Time) []Record {
 		var recs []Record
-		for turn := 1; turn <= len(added[client]) && ctx.Err() == nil; turn++ {
-			r := request{model: t.model(client), prompt: added[client][turn-1], maxTokens: c.MaxTokens}
-			recs = append(recs, c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: turn - 1, Kind: "alone", Turn: turn}))
+		for cv, adds := range added[client] {
+			for turn := 1; turn <= len(adds) && ctx.Err() == nil; turn++ {
+				r := request{model: t.model(client), prompt: adds[turn-1], maxTokens: c.MaxTokens}
+				recs = append(recs, c.measure(ctx, t, r, start, Record{Clients: n, Client: client, Seq: cv*c.Turns + turn - 1, Kind: "alone", Turn: turn}))
+			}
 		}
 		return recs
 	})

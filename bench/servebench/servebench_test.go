@@ -360,24 +360,28 @@ func TestTurns(t *testing.T) {
 	s := f.start(t)
 	cfg := testConfig(Target{Name: "f", URL: s.URL})
 	cfg.Turns, cfg.HistoryTokens, cfg.TurnTokens, cfg.MaxTokens = 3, 40, 5, 2
-	cfg.Clients, cfg.Warmup = []int{2}, 0
+	cfg.Clients, cfg.Warmup, cfg.RequestsPerClient = []int{2}, 0, 2 // two conversations a client
 	defer closeIdle(cfg)
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Mode != "turns" || len(rep.Requests) != 2*3*2 || len(rep.Steps) != 2 || len(rep.Turns) != 3 {
+	if rep.Mode != "turns" || len(rep.Requests) != 2*2*3*2 || len(rep.Steps) != 2 || len(rep.Turns) != 3 {
 		t.Fatalf("mode %s: %d requests, %d steps, %d turn rows", rep.Mode, len(rep.Requests), len(rep.Steps), len(rep.Turns))
 	}
 	history := cfg.Prompter.Text("history", 40)
-	byClient := map[int][]Record{}
+	byClient := map[[2]int][]Record{} // client, conversation
 	for _, r := range rep.Requests {
 		if r.Err != "" {
 			t.Fatal(r.Err)
 		}
 		if r.Kind == "turn" {
-			byClient[r.Client] = append(byClient[r.Client], r)
+			k := [2]int{r.Client, r.Seq / 3}
+			byClient[k] = append(byClient[k], r)
 		}
+	}
+	if len(byClient) != 4 {
+		t.Fatalf("%d conversations, want 2 clients × 2", len(byClient))
 	}
 	// The fake saw, per client, prompts that each extend the one before
 	// by the reply (" t t") and 5 new words.
@@ -421,7 +425,7 @@ func TestTurns(t *testing.T) {
 		}
 	}
 	for i, ts := range rep.Turns {
-		if ts.Turn != i+1 || ts.TTFT.N != 2 || ts.AloneTTFT.N != 2 || ts.Ratio <= 0 || ts.WithinBar != (ts.Ratio <= Bar) {
+		if ts.Turn != i+1 || ts.TTFT.N != 4 || ts.AloneTTFT.N != 4 || ts.Ratio <= 0 || ts.WithinBar != (ts.Ratio <= Bar) {
 			t.Errorf("%+v", ts)
 		}
 	}

@@ -42,7 +42,7 @@ func benchServeCommand() *cli.Command {
 			&cli.StringFlag{Name: "clients", Value: "1,4,16,64", Usage: "concurrent clients per step, comma-separated"},
 			&cli.IntFlag{Name: "prompt-tokens", Value: 32, Usage: "prompt length in tokens (calibrated where a tokenizer is at hand)"},
 			&cli.IntFlag{Name: "max-tokens", Value: 128, Usage: "tokens generated per request"},
-			&cli.IntFlag{Name: "requests-per-client", Value: 4, Usage: "requests each client sends in a step (--swap: rounds)"},
+			&cli.IntFlag{Name: "requests-per-client", Value: 4, Usage: "requests each client sends in a step (--swap: rounds; --turns: conversations, one after the other)"},
 			&cli.DurationFlag{Name: "duration", Usage: "instead of --requests-per-client: each client keeps sending for this long"},
 			&cli.StringFlag{Name: "url", Usage: "measure this running server (`[NAME=]URL`) instead of starting forge serve"},
 			&cli.StringSliceFlag{Name: "peer-url", Usage: "another server to measure in the same run, `[NAME=]URL` (repeatable)"},

@@ -132,7 +132,7 @@ func TestBenchServeTurns(t *testing.T) {
 	leakCheck(t)
 	model := testmodels.Path(t, "stories260K-Q4_0.gguf")
 	stdout, stderr, err := runBenchServe(t, "-m", "tiny="+model, "--clients", "1,2", "--turns", "2", "--history-tokens", "40",
-		"--turn-tokens", "8", "--max-tokens", "4", "--threads", "1", "--device", "cpu", "--json")
+		"--turn-tokens", "8", "--max-tokens", "4", "--requests-per-client", "1", "--threads", "1", "--device", "cpu", "--json")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
