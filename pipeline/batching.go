@@ -263,8 +263,13 @@ func (batchedOnly) Close() {}
 // alone decodes at about half the single-sequence rate (8B Q4_K_M on an
 // H100: 124 vs 272 tokens/s over HTTP), and batching pays only from about
 // six concurrent requests (bench/results/2026-11-25-serve-batching-h100.md).
-func canBatch(be kernels.Backend, b Batching) bool {
-	if _, ok := kernels.As[*gpu.Backend](be); ok && !b.GPU {
+//
+// A model with a sliding window or soft-capped attention scores (Mistral,
+// Gemma 2 and 3) keeps the single-sequence path on a GPU: the GPU's paged
+// attention has neither yet, and refusing every request of such a model
+// would be worse than serving them one at a time.
+func canBatch(be kernels.Backend, b Batching, cfg model.Config) bool {
+	if _, ok := kernels.As[*gpu.Backend](be); ok && (!b.GPU || cfg.Window > 0 || cfg.AttnSoftcap > 0) {
 		return false
 	}
 	_, ok := kernels.As[kernels.Batcher](be)

@@ -121,7 +121,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 	if _, ok := kernels.As[*cpu.Backend](be); ok && !evalOnExecutor {
 		return run(ctx)
 	}
-	if m.opts.Batching.On && canBatch(be, m.opts.Batching) {
+	if m.opts.Batching.On && canBatch(be, m.opts.Batching, m.cfg) {
 		return errBatchedEval
 	}
 	_, err = m.sys.Submit(ctx, actors.Request{Opts: &evalJob{run: run}})

@@ -105,7 +105,7 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		if err != nil {
 			return Result{}, err
 		}
-		if canBatch(be, m.opts.Batching) {
+		if canBatch(be, m.opts.Batching, m.cfg) {
 			return m.generateBatched(ctx, ids, o, tok)
 		}
 	}

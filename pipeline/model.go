@@ -216,7 +216,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		if err != nil {
 			return nil, err
 		}
-		if o.Batching.On && canBatch(be, o.Batching) {
+		if o.Batching.On && canBatch(be, o.Batching, cfg) {
 			// Requests go through the batching scheduler (batching.go),
 			// which holds the KV pool: the executor keeps no model.
 			m.builtAt.Store(int64(time.Since(start)))
