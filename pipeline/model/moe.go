@@ -29,7 +29,10 @@ import (
 // expert used by some token of the step then runs once over those tokens'
 // rows (gathered with Scale by 1 unless it is every row), its matrices
 // being row views of the layer's stacked 3-D tensors; the weighted sum is
-// Scale and Add on each token's rows. The read-back costs one wait per
+// Scale and Add on each token's rows. A decode step (one token) runs its
+// experts' gate and up products as one MatMuls where the backend has it
+// (mixtureDecode: on the CPU, one quantized input and one parallel loop
+// for all of them). The read-back costs one wait per
 // layer on a GPU and rules out a recorded decode step (model.go); a device
 // router and a grouped expert product are the GPU's next step.
 //
@@ -145,7 +148,7 @@ func finishExperts(c Config, l *LayerWeights) error {
 type moeScratch struct {
 	router       kernels.Tensor // [B][Experts]  the router's logits
 	in           kernels.Tensor // [B][Embd]     one expert's tokens' rows, gathered
-	gate, up, hb kernels.Tensor // [B][ExpertFF] one expert's products
+	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
 	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
 }
 
@@ -154,9 +157,10 @@ func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
 	if c.Experts == 0 {
 		return nil
 	}
+	rows := max(B, c.ExpertsUsed) // a decode step's experts side by side (mixtureDecode)
 	return []scratchPiece{
 		{&s.router, B * c.Experts}, {&s.in, B * c.Embd},
-		{&s.gate, B * c.ExpertFF}, {&s.up, B * c.ExpertFF}, {&s.hb, B * c.ExpertFF},
+		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
 		{&s.out, B * c.ExpertsUsed * c.Embd},
 	}
 }
@@ -175,6 +179,13 @@ type moeState struct {
 	start []int32 // [Experts+1]
 	order []int32 // [B·ExpertsUsed]
 	row   []int32 // [B·ExpertsUsed]
+	// A decode step's gate and up products in one MatMuls (mixtureDecode).
+	dsts []kernels.Tensor  // [2·ExpertsUsed]
+	ws   []*kernels.Weight // [2·ExpertsUsed]
+	// perExpert turns mixtureDecode off (tests: it must change no bit);
+	// decodes counts the steps it ran.
+	perExpert bool
+	decodes   int
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -183,6 +194,7 @@ func newMoeState(c Config, B int) *moeState {
 		logits: make([]float32, B*c.Experts), probs: make([]float32, c.Experts),
 		sel: make([]int32, B*k), wts: make([]float32, B*k),
 		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k),
+		dsts: make([]kernels.Tensor, 2*k), ws: make([]*kernels.Weight, 2*k),
 	}
 }
 
@@ -291,6 +303,10 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 		return
 	}
 	route(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K], st.probs)
+	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
+		m.mixtureDecode(lw, dst, xb)
+		return
+	}
 	st.group(n, E, K)
 
 	for e := range E {
@@ -314,7 +330,41 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 		m.matmul(s.out.View(lo*D, cnt*D), ew.Down, h, cnt)
 	}
 
-	// dst[t] = Σ_j w[t][j]·out[row(t, j)], in the router's order.
+	m.weightedSum(dst, n)
+}
+
+// mixtureDecode is the mixture for one token: its experts' gate and up
+// products share one input, so they are one MatMuls (on the CPU: the
+// input quantized once, one parallel loop over every expert's rows), their
+// gates one SiLUMul, each down product one MatMul into its slot's row of
+// out; then the weighted sum in the router's order, as mixture's. Every
+// number is the per-expert path's, bit for bit (MatMuls is MatMul's).
+func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
+	st.decodes++
+	for j, e := range st.sel[:K] {
+		ew := m.expert(lw, int(e))
+		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
+		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
+		st.row[j] = int32(j)
+	}
+	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
+		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+		return
+	}
+	m.siluMul(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
+	for j, e := range st.sel[:K] {
+		m.matmul(s.out.View(j*D, D), m.expert(lw, int(e)).Down, s.hb.View(j*F, F), 1)
+	}
+	m.weightedSum(dst, 1)
+}
+
+// weightedSum is dst[t] = Σ_j w[t][j]·out[row(t, j)] for n tokens, the
+// experts' outputs added in the router's order.
+func (m *Model) weightedSum(dst kernels.Tensor, n int) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, D := c.ExpertsUsed, c.Embd
 	for t := range n {
 		d := dst.View(t*D, D)
 		for j := range K {

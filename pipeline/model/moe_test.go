@@ -3,8 +3,10 @@ package model_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,7 +87,9 @@ func TestMoEBadFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	set := func(k string, v uint32) ggufedit.Edit { return ggufedit.Edit{Set: map[string]gguf.Value{k: gguf.Uint32(v)}} }
+	set := func(k string, v uint32) ggufedit.Edit {
+		return ggufedit.Edit{Set: map[string]gguf.Value{k: gguf.Uint32(v)}}
+	}
 	reshape := func(name string, to ...uint64) func(string, []uint64) ([]uint64, bool) {
 		return func(n string, dims []uint64) ([]uint64, bool) {
 			if n == name {
@@ -187,4 +191,64 @@ func TestMoEPresetShapes(t *testing.T) {
 			t.Errorf("%s: %.3g parameters, want %.3g…%.3g", c.preset, p, c.lo, c.hi)
 		}
 	}
+}
+
+// TestMoEDecodeSharedInputBitIdentical: a decode step's experts' gate and
+// up products in one MatMuls (one quantized input on the CPU) give the
+// per-expert path's logits bit for bit, over a prompt and 8 greedy decode
+// steps, for both mixtures in float and quantized mixes on every backend.
+func TestMoEDecodeSharedInputBitIdentical(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	prompt := []int32{1, 403, 407, 261, 378}
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+		for _, mix := range []synth.Mix{synth.MixF32, synth.MixQ8_0, synth.MixQ4_KM} {
+			path := filepath.Join(dir, preset+"-"+string(mix)+".gguf")
+			if err := synth.WriteFile(ctx, path, synth.Options{Shape: synth.Presets[preset], Mix: mix, Seed: 7}); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range model.Backends(t) {
+				t.Run(preset+"/"+string(mix)+"/"+b.Name, func(t *testing.T) {
+					shared := model.OpenModel(t, path, b.Backend, model.Options{Ctx: 64})
+					each := model.OpenModel(t, path, b.Backend, model.Options{Ctx: 64})
+					model.MoEPerExpert(each)
+					toks, pos := prompt, 0
+					for step := range 9 {
+						got, err := shared.Forward(ctx, toks, pos)
+						if err != nil {
+							t.Fatal(err)
+						}
+						got = slices.Clone(got)
+						want, err := each.Forward(ctx, toks, pos)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for i := range want {
+							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+								t.Fatalf("step %d, logit %d: %v, expert by expert %v", step, i, got[i], want[i])
+							}
+						}
+						pos += len(toks)
+						toks = []int32{argmaxOf(got)}
+					}
+					if b.Name == "cpu" && model.MoESharedDecodes(shared) == 0 {
+						t.Fatal("the CPU ran no decode step's experts in one MatMuls")
+					}
+					if model.MoESharedDecodes(each) != 0 {
+						t.Fatal("the per-expert model shared a product")
+					}
+				})
+			}
+		}
+	}
+}
+
+func argmaxOf(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
 }
