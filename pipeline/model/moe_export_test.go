@@ -1,5 +1,7 @@
 package model
 
+import "testing"
+
 // MoEPerExpert makes m run every mixture-of-experts step expert by
 // expert, a decode step too (no shared gate and up product), for
 // comparisons.
@@ -15,4 +17,10 @@ func MoESharedDecodes(m *Model) int {
 		return 0
 	}
 	return m.moe.decodes
+}
+
+// StepBatchMatchesForward is batch_test.go's check (batched steps give
+// Forward's logits bit for bit) on the model file at path.
+func StepBatchMatchesForward(t *testing.T, path string, merge bool) {
+	stepBatchMatchesForward(t, path, merge)
 }

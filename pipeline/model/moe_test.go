@@ -252,3 +252,21 @@ func argmaxOf(v []float32) int32 {
 	}
 	return int32(best)
 }
+
+// TestMoEStepBatchMatchesForward: both mixtures through the batched steps
+// of serving (several sequences' rows in one step, so an expert's rows
+// come from several sequences, prompts in pieces, merged or not) give
+// each sequence's logits as it alone would get them, bit for bit, on the
+// CPU (where a row's product does not depend on the others').
+func TestMoEStepBatchMatchesForward(t *testing.T) {
+	dir := t.TempDir()
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+		path := filepath.Join(dir, preset+".gguf")
+		if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets[preset], Mix: synth.MixQ4_KM, Seed: 5}); err != nil {
+			t.Fatal(err)
+		}
+		for _, merge := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/merge=%v", preset, merge), func(t *testing.T) { model.StepBatchMatchesForward(t, path, merge) })
+		}
+	}
+}
