@@ -6,12 +6,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/ggufedit"
+	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -268,5 +270,40 @@ func TestMoEStepBatchMatchesForward(t *testing.T) {
 		for _, merge := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/merge=%v", preset, merge), func(t *testing.T) { model.StepBatchMatchesForward(t, path, merge) })
 		}
+	}
+}
+
+// BenchmarkMoEDecode times decode steps of a Qwen3-MoE-like model (4
+// blocks of 32 experts, 8 per token, 1024 wide, Q4_K_M) on the CPU, with
+// the experts' gate and up in one MatMuls (shared) and expert by expert.
+func BenchmarkMoEDecode(b *testing.B) {
+	s := synth.Presets["tiny-qwen3moe"]
+	s.Embd, s.FF, s.Layers, s.Heads, s.KVHeads, s.HeadDim = 1024, 3072, 4, 16, 4, 64
+	s.Experts, s.ExpertsUsed, s.ExpertFF = 32, 8, 512
+	path := filepath.Join(b.TempDir(), "moe.gguf")
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: s, Mix: synth.MixQ4_KM, Seed: 1, Fill: synth.FillBlocks}); err != nil {
+		b.Fatal(err)
+	}
+	be := cpu.New(runtime.NumCPU())
+	defer be.Close()
+	for _, perExpert := range []bool{false, true} {
+		name := "shared"
+		if perExpert {
+			name = "per-expert"
+		}
+		b.Run(name, func(b *testing.B) {
+			m := model.OpenModel(b, path, be, model.Options{Ctx: 512})
+			if perExpert {
+				model.MoEPerExpert(m)
+			}
+			ctx := context.Background()
+			tok := int32(1)
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := m.Forward(ctx, []int32{tok}, i%500); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
