@@ -202,7 +202,8 @@ func newMoeState(c Config, B int) *moeState {
 // row of logits [n][experts], its k most probable experts, best first
 // (ties: the lower index), into sel [n][k], and their probabilities
 // renormalised to sum to 1 (the sum clamped at 2⁻¹⁴ as llama.cpp does)
-// into w [n][k]. probs is scratch of experts values.
+// into w [n][k]. probs is scratch of experts values. NaN or infinite
+// logits (a broken model) still give k distinct experts in range.
 func route(logits []float32, n, experts, k int, sel []int32, w []float32, probs []float32) {
 	for t := range n {
 		row := logits[t*experts : (t+1)*experts]
@@ -219,6 +220,9 @@ func route(logits []float32, n, experts, k int, sel []int32, w []float32, probs 
 		inv := float32(1 / sum)
 		for e := range probs {
 			probs[e] *= inv
+			if !(probs[e] >= 0) {
+				probs[e] = 0 // NaN (from NaN or infinite logits): chosen after any number
+			}
 		}
 		s, ws := sel[t*k:(t+1)*k], w[t*k:(t+1)*k]
 		var total float32

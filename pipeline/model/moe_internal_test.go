@@ -88,6 +88,26 @@ func TestRouteAgainstReference(t *testing.T) {
 	}
 }
 
+// TestRouteNaN: NaN and infinite logits (a broken model's) still route to
+// distinct experts in range, with finite weights, instead of failing.
+func TestRouteNaN(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	logits := []float32{nan, nan, nan, nan, 1, nan, inf, 2, inf, inf, -inf, 0}
+	sel, w := make([]int32, 3*2), make([]float32, 3*2)
+	route(logits, 3, 4, 2, sel, w, make([]float32, 4))
+	for tok := range 3 {
+		s := sel[tok*2 : tok*2+2]
+		if s[0] == s[1] || min(s[0], s[1]) < 0 || max(s[0], s[1]) >= 4 {
+			t.Errorf("token %d: experts %v", tok, s)
+		}
+	}
+	for i, v := range w {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Errorf("weight %d = %v", i, v)
+		}
+	}
+}
+
 // TestMoEGroup: the step's (token, slot) pairs grouped by expert, tokens
 // ascending within each, each pair's row pointing back at its place.
 func TestMoEGroup(t *testing.T) {
