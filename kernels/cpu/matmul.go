@@ -409,8 +409,10 @@ type multiTask struct {
 	off   [maxMulti + 1]int
 }
 
-// maxMulti is the most weights one MatMuls shares a loop between.
-const maxMulti = 4
+// maxMulti is the most weights one MatMuls shares a loop between: a
+// mixture of experts' decode step multiplies its input by 2 per chosen
+// expert (Qwen3-MoE: 8 experts' gate and up).
+const maxMulti = 16
 
 func (t *multiTask) run(w, lo, hi int) {
 	for i := range t.k {

@@ -23,6 +23,9 @@ func TestMatMulsMatchesMatMul(t *testing.T) {
 		{gguf.TypeQ4_K, gguf.TypeQ6_K},
 		{gguf.TypeQ8_0, gguf.TypeQ8_0},
 		{gguf.TypeQ8_0, gguf.TypeQ4_K, gguf.TypeF32},
+		// a mixture's decode step: 8 experts' gate and up (maxMulti)
+		{gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K,
+			gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ4_K},
 	}
 	b := New(2)
 	defer b.Close()

@@ -16,12 +16,13 @@ import (
 // `forge gen`'s presets all read the architecture's table from here (see
 // docs/DESIGN.md, "Adding an architecture").
 var archs = map[string]*Arch{
-	"llama":  &llamaArch,
-	"qwen2":  &qwen2Arch,
-	"qwen3":  &qwen3Arch,
-	"phi3":   &phi3Arch,
-	"gemma2": &gemma2Arch,
-	"gemma3": &gemma3Arch,
+	"llama":    &llamaArch,
+	"qwen2":    &qwen2Arch,
+	"qwen3":    &qwen3Arch,
+	"qwen3moe": &qwen3moeArch,
+	"phi3":     &phi3Arch,
+	"gemma2":   &gemma2Arch,
+	"gemma3":   &gemma3Arch,
 }
 
 // Arch is one architecture: how its hyper-parameters come from a GGUF
@@ -136,8 +137,12 @@ type TensorSpec struct {
 	Optional bool
 	Kind     TensorKind
 	Layer    int // the block, -1 outside the blocks
-	global   func(*GlobalWeights) **kernels.Weight
-	block    func(*LayerWeights) **kernels.Weight
+	// Experts, when > 0, makes the tensor 3-D: that many experts' matrices
+	// of Rows/Experts rows each, stacked (a file's dims [Cols,
+	// Rows/Experts, Experts]); 0: a matrix or vector.
+	Experts int
+	global  func(*GlobalWeights) **kernels.Weight
+	block   func(*LayerWeights) **kernels.Weight
 }
 
 // Place stores w where the forward pass reads the tensor: in g for a
@@ -148,6 +153,17 @@ func (s TensorSpec) Place(g *GlobalWeights, l *LayerWeights, w *kernels.Weight) 
 		return
 	}
 	*s.block(l) = w
+}
+
+// Dims is the tensor's shape as a GGUF file stores it (ggml order: the
+// row length first): [Cols, Rows/Experts, Experts] for a 3-D tensor of
+// experts, [Cols, Rows] otherwise (what `forge gen` writes; for those,
+// checkTensor accepts any dims of the same row length and row count).
+func (s TensorSpec) Dims() []uint64 {
+	if s.Experts > 0 {
+		return []uint64{uint64(s.Cols), uint64(s.Rows / s.Experts), uint64(s.Experts)}
+	}
+	return []uint64{uint64(s.Cols), uint64(s.Rows)}
 }
 
 // layerField is where a block tensor goes in LayerWeights.
@@ -233,6 +249,11 @@ func checkTensor(f *gguf.File, s TensorSpec) (*gguf.TensorInfo, error) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("model: %s: tensor %q missing", f.Path, s.Name)
+	}
+	if s.Experts > 0 {
+		if want := s.Dims(); !slices.Equal(ti.Dims, want) {
+			return nil, fmt.Errorf("model: %s: tensor %q has shape %v, want %v (%d experts)", f.Path, s.Name, ti.Dims, want, s.Experts)
+		}
 	}
 	if len(ti.Dims) == 0 || int(ti.Dims[0]) != s.Cols || int(ti.Rows()) != s.Rows {
 		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, want [%d %d]", f.Path, s.Name, ti.Dims, s.Cols, s.Rows)

@@ -140,7 +140,7 @@ func (s *scratch) from(first int, c Config) scratch {
 		all: s.all, x: r(s.x, c.Embd), xb: r(s.xb, c.Embd), xb2: r(s.xb2, c.Embd),
 		q: r(s.q, c.QDim()), k: r(s.k, c.KVDim()), v: r(s.v, c.KVDim()), att: r(s.att, c.QDim()),
 		gate: r(s.gate, c.FF), up: r(s.up, c.FF), hb: r(s.hb, c.FF),
-		logits: s.logits, qk1: s.qk1,
+		logits: s.logits, qk1: s.qk1, moe: s.moe,
 	}
 }
 

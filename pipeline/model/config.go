@@ -64,6 +64,10 @@ type Config struct {
 	// AttnScale, when > 0, replaces the attention score scale 1/√HeadDim
 	// (Gemma: 1/√query_pre_attn_scalar).
 	AttnScale float32
+	// Experts, when > 0, makes every block's feed-forward a mixture of
+	// that many experts (expert_count), ExpertsUsed of them (the router's
+	// top-k, expert_used_count) run per token, each ExpertFF wide (moe.go).
+	Experts, ExpertsUsed, ExpertFF int
 }
 
 // QDim is the width of the query projection, Heads·HeadDim.

@@ -14,7 +14,12 @@ var llamaArch = Arch{
 	// 11669) ignores this key for "llama" files; forge applies it, as the
 	// model was trained (the two agree within the window: 4096 positions
 	// for Mistral 7B v0.1).
+	// Mixtral: a mixture of experts where the file says so
+	// (expert_count, ffn_gate_inp and ffn_*_exps; moe.go).
 	Configure: func(c *Config, md Metadata) error {
+		if err := configureExperts(c, md, "llama", false, c.FF); err != nil {
+			return err
+		}
 		if w, ok := metaUint(md, "llama.attention.sliding_window"); ok && w > 0 {
 			if w > 1<<30 {
 				return fmt.Errorf("llama.attention.sliding_window = %d is too large", w)
@@ -45,6 +50,11 @@ var llamaArch = Arch{
 			SlidingWindow: 4096, ChatTemplate: mistralTemplate},
 		"tiny-mistral": {Embd: 256, FF: 512, Layers: 2, Heads: 4, KVHeads: 1, Vocab: 512, Ctx: 256, RopeBase: 10000, NormEps: 1e-5,
 			SlidingWindow: 32, ChatTemplate: mistralTemplate},
+		// Mixtral 8x7B: 8 experts, 2 per token.
+		"mixtral-8x7b": {Embd: 4096, FF: 14336, Layers: 32, Heads: 32, KVHeads: 8, Vocab: 32000, Ctx: 32768, RopeBase: 1e6, NormEps: 1e-5,
+			Experts: 8, ExpertsUsed: 2, ChatTemplate: mistralTemplate},
+		"tiny-mixtral": {Embd: 256, FF: 256, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 512, Ctx: 256, RopeBase: 1e6, NormEps: 1e-5,
+			Experts: 8, ExpertsUsed: 2, ChatTemplate: mistralTemplate},
 	},
 }
 
@@ -56,8 +66,11 @@ const llama3Template = `{{- bos_token }}{%- for message in messages %}{{- '<|sta
 const mistralTemplate = `{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token }}{%- endif %}{%- endfor %}`
 
 // llamaBlock is a Llama block's tensor table: attention, then the SwiGLU
-// feed-forward.
+// feed-forward (Mixtral's: the mixture of experts).
 func llamaBlock(c Config) []TensorSpec {
+	if c.Experts > 0 {
+		return append(attentionTensors(c), moeTensors(c)...)
+	}
 	return append(attentionTensors(c), ffnTensors(c)...)
 }
 
@@ -119,12 +132,18 @@ func llamaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	return m.err
 }
 
-// feedForward is the SwiGLU sub-block shared by Llama and Qwen2:
+// feedForward is the SwiGLU sub-block shared by Llama, Qwen2 and Qwen3:
 //
 //	xb = rmsnorm(x) ⊙ ffn_norm
 //	x  = x + (silu(xb·Wgateᵀ) ⊙ xb·Wupᵀ)·Wdownᵀ   (the add left pending)
+//
+// or, in a mixture of experts (Mixtral, Qwen3-MoE), moeFeedForward.
 func feedForward(m *Model, lw *LayerWeights, a act, n int) {
 	c := m.Cfg
+	if c.Experts > 0 {
+		moeFeedForward(m, lw, a, n)
+		return
+	}
 	m.preNorm(a, lw.FFNNorm, n)
 	m.matmul2(a.gate, lw.Gate, a.up, lw.Up, a.xb, n)
 	m.siluMul(a.hb, a.gate, a.up, n*c.FF)

@@ -49,6 +49,8 @@ type scratch struct {
 	// qk1 is the one-token step's query and key, [QDim + KVDim] in one
 	// piece, so that one RoPE launch rotates both.
 	qk1 kernels.Tensor
+	// moe are a mixture of experts' buffers (empty for a dense model).
+	moe moeScratch
 }
 
 // layerFunc runs one transformer block on n tokens at positions pos0…,
@@ -106,6 +108,9 @@ type Model struct {
 	// run is such a piece.
 	promptMM kernels.PromptMatMuler
 	inPrompt bool
+	// moe is the host side of the mixture-of-experts op (moe.go): the
+	// router's logits read back and each step's routing, sized once.
+	moe *moeState
 	// lo is the first layer of this model's KV cache (a segment of a model
 	// split over devices holds layers lo… only); split, on the first
 	// segment, runs the others (split.go).
@@ -175,7 +180,9 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	}
 	m.batch = min(m.batch, m.ctx)
 	m.lws = make([]*LayerWeights, cfg.Layers)
-	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" {
+	// A mixture of experts reads its router's choice back to the host
+	// mid-step (moe.go), which a recorded step cannot replay.
+	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" && cfg.Experts == 0 {
 		m.graphs = sc
 	}
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
@@ -230,14 +237,14 @@ type scratchPiece struct {
 // pieces lists the scratch buffers of a model of shape c for batches of B
 // rows and logitRows rows of logits, in allocation order.
 func (s *scratch) pieces(c Config, B, logitRows int) []scratchPiece {
-	return []scratchPiece{
+	return append([]scratchPiece{
 		{&s.x, B * c.Embd}, {&s.xb, B * c.Embd}, {&s.xb2, B * c.Embd},
 		{&s.q, B * c.QDim()}, {&s.k, B * c.KVDim()}, {&s.v, B * c.KVDim()},
 		{&s.att, B * c.QDim()},
 		{&s.gate, B * c.FF}, {&s.up, B * c.FF}, {&s.hb, B * c.FF},
 		{&s.logits, logitRows * c.Vocab},
 		{&s.qk1, c.QDim() + c.KVDim()},
-	}
+	}, s.moe.pieces(c, B)...)
 }
 
 // ScratchFloats is the size in float32 of the one scratch allocation a

@@ -169,6 +169,10 @@ func (r *refModel) forward(tok int32, pos int) []float64 {
 		addVec(x, matvec(r.mat(p+"attn_output.weight"), att))
 
 		xb = rmsnorm(x, r.vec(p+"ffn_norm.weight"), eps)
+		if c.Experts > 0 { // Mixtral (moe_internal_test.go)
+			addVec(x, r.mixture(p, xb))
+			continue
+		}
 		g := matvec(r.mat(p+"ffn_gate.weight"), xb)
 		u := matvec(r.mat(p+"ffn_up.weight"), xb)
 		for i := range g {

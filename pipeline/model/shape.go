@@ -53,6 +53,11 @@ type Shape struct {
 	// refuses a file named like Phi-3 whose vocabulary lacks
 	// "<|endoftext|>").
 	SpecialTokens []string
+	// Experts, when > 0, makes the feed-forward a mixture of that many
+	// experts (expert_count), ExpertsUsed of them per token
+	// (expert_used_count); ExpertFF, when > 0, is an expert's width
+	// (expert_feed_forward_length; Qwen3-MoE), else FF.
+	Experts, ExpertsUsed, ExpertFF int
 }
 
 // HeadSize is the attention head size: HeadDim, or Embd/Heads.
@@ -99,6 +104,13 @@ func (s Shape) Meta() ([]gguf.KV, error) {
 		add(p+"rope.scaling.original_context_length", gguf.Uint32(uint32(s.RopeOrigCtx)))
 		scale := float64(s.Ctx) / float64(s.RopeOrigCtx)
 		add(p+"rope.scaling.attn_factor", gguf.Float32(float32(math.Sqrt(1+math.Log(scale)/math.Log(float64(s.RopeOrigCtx))))))
+	}
+	if s.Experts > 0 {
+		add(p+"expert_count", gguf.Uint32(uint32(s.Experts)))
+		add(p+"expert_used_count", gguf.Uint32(uint32(s.ExpertsUsed)))
+	}
+	if s.ExpertFF > 0 {
+		add(p+"expert_feed_forward_length", gguf.Uint32(uint32(s.ExpertFF)))
 	}
 	if a.Meta != nil {
 		a.Meta(s, add)

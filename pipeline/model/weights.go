@@ -46,6 +46,14 @@ type LayerWeights struct {
 	// and Up row views of them (no copy).
 	QKV    *kernels.Weight // [QDim+2·KVDim][Embd]
 	GateUp *kernels.Weight // [2·FF][Embd]
+	// A mixture of experts' feed-forward (Config.Experts > 0; moe.go):
+	// the router and the experts' stacked matrices, of which FinishLayer
+	// makes Experts, one row view per expert of each.
+	GateInp  *kernels.Weight // [Experts][Embd]
+	GateExps *kernels.Weight // [Experts·ExpertFF][Embd]
+	UpExps   *kernels.Weight // [Experts·ExpertFF][Embd]
+	DownExps *kernels.Weight // [Experts·Embd][ExpertFF]
+	Experts  []ExpertWeights
 }
 
 // FinishLayer completes a block's weights once its table's tensors are
@@ -64,6 +72,9 @@ func FinishLayer(c Config, l *LayerWeights) error {
 		if l.Gate, err = rowView(l.GateUp, "gate", 0, c.FF); err == nil {
 			l.Up, err = rowView(l.GateUp, "up", c.FF, c.FF)
 		}
+	}
+	if err == nil {
+		err = finishExperts(c, l)
 	}
 	return err
 }

@@ -73,17 +73,18 @@ func useMoreBits(i, n int) bool {
 // model's shape. The rules follow llama.cpp's llama_tensor_get_type for the
 // mixes here, without an importance matrix:
 //
-//   - vectors (norms, biases, rope_freqs) stay F32;
+//   - vectors (norms, biases, rope_freqs) and a mixture of experts'
+//     router (ffn_gate_inp) stay F32;
 //   - the output head (token_embd when the head is tied) gets Q6_K, or Q8_0
 //     when its rows are not whole blocks of the base type, except in F32,
 //     F16 and Q8_0 files;
-//   - Q4_K_M: attn_v and ffn_down get Q6_K on the layers useMoreBits picks;
+//   - Q4_K_M: attn_v and ffn_down (ffn_down_exps) get Q6_K on the layers useMoreBits picks;
 //     a 70B model's other attn_v get Q5_K (8 query heads share each);
 //   - a type whose block does not divide the row falls back as llama.cpp
 //     does (Q4_K→Q5_0, Q5_K→Q5_1, Q6_K→Q8_0), then to F16.
 func TensorType(m Mix, s Shape, name string, cols, rows, layer int) gguf.Type {
-	if rows == 1 {
-		return gguf.TypeF32
+	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") {
+		return gguf.TypeF32 // a mixture's router too, as llama.cpp's converter keeps it
 	}
 	t := m.base()
 	isOutput := name == "output.weight" || (s.Tied && name == "token_embd.weight")
@@ -102,7 +103,7 @@ func TensorType(m Mix, s Shape, name string, cols, rows, layer int) gguf.Type {
 		} else if s.Layers == 80 { // llama.cpp's LLM_TYPE_70B
 			t = gguf.TypeQ5_K
 		}
-	case m == MixQ4_KM && strings.HasSuffix(name, "ffn_down.weight"):
+	case m == MixQ4_KM && (strings.HasSuffix(name, "ffn_down.weight") || strings.HasSuffix(name, "ffn_down_exps.weight")):
 		if useMoreBits(layer, s.Layers) {
 			t = gguf.TypeQ6_K
 		}

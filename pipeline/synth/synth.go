@@ -94,7 +94,8 @@ type Options struct {
 type tensor struct {
 	name       string
 	cols, rows int
-	layer      int // -1 outside blocks
+	dims       []uint64 // as the file stores them (3-D for experts' tensors)
+	layer      int      // -1 outside blocks
 	typ        gguf.Type
 	kind       model.TensorKind // what the values look like: weight, norm or bias
 }
@@ -115,7 +116,7 @@ func (o *Options) tensors() ([]tensor, error) {
 	}
 	ts := make([]tensor, 0, len(specs))
 	for _, sp := range specs {
-		ts = append(ts, tensor{name: sp.Name, cols: sp.Cols, rows: sp.Rows, layer: sp.Layer, kind: sp.Kind,
+		ts = append(ts, tensor{name: sp.Name, cols: sp.Cols, rows: sp.Rows, dims: sp.Dims(), layer: sp.Layer, kind: sp.Kind,
 			typ: TensorType(o.Mix, o.Shape, sp.Name, sp.Cols, sp.Rows, sp.Layer)})
 	}
 	return ts, nil
@@ -201,7 +202,7 @@ func Write(ctx context.Context, out io.Writer, o Options) error {
 		o.headRows, o.head = partialCharTokens(voc), headTensor(ts)
 	}
 	for _, t := range ts {
-		if err := w.AddTensor(t.name, t.typ, uint64(t.cols), uint64(t.rows)); err != nil {
+		if err := w.AddTensor(t.name, t.typ, t.dims...); err != nil {
 			return fmt.Errorf("synth: %w", err)
 		}
 	}

@@ -1,0 +1,396 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+)
+
+// A mixture of experts (Mixtral, Qwen3-MoE) replaces a block's one SwiGLU
+// feed-forward by Experts of them, of which a router picks ExpertsUsed
+// per token:
+//
+//	xb     = rmsnorm(x) ⊙ ffn_norm
+//	p      = softmax(xb·Wrouterᵀ)                    (over the Experts)
+//	S      = the ExpertsUsed largest p, best first
+//	w_s    = p_s / max(Σ_{s∈S} p_s, 2⁻¹⁴)            (renormalised)
+//	x      = x + Σ_{s∈S} w_s · (silu(xb·Wgate_sᵀ) ⊙ xb·Wup_sᵀ)·Wdown_sᵀ
+//
+// as llama.cpp computes it for both architectures (softmax gating, weights
+// renormalised over the chosen experts, the sum clamped at F16's smallest
+// normal number, the experts' outputs added in the router's order).
+//
+// The op is composed of the backend's existing ops, so every backend runs
+// it without kernels of its own: the router is a MatMul whose logits are
+// read back, and the softmax and top-k are done on the host (route); each
+// expert used by some token of the step then runs once over those tokens'
+// rows (gathered with Scale by 1 unless it is every row), its matrices
+// being row views of the layer's stacked 3-D tensors; the weighted sum is
+// Scale and Add on each token's rows. A decode step (one token) runs its
+// experts' gate and up products as one MatMuls where the backend has it
+// (mixtureDecode: on the CPU, one quantized input and one parallel loop
+// for all of them). The read-back costs one wait per
+// layer on a GPU and rules out a recorded decode step (model.go); a device
+// router and a grouped expert product are the GPU's next step.
+//
+// Experts are asked for one at a time (Model.expert), after the router has
+// chosen them, so that a loader with per-(layer, expert) readiness has a
+// single place to wait for only the experts a step uses.
+
+// maxExperts bounds expert_count (llama.cpp's LLAMA_MAX_EXPERTS is 512).
+const maxExperts = 512
+
+// configureExperts reads a mixture of experts' keys of arch from md into c:
+// expert_count, expert_used_count and expert_feed_forward_length (absent:
+// defaultFF). With required, a file without expert_count is an error (an
+// architecture that is only ever a mixture); else it is a dense model.
+func configureExperts(c *Config, md Metadata, arch string, required bool, defaultFF int) error {
+	n, okN := metaUint(md, arch+".expert_count")
+	k, okK := metaUint(md, arch+".expert_used_count")
+	if !okN || n == 0 {
+		if required {
+			return fmt.Errorf("%s.expert_count is missing or 0: a %s model is a mixture of experts", arch, arch)
+		}
+		if okK && k > 0 {
+			return fmt.Errorf("%s.expert_used_count = %d without %s.expert_count", arch, k, arch)
+		}
+		return nil
+	}
+	switch {
+	case n > maxExperts:
+		return fmt.Errorf("%s.expert_count = %d: must be at most %d", arch, n, maxExperts)
+	case !okK || k == 0:
+		return fmt.Errorf("%s.expert_used_count is missing or 0 (%s.expert_count = %d)", arch, arch, n)
+	case k > n:
+		return fmt.Errorf("%s.expert_used_count = %d exceeds %s.expert_count = %d", arch, k, arch, n)
+	}
+	c.Experts, c.ExpertsUsed, c.ExpertFF = int(n), int(k), defaultFF
+	if f, ok := metaUint(md, arch+".expert_feed_forward_length"); ok && f > 0 {
+		if f > gguf.MaxFeedForward {
+			return fmt.Errorf("%s.expert_feed_forward_length = %d: must be at most %d", arch, f, gguf.MaxFeedForward)
+		}
+		c.ExpertFF = int(f)
+	}
+	if c.ExpertFF <= 0 {
+		return fmt.Errorf("%s: an expert's width is 0 (set %s.expert_feed_forward_length)", arch, arch)
+	}
+	return nil
+}
+
+// moeTensors are the feed-forward tensors of a mixture-of-experts block:
+// the pre-norm, the router, and the experts' gate, down and up matrices
+// stacked in 3-D tensors (a file's dims [Embd, ExpertFF, Experts] for gate
+// and up, [ExpertFF, Embd, Experts] for down).
+func moeTensors(c Config) []TensorSpec {
+	e, f := c.Experts, c.ExpertFF
+	return []TensorSpec{
+		vec("ffn_norm.weight", c.Embd, KindNorm, fFFNNorm),
+		mat("ffn_gate_inp.weight", c.Embd, e, fGateInp),
+		mat3("ffn_gate_exps.weight", c.Embd, f, e, fGateExps),
+		mat3("ffn_down_exps.weight", f, c.Embd, e, fDownExps),
+		mat3("ffn_up_exps.weight", c.Embd, f, e, fUpExps),
+	}
+}
+
+// mat3 declares a block's 3-D tensor of experts matrices of rows × cols
+// each.
+func mat3(name string, cols, rows, experts int, f layerField) TensorSpec {
+	return TensorSpec{Name: name, Cols: cols, Rows: rows * experts, Experts: experts, Kind: KindWeight, block: f}
+}
+
+var (
+	fGateInp  layerField = func(l *LayerWeights) **kernels.Weight { return &l.GateInp }
+	fGateExps layerField = func(l *LayerWeights) **kernels.Weight { return &l.GateExps }
+	fUpExps   layerField = func(l *LayerWeights) **kernels.Weight { return &l.UpExps }
+	fDownExps layerField = func(l *LayerWeights) **kernels.Weight { return &l.DownExps }
+)
+
+// ExpertWeights are one expert's matrices: row views of its layer's
+// stacked tensors (no copy).
+type ExpertWeights struct {
+	Gate *kernels.Weight // [ExpertFF][Embd]
+	Up   *kernels.Weight // [ExpertFF][Embd]
+	Down *kernels.Weight // [Embd][ExpertFF]
+}
+
+// finishExperts makes l.Experts, one row view per expert of each stacked
+// tensor, once the layer's tensors are placed; nothing for a dense layer.
+func finishExperts(c Config, l *LayerWeights) error {
+	if c.Experts == 0 || (l.GateExps == nil && l.UpExps == nil && l.DownExps == nil) {
+		return nil
+	}
+	if l.GateExps == nil || l.UpExps == nil || l.DownExps == nil || l.GateInp == nil {
+		return fmt.Errorf("model: a mixture of experts needs ffn_gate_inp, ffn_gate_exps, ffn_up_exps and ffn_down_exps")
+	}
+	l.Experts = make([]ExpertWeights, c.Experts)
+	for e := range l.Experts {
+		part := "expert " + strconv.Itoa(e)
+		x := &l.Experts[e]
+		var err error
+		if x.Gate, err = rowView(l.GateExps, part, e*c.ExpertFF, c.ExpertFF); err != nil {
+			return err
+		}
+		if x.Up, err = rowView(l.UpExps, part, e*c.ExpertFF, c.ExpertFF); err != nil {
+			return err
+		}
+		if x.Down, err = rowView(l.DownExps, part, e*c.Embd, c.Embd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moeScratch are the backend buffers of the mixture-of-experts op, for a
+// step of B rows; each is used from its start (not by token row).
+type moeScratch struct {
+	router       kernels.Tensor // [B][Experts]  the router's logits
+	in           kernels.Tensor // [B][Embd]     one expert's tokens' rows, gathered
+	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
+	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
+}
+
+// pieces lists the buffers for batches of B rows (none for a dense model).
+func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
+	if c.Experts == 0 {
+		return nil
+	}
+	rows := max(B, c.ExpertsUsed) // a decode step's experts side by side (mixtureDecode)
+	return []scratchPiece{
+		{&s.router, B * c.Experts}, {&s.in, B * c.Embd},
+		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
+		{&s.out, B * c.ExpertsUsed * c.Embd},
+	}
+}
+
+// moeState is the op's host memory, sized once for B rows so that a step
+// allocates nothing.
+type moeState struct {
+	logits []float32 // [B][Experts] the router's logits, read back
+	probs  []float32 // [Experts]    one token's softmax, while routing it
+	sel    []int32   // [B][ExpertsUsed] token t's slot j: an expert
+	wts    []float32 // [B][ExpertsUsed] its weight
+	// The (token, slot) pairs grouped by expert: expert e's are
+	// order[start[e]:start[e+1]] (as t·ExpertsUsed + j, tokens ascending),
+	// and the pair t·ExpertsUsed + j is row row[t·ExpertsUsed + j] of the
+	// scratch's out.
+	start []int32 // [Experts+1]
+	order []int32 // [B·ExpertsUsed]
+	row   []int32 // [B·ExpertsUsed]
+	// A decode step's gate and up products in one MatMuls (mixtureDecode).
+	dsts []kernels.Tensor  // [2·ExpertsUsed]
+	ws   []*kernels.Weight // [2·ExpertsUsed]
+	// perExpert turns mixtureDecode off (tests: it must change no bit);
+	// decodes counts the steps it ran.
+	perExpert bool
+	decodes   int
+}
+
+func newMoeState(c Config, B int) *moeState {
+	k := c.ExpertsUsed
+	return &moeState{
+		logits: make([]float32, B*c.Experts), probs: make([]float32, c.Experts),
+		sel: make([]int32, B*k), wts: make([]float32, B*k),
+		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k),
+		dsts: make([]kernels.Tensor, 2*k), ws: make([]*kernels.Weight, 2*k),
+	}
+}
+
+// route is the router on the host: for each of n tokens, the softmax of its
+// row of logits [n][experts], its k most probable experts, best first
+// (ties: the lower index), into sel [n][k], and their probabilities
+// renormalised to sum to 1 (the sum clamped at 2⁻¹⁴ as llama.cpp does)
+// into w [n][k]. probs is scratch of experts values. NaN or infinite
+// logits (a broken model) still give k distinct experts in range.
+func route(logits []float32, n, experts, k int, sel []int32, w []float32, probs []float32) {
+	for t := range n {
+		row := logits[t*experts : (t+1)*experts]
+		mx := row[0]
+		for _, v := range row[1:] {
+			mx = max(mx, v)
+		}
+		var sum float64
+		for e, v := range row {
+			p := float32(math.Exp(float64(v - mx)))
+			probs[e] = p
+			sum += float64(p)
+		}
+		inv := float32(1 / sum)
+		for e := range probs {
+			probs[e] *= inv
+			if !(probs[e] >= 0) {
+				probs[e] = 0 // NaN (from NaN or infinite logits): chosen after any number
+			}
+		}
+		s, ws := sel[t*k:(t+1)*k], w[t*k:(t+1)*k]
+		var total float32
+		for j := range k {
+			best := -1
+			for e, p := range probs {
+				if p >= 0 && (best < 0 || p > probs[best]) {
+					best = e
+				}
+			}
+			s[j], ws[j] = int32(best), probs[best]
+			total += probs[best]
+			probs[best] = -1 // taken
+		}
+		total = max(total, 6.103515625e-5)
+		for j := range ws {
+			ws[j] /= total
+		}
+	}
+}
+
+// group sorts the step's (token, slot) pairs by expert (a counting sort:
+// tokens stay ascending within an expert) into start, order and row.
+func (st *moeState) group(n, experts, k int) {
+	start := st.start[:experts+1]
+	clear(start)
+	for _, e := range st.sel[:n*k] {
+		start[e+1]++
+	}
+	for e := range experts {
+		start[e+1] += start[e]
+	}
+	// Place each pair at its expert's cursor, start[e] advancing; the
+	// cursors end at the next expert's start, so shift them back.
+	for i, e := range st.sel[:n*k] {
+		p := start[e]
+		st.order[p], st.row[i] = int32(i), p
+		start[e]++
+	}
+	copy(start[1:], start[:experts])
+	start[0] = 0
+}
+
+// moeFeedForward is the mixture-of-experts sub-block (see above):
+//
+//	xb = rmsnorm(x) ⊙ ffn_norm
+//	x  = x + moe(xb)   (the add left pending)
+func moeFeedForward(m *Model, lw *LayerWeights, a act, n int) {
+	m.preNorm(a, lw.FFNNorm, n)
+	m.mixture(lw, a.xb2, a.xb, n)
+	m.pending = true // x += xb2
+}
+
+// expert is expert e of layer lw's weights: the one place the op asks for
+// an expert, after the router chose it.
+func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights { return &lw.Experts[e] }
+
+// mixture computes dst [n][Embd] = Σ over each token's chosen experts of their
+// weighted SwiGLU outputs on xb [n][Embd].
+func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
+	if m.err != nil {
+		return
+	}
+	c := m.Cfg
+	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
+	if lw.GateInp == nil || len(lw.Experts) != E {
+		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
+		return
+	}
+	if m.moe == nil {
+		m.moe = newMoeState(c, m.batch)
+	}
+	st, s := m.moe, &m.s.moe
+
+	router := s.router.View(0, n*E)
+	m.matmul(router, lw.GateInp, xb, n)
+	if m.err != nil {
+		return
+	}
+	if err := m.be.Read(st.logits[:n*E], router, 0); err != nil {
+		m.err = fmt.Errorf("mixture of experts: reading the router's logits: %w", err)
+		return
+	}
+	route(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K], st.probs)
+	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
+		m.mixtureDecode(lw, dst, xb)
+		return
+	}
+	st.group(n, E, K)
+
+	for e := range E {
+		lo, hi := int(st.start[e]), int(st.start[e+1])
+		cnt := hi - lo
+		if cnt == 0 {
+			continue
+		}
+		ew := m.expert(lw, e)
+		in := xb
+		if cnt != n { // some tokens only: gather their rows
+			in = s.in.View(0, cnt*D)
+			for j, pair := range st.order[lo:hi] {
+				t := int(pair) / K
+				m.copyRow(in.View(j*D, D), xb.View(t*D, D))
+			}
+		}
+		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
+		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
+		m.siluMul(h, g, u, cnt*F)
+		m.matmul(s.out.View(lo*D, cnt*D), ew.Down, h, cnt)
+	}
+
+	m.weightedSum(dst, n)
+}
+
+// mixtureDecode is the mixture for one token: its experts' gate and up
+// products share one input, so they are one MatMuls (on the CPU: the
+// input quantized once, one parallel loop over every expert's rows), their
+// gates one SiLUMul, each down product one MatMul into its slot's row of
+// out; then the weighted sum in the router's order, as mixture's. Every
+// number is the per-expert path's, bit for bit (MatMuls is MatMul's).
+func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
+	st.decodes++
+	for j, e := range st.sel[:K] {
+		ew := m.expert(lw, int(e))
+		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
+		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
+		st.row[j] = int32(j)
+	}
+	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
+		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+		return
+	}
+	m.siluMul(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
+	for j, e := range st.sel[:K] {
+		m.matmul(s.out.View(j*D, D), m.expert(lw, int(e)).Down, s.hb.View(j*F, F), 1)
+	}
+	m.weightedSum(dst, 1)
+}
+
+// weightedSum is dst[t] = Σ_j w[t][j]·out[row(t, j)] for n tokens, the
+// experts' outputs added in the router's order.
+func (m *Model) weightedSum(dst kernels.Tensor, n int) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, D := c.ExpertsUsed, c.Embd
+	for t := range n {
+		d := dst.View(t*D, D)
+		for j := range K {
+			i := t*K + j
+			o := s.out.View(int(st.row[i])*D, D)
+			if j == 0 {
+				m.scaleInto(d, o, st.wts[i])
+				continue
+			}
+			m.scaleInto(o, o, st.wts[i])
+			m.add(d, d, o, D)
+		}
+	}
+}
+
+// copyRow copies src into dst (a device copy: Scale by 1 is exact).
+func (m *Model) copyRow(dst, src kernels.Tensor) { m.scaleInto(dst, src, 1) }
+
+func (m *Model) scaleInto(dst, x kernels.Tensor, s float32) {
+	if m.err == nil {
+		if err := m.be.Scale(dst, x, s, dst.Len); err != nil {
+			m.err = fmt.Errorf("mixture of experts: scale: %w", err)
+		}
+	}
+}
