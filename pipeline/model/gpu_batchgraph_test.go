@@ -18,9 +18,9 @@ import (
 // so that recording is stale when that shape comes back and must be made
 // again.
 type graphSchedule struct {
-	prompt []int     // per sequence: its prompt length
-	join   []int     // per sequence: the step it joins at
-	leave  []int     // per sequence: the step it is gone by
+	prompt []int // per sequence: its prompt length
+	join   []int // per sequence: the step it joins at
+	leave  []int // per sequence: the step it is gone by
 	steps  int
 	tables [][]int32 // per sequence: its block table
 	blocks int
