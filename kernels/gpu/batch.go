@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
@@ -19,6 +20,17 @@ var _ kernels.Batcher = (*Backend)(nil)
 // pagedSplit is attn.cu's PAGED_SPLIT: the positions one block of
 // attn_paged covers.
 const pagedSplit = 256
+
+// pagedFine runs a batched step's attention through pagedfine.cu's
+// attn_paged_fine (a row's positions in up to pagedFineSplits splits, by
+// its own length) instead of attn_paged (splits of pagedSplit positions):
+// a short decode row then spreads over many blocks per head, not one, and
+// the grid no longer depends on the positions. FORGE_PAGED_ATTN=coarse
+// keeps attn_paged (for comparisons).
+var pagedFine = os.Getenv("FORGE_PAGED_ATTN") != "coarse"
+
+// pagedFineSplits is pagedfine.cu's PF_SPLITS.
+const pagedFineSplits = 16
 
 // mxRows is how many activation rows one launch of the generic matvec
 // kernel mv_{type} multiplies (its MV_MAXNX).
@@ -385,19 +397,26 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	}
 	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
 	if b.step.batch {
-		// A recorded batched step: the grid has the graph's splits, those
-		// past a row's end empty (adding exact zeros in the merge).
-		if need := ceilDiv(int(maxPos)+1, pagedSplit); need > b.step.splits {
-			return fmt.Errorf("gpu: paged attention: row at position %d needs %d splits, the recorded step has %d", maxPos, need, b.step.splits)
-		}
-		maxPos, prefill = int32(b.step.splits*pagedSplit-1), false
+		prefill = false
 		b.step.poolBase, b.step.poolBlocks, b.step.poolBS = kp.base, p.Blocks, p.BlockSize
+		if !pagedFine {
+			// A recorded batched step: the grid has the graph's splits,
+			// those past a row's end empty (adding exact zeros in the
+			// merge).
+			if need := ceilDiv(int(maxPos)+1, pagedSplit); need > b.step.splits {
+				return fmt.Errorf("gpu: paged attention: row at position %d needs %d splits, the recorded step has %d", maxPos, need, b.step.splits)
+			}
+			maxPos = int32(b.step.splits*pagedSplit - 1)
+		}
 	}
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
 	}
 	splits, attnL, mergeL := planPaged(sfx, at.Heads, n, int(maxPos))
+	if pagedFine {
+		splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
+	}
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)

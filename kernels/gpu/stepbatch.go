@@ -13,10 +13,11 @@ import (
 // (batch.go), which the replay's one copy fills before the graph runs:
 // the rows' token ids (read by Embed), positions (RoPEAt, PagedAttention)
 // and block tables (PagedAttention). What the kernels take as arguments
-// is fixed by the shape: the row count n, and attention's grid, whose
-// splits of pagedSplit positions are rounded up to a power of two (the
-// key); the splits past a row's end are empty and add exact zeros in the
-// merge, so a row's numbers are those of the same step run op by op.
+// is fixed by the shape: the row count n, and attention's grid: fixed for
+// attn_paged_fine (pagedFine, the default); for attn_paged its splits of
+// pagedSplit positions are rounded up to a power of two (the key). The
+// splits past a row's end are empty and add exact zeros in the merge, so
+// a row's numbers are those of the same step run op by op.
 
 var _ kernels.BatchStepCapturer = (*Backend)(nil)
 
@@ -31,8 +32,13 @@ type batchGraph struct {
 }
 
 // BatchStepKey implements kernels.BatchStepCapturer: the splits of
-// attention's grid, a power of two covering the furthest row's positions.
+// attention's grid, a power of two covering the furthest row's positions
+// for attn_paged; always 1 for attn_paged_fine, whose grid does not
+// depend on them (pagedFine).
 func (b *Backend) BatchStepKey(l *kernels.Layout) int {
+	if pagedFine {
+		return 1
+	}
 	maxPos := int32(0)
 	for _, p := range l.Pos {
 		maxPos = max(maxPos, p)

@@ -141,7 +141,9 @@ func runGraphSchedule(t *testing.T, bm *Model, pool *kernels.KVPool, s graphSche
 // picks of the same steps run op by op, at every step of a schedule whose
 // decode steps have 1, 2, 3, 16, 64 and 20 rows, sequences joining and
 // leaving between them; the shapes are recorded once each, and again
-// where the layout buffer moved under a recording (a stale graph).
+// where the layout buffer moved under a recording (a stale graph). With
+// FORGE_PAGED_ATTN=coarse (attn_paged, whose grid follows the positions)
+// the shapes include attention's splits too.
 func TestGPUBatchGraph(t *testing.T) {
 	for _, file := range []string{"stories260K-Q4_K_M.gguf", "synth-kq-Q4_K_M.gguf"} {
 		t.Run(file, func(t *testing.T) {
@@ -184,9 +186,13 @@ func TestGPUBatchGraph(t *testing.T) {
 				be.FreeKVPool(pool)
 			}
 			sameSteps(t, "replayed", runs[1], runs[0])
-			for _, k := range []batchKey{{1, 1}, {2, 1}, {3, 1}, {16, 1}, {64, 1}, {64, 2}, {20, 2}, {3, 2}, {1, 2}} {
-				if !shapes[k] {
-					t.Errorf("no step of %d rows with attention in %d splits was recorded (recorded: %v)", k.rows, k.key, shapes)
+			rows := map[int]bool{}
+			for k := range shapes {
+				rows[k.rows] = true
+			}
+			for _, n := range []int{1, 2, 3, 16, 64, 20} {
+				if !rows[n] {
+					t.Errorf("no step of %d rows was recorded (recorded: %v)", n, shapes)
 				}
 			}
 			if captures <= len(shapes) {
