@@ -21,16 +21,27 @@ var _ kernels.Batcher = (*Backend)(nil)
 // attn_paged covers.
 const pagedSplit = 256
 
-// pagedFine runs a batched step's attention through pagedfine.cu's
-// attn_paged_fine (a row's positions in up to pagedFineSplits splits, by
-// its own length) instead of attn_paged (splits of pagedSplit positions):
-// a short decode row then spreads over many blocks per head, not one, and
-// the grid no longer depends on the positions. FORGE_PAGED_ATTN=coarse
-// keeps attn_paged (for comparisons).
+// pagedFine runs the attention of a decode group (one row per sequence,
+// see fineLayout) through pagedfine.cu's attn_paged_fine (a row's
+// positions in up to pagedFineSplits splits, by its own length) instead
+// of attn_paged (splits of pagedSplit positions): a short decode row then
+// spreads over many blocks per head, not one, and the grid no longer
+// depends on the positions. Groups with several rows of a sequence (a
+// prompt piece, merged pieces) keep attn_paged, whose part buffer grows
+// with the positions in use rather than by pagedFineSplits per row. A
+// decode row is always in a decode group, so which kernel a row gets never
+// depends on the other rows of its step. FORGE_PAGED_ATTN=coarse keeps
+// attn_paged throughout (for comparisons).
 var pagedFine = os.Getenv("FORGE_PAGED_ATTN") != "coarse"
 
 // pagedFineSplits is pagedfine.cu's PF_SPLITS.
 const pagedFineSplits = 16
+
+// fineLayout reports whether the current layout's attention goes through
+// attn_paged_fine: pagedFine, and one sequence (table) per row.
+func fineLayout(ls *layoutState) bool {
+	return pagedFine && len(ls.tabLen) == len(ls.pos)
+}
 
 // mxRows is how many activation rows one launch of the generic matvec
 // kernel mv_{type} multiplies (its MV_MAXNX).
@@ -396,10 +407,11 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		maxPos = max(maxPos, pos)
 	}
 	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
+	fine := fineLayout(ls)
 	if b.step.batch {
 		prefill = false
 		b.step.poolBase, b.step.poolBlocks, b.step.poolBS = kp.base, p.Blocks, p.BlockSize
-		if !pagedFine {
+		if !fine {
 			// A recorded batched step: the grid has the graph's splits,
 			// those past a row's end empty (adding exact zeros in the
 			// merge).
@@ -414,7 +426,7 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		sfx = "f32"
 	}
 	splits, attnL, mergeL := planPaged(sfx, at.Heads, n, int(maxPos))
-	if pagedFine {
+	if fine {
 		splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
 	}
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)

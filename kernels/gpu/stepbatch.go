@@ -14,7 +14,7 @@ import (
 // the rows' token ids (read by Embed), positions (RoPEAt, PagedAttention)
 // and block tables (PagedAttention). What the kernels take as arguments
 // is fixed by the shape: the row count n, and attention's grid: fixed for
-// attn_paged_fine (pagedFine, the default); for attn_paged its splits of
+// attn_paged_fine (pagedFine, a decode group's); for attn_paged its splits of
 // pagedSplit positions are rounded up to a power of two (the key). The
 // splits past a row's end are empty and add exact zeros in the merge, so
 // a row's numbers are those of the same step run op by op.
@@ -33,10 +33,10 @@ type batchGraph struct {
 
 // BatchStepKey implements kernels.BatchStepCapturer: the splits of
 // attention's grid, a power of two covering the furthest row's positions
-// for attn_paged; always 1 for attn_paged_fine, whose grid does not
-// depend on them (pagedFine).
+// for attn_paged; always 1 for attn_paged_fine (a decode group's, see
+// pagedFine), whose grid does not depend on them.
 func (b *Backend) BatchStepKey(l *kernels.Layout) int {
-	if pagedFine {
+	if pagedFine && len(l.Tables) == len(l.Pos) { // see fineLayout
 		return 1
 	}
 	maxPos := int32(0)
