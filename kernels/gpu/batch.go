@@ -105,8 +105,9 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 // fixed regions, pos [rowCap], seq [rowCap], ids [rowCap] (the rows' token
 // ids, for a recorded batched step's embedding; see stepbatch.go), the
 // offset of each sequence's table in tabs [seqCap], then tabs [tabCap]
-// (the tables one after the other). Its address and regions change only when a layout outgrows them,
-// so a later recorded step can replay with only the contents changing.
+// (the tables one after the other). Its address and regions change only
+// when a layout outgrows them, so a later recorded step can replay with
+// only the contents changing.
 // Each SetLayout fills one of two pinned staging buffers and queues one
 // copy from it; before a staging buffer is filled again, the copy queued
 // from it last time is waited for (an event), which is long done unless
