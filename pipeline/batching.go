@@ -258,11 +258,15 @@ func (batchedOnly) Close() {}
 // canBatch reports whether be runs batched steps; a model on a backend
 // that cannot keeps the single-sequence path even with Batching.On.
 //
-// On a GPU it batches only where Batching.GPU asks: the batched decode step
-// is not yet recorded as a graph (the single-sequence one is), so a request
-// alone decodes at about half the single-sequence rate (8B Q4_K_M on an
-// H100: 124 vs 272 tokens/s over HTTP), and batching pays only from about
-// six concurrent requests (bench/results/2026-11-25-serve-batching-h100.md).
+// On a GPU it batches only where Batching.GPU asks (forge serve
+// --batch-seqs). The batched decode step is now recorded as a graph per row
+// count, like the single-sequence one (model/batchgraph.go), so a request
+// alone decodes at about the single-sequence rate and 16 together far
+// faster (8B Q4_K_M on an H100 over HTTP, one client: 282 tokens/s batched
+// vs 281-291 single-sequence; 16 clients: 1404-1443 vs 1076-1190 before
+// the graphs; bench/results/2026-11-25-serve-graph-h100.md). It is not
+// yet the GPU default: the engine's swap test (TestEngineGPUSwap) sizes
+// its budget for the single-sequence path and fails with batching on.
 //
 // A model with a sliding window or soft-capped attention scores (Mistral,
 // Gemma 2 and 3) keeps the single-sequence path on a GPU: the GPU's paged

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
@@ -19,6 +20,28 @@ var _ kernels.Batcher = (*Backend)(nil)
 // pagedSplit is attn.cu's PAGED_SPLIT: the positions one block of
 // attn_paged covers.
 const pagedSplit = 256
+
+// pagedFine runs the attention of a decode group (one row per sequence,
+// see fineLayout) through pagedfine.cu's attn_paged_fine (a row's
+// positions in up to pagedFineSplits splits, by its own length) instead
+// of attn_paged (splits of pagedSplit positions): a short decode row then
+// spreads over many blocks per head, not one, and the grid no longer
+// depends on the positions. Groups with several rows of a sequence (a
+// prompt piece, merged pieces) keep attn_paged, whose part buffer grows
+// with the positions in use rather than by pagedFineSplits per row. A
+// decode row is always in a decode group, so which kernel a row gets never
+// depends on the other rows of its step. FORGE_PAGED_ATTN=coarse keeps
+// attn_paged throughout (for comparisons).
+var pagedFine = os.Getenv("FORGE_PAGED_ATTN") != "coarse"
+
+// pagedFineSplits is pagedfine.cu's PF_SPLITS.
+const pagedFineSplits = 16
+
+// fineLayout reports whether the current layout's attention goes through
+// attn_paged_fine: pagedFine, and one sequence (table) per row.
+func fineLayout(ls *layoutState) bool {
+	return pagedFine && len(ls.tabLen) == len(ls.pos)
+}
 
 // mxRows is how many activation rows one launch of the generic matvec
 // kernel mv_{type} multiplies (its MV_MAXNX).
@@ -79,10 +102,12 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 }
 
 // layoutState is the step layout on the device: one buffer of int32 with
-// fixed regions, pos [rowCap], seq [rowCap], the offset of each sequence's
-// table in tabs [seqCap], then tabs [tabCap] (the tables one after the
-// other). Its address and regions change only when a layout outgrows them,
-// so a later recorded step can replay with only the contents changing.
+// fixed regions, pos [rowCap], seq [rowCap], ids [rowCap] (the rows' token
+// ids, for a recorded batched step's embedding; see stepbatch.go), the
+// offset of each sequence's table in tabs [seqCap], then tabs [tabCap]
+// (the tables one after the other). Its address and regions change only
+// when a layout outgrows them, so a later recorded step can replay with
+// only the contents changing.
 // Each SetLayout fills one of two pinned staging buffers and queues one
 // copy from it; before a staging buffer is filled again, the copy queued
 // from it last time is waited for (an event), which is long done unless
@@ -98,6 +123,7 @@ type layoutState struct {
 
 	// The host's copy of the current layout, for the ops' checks.
 	set      bool
+	ids      bool // the ids region holds this layout's rows' token ids
 	pos      []int32
 	seq      []int32
 	tabLen   []int32
@@ -106,11 +132,12 @@ type layoutState struct {
 
 func (l *layoutState) posPtr() rocm.DevPtr { return l.dev }
 func (l *layoutState) seqPtr() rocm.DevPtr { return l.dev + rocm.DevPtr(4*l.rowCap) }
+func (l *layoutState) idsPtr() rocm.DevPtr { return l.dev + rocm.DevPtr(4*2*l.rowCap) }
 func (l *layoutState) toffPtr() rocm.DevPtr {
-	return l.dev + rocm.DevPtr(4*2*l.rowCap)
+	return l.dev + rocm.DevPtr(4*3*l.rowCap)
 }
 func (l *layoutState) tabsPtr() rocm.DevPtr {
-	return l.dev + rocm.DevPtr(4*(2*l.rowCap+l.seqCap))
+	return l.dev + rocm.DevPtr(4*(3*l.rowCap+l.seqCap))
 }
 
 func pow2AtLeast(n, lo int) int {
@@ -124,10 +151,19 @@ func pow2AtLeast(n, lo int) int {
 // SetLayout copies l to the device, in queue order: the RoPEAt and
 // PagedAttention ops queued after it read it.
 func (b *Backend) SetLayout(l *kernels.Layout) error {
+	return b.setLayout(l, nil)
+}
+
+// setLayout is SetLayout, with the rows' token ids (one per row) copied
+// along where ids is not nil.
+func (b *Backend) setLayout(l *kernels.Layout, ids []int32) error {
 	if l == nil || len(l.Pos) == 0 {
 		return fmt.Errorf("gpu: set layout: no rows")
 	}
 	n := len(l.Pos)
+	if ids != nil && len(ids) != n {
+		return fmt.Errorf("gpu: set layout: %d token ids for %d rows", len(ids), n)
+	}
 	if len(l.Seq) != n {
 		return fmt.Errorf("gpu: set layout: %d positions for %d sequence ids", n, len(l.Seq))
 	}
@@ -177,15 +213,18 @@ func (b *Backend) SetLayout(l *kernels.Layout) error {
 			put(i, l.Pos[i])
 			put(ls.rowCap+i, l.Seq[i])
 		}
+		for i, id := range ids {
+			put(2*ls.rowCap+i, id)
+		}
 		o := 0
 		for s, tab := range l.Tables {
-			put(2*ls.rowCap+s, int32(o))
+			put(3*ls.rowCap+s, int32(o))
 			for j, blk := range tab {
-				put(2*ls.rowCap+ls.seqCap+o+j, blk)
+				put(3*ls.rowCap+ls.seqCap+o+j, blk)
 			}
 			o += len(tab)
 		}
-		used := 4 * (2*ls.rowCap + ls.seqCap + total)
+		used := 4 * (3*ls.rowCap + ls.seqCap + total)
 		if err := c.CopyHtoDAsync(ls.dev, ls.host[k].Ptr, used, b.stream); err != nil {
 			return fmt.Errorf("gpu: set layout: %w", err)
 		}
@@ -199,7 +238,7 @@ func (b *Backend) SetLayout(l *kernels.Layout) error {
 		ls.set = false
 		return err
 	}
-	ls.set = true
+	ls.set, ls.ids = true, ids != nil
 	ls.pos = append(ls.pos[:0], l.Pos...)
 	ls.seq = append(ls.seq[:0], l.Seq...)
 	ls.tabLen = ls.tabLen[:0]
@@ -225,7 +264,7 @@ func (b *Backend) growLayout(c *rocm.Ctx, rows, seqs, tabs int) error {
 	if err := b.freeLayout(c); err != nil {
 		return err
 	}
-	size := 4 * (2*rowCap + seqCap + tabCap)
+	size := 4 * (3*rowCap + seqCap + tabCap)
 	fail := func(err error) error {
 		if ferr := b.freeLayout(c); ferr != nil {
 			slog.Error("gpu: free layout buffers", "err", ferr)
@@ -369,11 +408,28 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		maxPos = max(maxPos, pos)
 	}
 	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
+	fine := fineLayout(ls)
+	if b.step.batch {
+		prefill = false
+		b.step.poolBase, b.step.poolBlocks, b.step.poolBS = kp.base, p.Blocks, p.BlockSize
+		if !fine {
+			// A recorded batched step: the grid has the graph's splits,
+			// those past a row's end empty (adding exact zeros in the
+			// merge).
+			if need := ceilDiv(int(maxPos)+1, pagedSplit); need > b.step.splits {
+				return fmt.Errorf("gpu: paged attention: row at position %d needs %d splits, the recorded step has %d", maxPos, need, b.step.splits)
+			}
+			maxPos = int32(b.step.splits*pagedSplit - 1)
+		}
+	}
 	sfx := "f16"
 	if kp.esize == 4 {
 		sfx = "f32"
 	}
 	splits, attnL, mergeL := planPaged(sfx, at.Heads, n, int(maxPos))
+	if fine {
+		splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
+	}
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)

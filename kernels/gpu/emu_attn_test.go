@@ -138,8 +138,8 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 	}
 }
 
-// TestEmuPagedAttention: kv_store_paged, attn_paged over shuffled block
-// tables and attn_paged_merge for a step of two sequences (one decoding at
+// TestEmuPagedAttention: kv_store_paged, attn_paged and attn_paged_fine
+// over shuffled block tables and attn_paged_merge for a step of two sequences (one decoding at
 // position 300, one starting with 5 rows), both cache types, at both
 // widths, against the CPU backend's Attention over each sequence alone.
 func TestEmuPagedAttention(t *testing.T) {
@@ -195,27 +195,39 @@ func TestEmuPagedAttention(t *testing.T) {
 			posb, seqb := job.i32(pos), job.i32(seq)
 			job.launch("kv_store_paged_"+sfx, grid1(n*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
 				eP(job.f32(stepK), 0), eP(job.f32(stepV), 0), eI(n), eI(kvDim), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			splits, attnL, mergeL := planPaged(sfx, at.Heads, n, long)
-			part := job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true)
-			out := job.zeros(4*n*qDim, true)
-			job.launch(attnL.Kernel, attnL.Grid, attnL.Block,
-				eP(part, 0), eP(job.f32(stepQ), 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim),
-				eF(at.Scale), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			job.launch(mergeL.Kernel, mergeL.Grid, mergeL.Block,
-				eP(out, 0), eP(part, 0), eI(at.Heads), eI(at.HeadDim), eI(splits))
+			// attn_paged (splits of 256 positions) and attn_paged_fine (16
+			// splits by each row's length), each with the merge
+			qb := job.f32(stepQ)
+			var outs [2]int
+			var names [2]string
+			for fi := range outs {
+				splits, attnL, mergeL := planPaged(sfx, at.Heads, n, long)
+				if fi == 1 {
+					splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
+				}
+				part := job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true)
+				outs[fi], names[fi] = job.zeros(4*n*qDim, true), attnL.Kernel
+				job.launch(attnL.Kernel, attnL.Grid, attnL.Block,
+					eP(part, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim),
+					eF(at.Scale), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
+				job.launch(mergeL.Kernel, mergeL.Grid, mergeL.Block,
+					eP(outs[fi], 0), eP(part, 0), eI(at.Heads), eI(at.HeadDim), eI(splits))
+			}
 			res := runEmu(t, ed.dev.Warp, &job)
-			got := res.f32(out)
-			for s, l := range lens {
-				kr, vr, bound := ks[s], vs[s], 2e-5
-				if sfx == "f16" {
-					kr, vr = f16Round(kr), f16Round(vr)
+			for fi, out := range outs {
+				got := res.f32(out)
+				for s, l := range lens {
+					kr, vr, bound := ks[s], vs[s], 2e-5
+					if sfx == "f16" {
+						kr, vr = f16Round(kr), f16Round(vr)
+					}
+					p0, m, row := long, 1, 0
+					if s == 1 {
+						p0, m, row = 0, 5, 1
+					}
+					want := cpuAttention(t, qs[s], kr, vr, p0, m, ctxFor(l), at)
+					emuCheck(t, fmt.Sprintf("warp %d: %s sequence %d", ed.dev.Warp, names[fi], s), got[row*qDim:], want, bound)
 				}
-				p0, m, row := long, 1, 0
-				if s == 1 {
-					p0, m, row = 0, 5, 1
-				}
-				want := cpuAttention(t, qs[s], kr, vr, p0, m, ctxFor(l), at)
-				emuCheck(t, fmt.Sprintf("warp %d: attn_paged_%s sequence %d", ed.dev.Warp, sfx, s), got[row*qDim:], want, bound)
 			}
 		}
 	}

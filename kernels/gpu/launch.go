@@ -308,6 +308,13 @@ func planPaged(sfx string, heads, n, maxPos int) (splits int, attn, merge kLaunc
 		kLaunch{"attn_paged_merge", rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: 1}, rocm.D1(128)}
 }
 
+// planPagedFine is pagedfine.cu's attention of n rows, pagedFineSplits
+// blocks per (head, row) whatever the positions, and attn.cu's merge.
+func planPagedFine(sfx string, heads, n int) (splits int, attn, merge kLaunch) {
+	return pagedFineSplits, kLaunch{"attn_paged_fine_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: pagedFineSplits}, rocm.D1(128)},
+		kLaunch{"attn_paged_merge", rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: 1}, rocm.D1(128)}
+}
+
 // planGEMM is gemm.cu's launch for C [n][m]: a 256-thread block per tile
 // of 128×128.
 func planGEMM(kernel string, m, n int) kLaunch {

@@ -56,10 +56,15 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var idp rocm.DevPtr
-		if len(ids) == 1 && b.step.on {
+		if b.step.batch { // a recorded batched step: the layout's ids
+			if !b.lay.ids || len(ids) != len(b.lay.pos) {
+				return fmt.Errorf("gpu: embed of %d ids in a batched step whose layout has no ids for them", len(ids))
+			}
+			idp = b.lay.idsPtr()
+		} else if len(ids) == 1 && b.step.on {
 			idp = b.step.slots // the token of the replayed step
 		}
-		if len(ids) > 1 {
+		if len(ids) > 1 && !b.step.batch {
 			p, err := b.scratchBuf(c, "ids", int64(4*len(ids)))
 			if err != nil {
 				return err

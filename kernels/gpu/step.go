@@ -25,6 +25,14 @@ type stepState struct {
 	// launches counts the kernels queued while capturing, to check the
 	// graph recorded them all (see checkCaptured).
 	launches int
+
+	// batch: the ops being queued belong to a batched decode step
+	// (stepbatch.go): Embed reads the layout's ids, PagedAttention's grid
+	// has splits splits, and records the pool it reads (poolBase…).
+	batch              bool
+	splits             int
+	poolBase           rocm.DevPtr
+	poolBlocks, poolBS int
 }
 
 // checkCaptured is the check after a capture: a graph with fewer nodes
@@ -43,6 +51,8 @@ type stepGraph struct {
 	// scratch are the scratch buffers the graph's kernels read and write:
 	// if one has since grown (moved), the graph is stale.
 	scratch map[string]rocm.DevPtr
+	// batch is set on a recorded batched step (stepbatch.go).
+	batch *batchGraph
 }
 
 var _ kernels.StepCapturer = (*Backend)(nil)
@@ -81,7 +91,7 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 		return nil, fmt.Errorf("gpu: capture step at position %d", pos)
 	}
 	b.mu.Lock()
-	if b.step.on {
+	if b.step.on || b.step.batch {
 		b.mu.Unlock()
 		return nil, fmt.Errorf("gpu: capture step: a step is already being run or captured")
 	}
@@ -104,16 +114,28 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 		return nil, err
 	}
 
+	sg, err := b.captureGraph(func(on bool) { b.step.on = on }, step)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: capture step: %w", err)
+	}
+	return sg, nil
+}
+
+// captureGraph records step's ops into a graph without running them, with
+// mode(true) set meanwhile (the step registers the ops read), and keeps
+// the graph among the live ones.
+func (b *Backend) captureGraph(mode func(on bool), step func() error) (*stepGraph, error) {
 	b.mu.Lock()
-	err = b.do(func(c *rocm.Ctx) error {
+	err := b.do(func(c *rocm.Ctx) error {
 		b.q8Forget() // the graph must not start from a copy made outside it
 		return c.BeginCaptureMode(b.stream, rocm.CaptureRelaxed)
 	})
 	if err != nil {
 		b.mu.Unlock()
-		return nil, fmt.Errorf("gpu: capture step: %w", err)
+		return nil, err
 	}
-	b.step.on, b.step.capturing = true, true
+	mode(true)
+	b.step.capturing = true
 	b.step.used = map[string]rocm.DevPtr{}
 	b.step.launches = 0
 	b.mu.Unlock()
@@ -121,7 +143,8 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	used := b.step.used
-	b.step.on, b.step.capturing, b.step.used = false, false, nil
+	mode(false)
+	b.step.capturing, b.step.used = false, nil
 	var g *rocm.Graph
 	gerr := b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
@@ -137,9 +160,9 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 			_ = b.do(func(c *rocm.Ctx) error { return c.DestroyGraph(g) })
 		}
 		if ferr != nil {
-			return nil, fmt.Errorf("gpu: capture step: %w", ferr)
+			return nil, ferr
 		}
-		return nil, fmt.Errorf("gpu: capture step: %w", gerr)
+		return nil, gerr
 	}
 	sg := &stepGraph{g: g, scratch: used}
 	if b.graphs == nil {
@@ -162,6 +185,9 @@ func (b *Backend) RunStep(g kernels.StepGraph, token int32, pos int) error {
 	defer b.mu.Unlock()
 	if !b.graphs[sg] {
 		return fmt.Errorf("gpu: run step: graph was freed")
+	}
+	if sg.batch != nil {
+		return fmt.Errorf("gpu: run step: a batched step's graph (RunBatchStep)")
 	}
 	for key, p := range sg.scratch {
 		if d, ok := b.scratch[key]; !ok || d.ptr != p {

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/forge-llm/forge/kernels"
@@ -55,6 +56,11 @@ type BatchOptions struct {
 	// GPU's prompt product changes with the row count), so a
 	// deterministic server leaves it off.
 	MergePrompts bool
+	// NoGraph runs every batched decode step op by op even where the
+	// backend can record it once per row count and replay it
+	// (kernels.BatchStepCapturer); for comparisons. FORGE_NO_GRAPH=1 does
+	// the same.
+	NoGraph bool
 }
 
 // mergeMaxPos is the furthest start position of a prompt piece that
@@ -75,6 +81,7 @@ type batchState struct {
 	outRow           []int   // per sequence of the step: its logits row, or -1
 	picks            []int32 // per sequence: the argmax of its logits row (Greedy), or -1
 	merge            bool    // BatchOptions.MergePrompts
+	graph            batchGraphs
 }
 
 // group is a run of rows that go through the blocks together.
@@ -120,6 +127,9 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
+	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" {
+		st.graph.sc = sc
+	}
 	if err := m.allocScratch(); err != nil {
 		return nil, err
 	}
@@ -162,6 +172,15 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 	st.pool = pool
 	defer func() { st.pool = nil; m.s = st.full }()
 	c := m.Cfg
+	if m.graphable() {
+		ok, err := m.decodeGraph(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return m.stepOutputs(seqs, st.groups[0].n)
+		}
+	}
 	for gi := range st.groups {
 		g := &st.groups[gi]
 		m.s = st.full.from(g.first, c)
@@ -221,6 +240,13 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		outRows = max(outRows, g.out0+g.nOut)
 	}
 	m.pending, m.inPrompt = false, false
+	return m.stepOutputs(seqs, outRows)
+}
+
+// stepOutputs reduces or copies back the outRows rows of logits a step
+// left on the backend and returns StepBatch's result.
+func (m *Model) stepOutputs(seqs []SeqRows, outRows int) ([][]float32, error) {
+	st, c := m.bat, m.Cfg
 	// Greedy rows reduce on the device where the backend can; the rows are
 	// copied back only if some sequence samples (or there is no Argmaxer).
 	read, greedy := m.argmax == nil, false

@@ -258,7 +258,7 @@ func ScratchFloats(c Config, rows, logitRows int) int64 {
 	return n
 }
 
-// Close releases the recorded decode step, the KV cache and scratch (of
+// Close releases the recorded decode steps, the KV cache and scratch (of
 // every part of a split model).
 func (m *Model) Close() {
 	m.closeSplit()
@@ -270,6 +270,9 @@ func (m *Model) Close() {
 		m.be.FreeKVCache(m.kv)
 		m.be.Free(m.s.all)
 		m.kv = nil
+	}
+	if m.bat != nil {
+		m.bat.graph.free() // before the scratch its kernels use
 	}
 	if m.bat != nil && m.bat.full.all.Len > 0 {
 		m.be.Free(m.bat.full.all)
