@@ -127,7 +127,9 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
-	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" {
+	// (A mixture-of-experts step reads its router logits back mid-step,
+	// which a recording cannot hold: such a model runs its steps op by op.)
+	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" && cfg.Experts == 0 {
 		st.graph.sc = sc
 	}
 	if err := m.allocScratch(); err != nil {
