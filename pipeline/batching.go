@@ -249,7 +249,7 @@ func (e *Engine) openOptions() Options {
 // sends every request to the scheduler, so the executor holds no model.
 type batchedOnly struct{}
 
-func (batchedOnly) Generate(context.Context, []int32, any, func(int32) error) (string, error) {
+func (batchedOnly) Generate(context.Context, []int32, job, func(int32) error) (string, error) {
 	return "", fmt.Errorf("pipeline: this model runs its requests through the batching scheduler")
 }
 

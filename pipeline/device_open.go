@@ -105,11 +105,11 @@ func resolvedDevice(be kernels.Backend, closeFn func(), upW *rocm.Worker, ctxAt 
 }
 
 // placement is how a model on d places its weights: the uploader
-// (o.Uploader where the caller gave one), the channel its Release closes
+// (o.uploader where a test gave one), the channel its Release closes
 // (nil where not watched), the types its kernels read as they are (nil:
 // every type), and whether the file's readers default to a GPU's count.
 func (d *device) placement(ctx context.Context, o Options, mem *actors.Memory) (up actors.Uploader, released chan struct{}, reads func(gguf.Type) bool, gpuReads bool) {
-	up = o.Uploader
+	up = o.uploader
 	if !d.resolved {
 		if up == nil {
 			lu := &lazyUploader{dev: d, ctx: ctx, make: func(cpu bool) actors.Uploader {

@@ -186,7 +186,7 @@ func TestGPUOpenInBackground(t *testing.T) {
 			t.Errorf("close while opening: %v", err)
 		}
 		t.Logf("open returned in %v, context current at Close: %v (0: not yet), Close took %v", open, ctxAt, time.Since(t0)-open)
-		for name, f := range map[string]*actors.Future{"ready": m.Ready(), "layer 0": m.Layer(0), "resident": m.Resident()} {
+		for name, f := range map[string]*Future{"ready": m.Ready(), "layer 0": m.Layer(0), "resident": m.Resident()} {
 			select {
 			case <-f.Done():
 			default:

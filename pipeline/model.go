@@ -25,6 +25,7 @@ type Model struct {
 	cfg   model.Config
 	start time.Time
 	sys   *actors.System
+	exec  *actors.Executor[job] // runs the model's requests in order
 	mem   *actors.Memory
 	dev   *device         // the model's device, open or opening (device_open.go)
 	up    actors.Uploader // what places the weights (nil: the host's)
@@ -166,7 +167,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		m.tokAt = time.Now()
 	}()
 	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
-	sys.StartExecutor(func(ctx context.Context) (actors.Generator, error) {
+	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		be, err := m.backend(ctx)
 		if err != nil {
 			return nil, err
@@ -227,13 +228,13 @@ func (m *Model) Strategy() Strategy { return m.sys.Strategy() }
 
 // Ready resolves when the embedding, output norm and LM head are resident:
 // from then on requests run.
-func (m *Model) Ready() *actors.Future { return m.sys.Ready() }
+func (m *Model) Ready() *Future { return &Future{m.sys.Ready()} }
 
 // Resident resolves when every weight is resident.
-func (m *Model) Resident() *actors.Future { return m.sys.Resident() }
+func (m *Model) Resident() *Future { return &Future{m.sys.Resident()} }
 
 // Layer is block i's readiness future.
-func (m *Model) Layer(i int) *actors.Future { return m.sys.LayerFuture(i) }
+func (m *Model) Layer(i int) *Future { return &Future{m.sys.LayerFuture(i)} }
 
 // Subscribe returns a stream of the load's events so far (a subscriber
 // that arrives after Open still sees the whole load), then of every event

@@ -476,7 +476,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 	}
 	slog.Debug("pipeline: model split over devices", "path", path, "devices", m.split.names, "bounds", bounds)
 	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
-	sys.StartExecutor(func(ctx context.Context) (actors.Generator, error) {
+	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		parts := make([]model.Part, len(devs))
 		for k, d := range devs {
 			w, err := newWeights(sys, d.be, cfg)
