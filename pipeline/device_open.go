@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -292,26 +291,10 @@ func (p *device) run() {
 	// cuBLAS's library (a ~100 ms dlopen) once the driver is initialised,
 	// while the context is made: loaded next to cuInit, it held the
 	// loader's lock that cuInit needs, and the context came ~100 ms later
-	// (bench/results/2026-11-25-gpu-h100.md). FORGE_GPU_PRELOAD (for
-	// measurements): "early" both next to the driver, "split" cuBLAS
-	// after the context, "late" both after it, "0" neither.
+	// (bench/results/2026-11-25-gpu-h100.md, which also measured both
+	// next to the driver, cuBLAS after the context and both after it).
 	preloads := &p.preloads
-	preloadWhen := os.Getenv("FORGE_GPU_PRELOAD")
-	preloadRTC := func() { preloads.Go(rocm.PreloadCompiler) }
-	preloadBLAS := func() {
-		preloads.Go(func() {
-			t := time.Now()
-			gpu.PreloadBLAS()
-			slog.Debug("pipeline: cuBLAS preloaded", "in", time.Since(t), "from start", time.Since(t0))
-		})
-	}
-	switch preloadWhen {
-	case "early":
-		preloadRTC()
-		preloadBLAS()
-	case "", "split":
-		preloadRTC()
-	}
+	preloads.Go(rocm.PreloadCompiler)
 	ctxSet := false
 	setCtx := func(err error) {
 		p.ctxErr, ctxSet = err, true
@@ -337,9 +320,11 @@ func (p *device) run() {
 		p.err = errAborted
 		return
 	}
-	if preloadWhen == "" {
-		preloadBLAS()
-	}
+	preloads.Go(func() {
+		t := time.Now()
+		gpu.PreloadBLAS()
+		slog.Debug("pipeline: cuBLAS preloaded", "in", time.Since(t), "from start", time.Since(t0))
+	})
 	w, err := ch.Runtime.NewWorker(ch.Device.Ordinal)
 	if err != nil {
 		p.err = &DeviceError{Device: p.o.Device, Err: fmt.Errorf("%s: %w", ch.Device, err)}
@@ -347,13 +332,6 @@ func (p *device) run() {
 	}
 	p.ctxAt = time.Now()
 	tCtx := time.Since(t0)
-	switch preloadWhen {
-	case "late":
-		preloadRTC()
-		preloadBLAS()
-	case "split":
-		preloadBLAS()
-	}
 	upW, err := w.Sibling()
 	if err != nil {
 		slog.Debug("pipeline: no thread of its own for the uploader", "err", err)

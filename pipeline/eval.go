@@ -115,7 +115,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		if err != nil {
 			return err
 		}
-		mdl, err := model.New(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true})
+		mdl, err := model.New(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
 		if err != nil {
 			return fmt.Errorf("pipeline: evaluator: %w", err)
 		}

@@ -384,7 +384,7 @@ func BenchmarkGPULoadTiming(b *testing.B) {
 	}
 }
 
-// TestUploadTuningParse: the FORGE_GPU_UPLOAD / grid settings (no GPU).
+// TestUploadTuningParse: the --gpu-upload / grid settings (no GPU).
 func TestUploadTuningParse(t *testing.T) {
 	got, err := UploadTuning{Stagers: 3}.Parse("rn=32, rs=8,reg,rt=2,rb=16")
 	want := UploadTuning{Stagers: 3, RingBuffers: 32, RingBytes: 8 << 20, Register: true, RegThreads: 2, RegBytes: 16 << 20}

@@ -166,7 +166,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		m.tok, m.tokErr = tokenizer.FromFile(f)
 		m.tokAt = time.Now()
 	}()
-	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
+	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch, NoGraph: o.NoGraph}
 	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		be, err := m.backend(ctx)
 		if err != nil {

@@ -77,6 +77,10 @@ type Options struct {
 	// Upload tunes the GPU uploader (benchmarks; the zero value is the
 	// measured default).
 	Upload UploadTuning
+	// NoGraph runs every decode step op by op even where the backend can
+	// record it once and replay it as a GPU graph; for comparisons
+	// (forge run --no-graph).
+	NoGraph bool
 
 	// uploader places the weights on the device; nil: the backend's
 	// (on the CPU, zero-copy views of the mapped file; on a GPU an
@@ -99,7 +103,7 @@ type Options struct {
 type UploadTuning struct {
 	// Register copies from the mapped file, registered read-only, instead
 	// of through the pinned ring (slower on the H100 host: for
-	// comparisons; FORGE_GPU_UPLOAD=reg sets it for a whole process).
+	// comparisons; --gpu-upload reg sets it from the CLI).
 	Register bool
 	// RingBuffers × RingBytes is the pinned staging ring; Stagers the
 	// goroutines filling it.

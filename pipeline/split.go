@@ -475,7 +475,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		ropeFreqs = ti
 	}
 	slog.Debug("pipeline: model split over devices", "path", path, "devices", m.split.names, "bounds", bounds)
-	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
+	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch, NoGraph: o.NoGraph}
 	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		parts := make([]model.Part, len(devs))
 		for k, d := range devs {

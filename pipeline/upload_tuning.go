@@ -2,8 +2,6 @@ package pipeline
 
 import (
 	"fmt"
-	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 
@@ -15,12 +13,6 @@ import (
 // device arena on w (per tensor for host-f32, whose tensors are F32
 // copies), sized by t.
 func deviceUploader(w *rocm.Worker, t UploadTuning, s Strategy, mem *actors.Memory) *actors.DeviceUploader {
-	if spec := os.Getenv("FORGE_GPU_UPLOAD"); spec != "" {
-		var err error
-		if t, err = t.Parse(spec); err != nil {
-			slog.Warn("pipeline: FORGE_GPU_UPLOAD ignored", "err", err)
-		}
-	}
 	return &actors.DeviceUploader{
 		W: w, Mem: mem, PerTensor: s == HostF32, Ahead: s != Lazy,
 		Register:    t.Register,
@@ -31,9 +23,9 @@ func deviceUploader(w *rocm.Worker, t UploadTuning, s Strategy, mem *actors.Memo
 
 // Parse sets the fields named in spec, a comma-separated list of "reg"
 // (Register) and key=value: st stagers, rn ring buffers, rs ring MiB, rt
-// registration threads, rb registration MiB. FORGE_GPU_UPLOAD takes the
-// same list, for benchmarks of a whole process (forge run, forge bench
-// load).
+// registration threads, rb registration MiB. The CLI's --gpu-upload
+// flag takes the same list, for benchmarks of a whole process (forge run,
+// forge serve, forge bench load).
 func (t UploadTuning) Parse(spec string) (UploadTuning, error) {
 	for _, kv := range strings.Split(spec, ",") {
 		if kv = strings.TrimSpace(kv); kv == "" {

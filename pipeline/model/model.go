@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/forge-llm/forge/kernels"
 )
@@ -26,8 +25,8 @@ type Options struct {
 	// only the last token's row is computed.
 	AllLogits bool
 	// NoGraph runs every decode step op by op even where the backend can
-	// record it once and replay it (kernels.StepCapturer); for comparisons.
-	// The environment variable FORGE_NO_GRAPH=1 does the same.
+	// record it once and replay it (kernels.StepCapturer); for comparisons
+	// (pipeline.Options.NoGraph, forge run --no-graph).
 	NoGraph bool
 }
 
@@ -175,7 +174,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	}
 	m.batch = min(m.batch, m.ctx)
 	m.lws = make([]*LayerWeights, cfg.Layers)
-	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" {
+	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph {
 		m.graphs = sc
 	}
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
