@@ -205,7 +205,7 @@ type fakeGen struct {
 	closed atomic.Bool
 }
 
-func (g *fakeGen) Generate(ctx context.Context, prompt []int32, opts any, emit func(int32) error) (string, error) {
+func (g *fakeGen) Generate(ctx context.Context, prompt []int32, opts struct{}, emit func(int32) error) (string, error) {
 	for i := range g.s.plan.Layers() {
 		if err := g.s.WaitLayer(ctx, i); err != nil {
 			return "", fmt.Errorf("waiting for layer %d: %w", i, err)
@@ -230,14 +230,14 @@ func TestExecutorQueuesRequests(t *testing.T) {
 		return nil
 	}}})
 	g := &fakeGen{s: s}
-	s.StartExecutor(func(context.Context) (Generator, error) { return g, nil })
+	ex := StartExecutor(s, func(context.Context) (Generator[struct{}], error) { return g, nil })
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = s.Submit(context.Background(), Request{Prompt: []int32{1}})
+			_, errs[i] = ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}})
 		}()
 	}
 	wg.Wait()
@@ -251,7 +251,7 @@ func TestExecutorQueuesRequests(t *testing.T) {
 	if !g.closed.Load() {
 		t.Error("generator not closed")
 	}
-	if _, err := s.Submit(context.Background(), Request{Prompt: []int32{1}}); !errors.Is(err, ErrClosed) {
+	if _, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Submit after Close: %v", err)
 	}
 }

@@ -16,21 +16,24 @@ import (
 // an architecture, the backend and the weights (whose layers it gets
 // through System.WaitLayer) and hands it over in StartExecutor, so this
 // package never imports the architectures. It owns the KV cache and
-// scratch; the executor runs one request on it at a time.
-type Generator interface {
+// scratch; the executor runs one request on it at a time. O is the type of
+// its requests' options, which only the Generator interprets: the executor
+// carries them through typed, so neither side asserts a type.
+type Generator[O any] interface {
 	// Generate evaluates prompt and calls emit with each generated token
 	// until a stop condition (returned as stop) or an error. opts is the
-	// request's Opts, which only the Generator interprets. ctx carries the
-	// request's identity: pass it to System.WaitLayer.
-	Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (stop string, err error)
+	// request's Opts. ctx carries the request's identity: pass it to
+	// System.WaitLayer.
+	Generate(ctx context.Context, prompt []int32, opts O, emit func(id int32) error) (stop string, err error)
 	// Close releases the KV cache and scratch.
 	Close()
 }
 
-// Request is one generation for the executor.
-type Request struct {
+// Request is one generation for the executor, with the options its
+// Generator reads.
+type Request[O any] struct {
 	Prompt []int32
-	Opts   any
+	Opts   O
 	// OnToken receives each token on the executor's goroutine; an error
 	// stops the request. It is never called after Submit returned.
 	OnToken func(id int32) error
@@ -77,26 +80,29 @@ func (st *executorState) stop() {
 	st.wg.Wait()
 }
 
-// StartExecutor starts the executor actor. It waits (off its mailbox) for
+// Executor is the handle requests of option type O are submitted through
+// (StartExecutor).
+type Executor[O any] struct{ s *System }
+
+// StartExecutor starts s's executor actor. It waits (off its mailbox) for
 // the model to be ready — for every unit under Eager and HostF32 — then
 // calls build once to make the Generator, and runs requests one at a time
 // in submission order. Call it once, right after Start.
-func (s *System) StartExecutor(build func(ctx context.Context) (Generator, error)) {
+func StartExecutor[O any](s *System, build func(ctx context.Context) (Generator[O], error)) *Executor[O] {
 	st := &executorState{}
 	st.ctx, st.cancel = context.WithCancel(context.Background())
 	s.exec = st
-	s.executor = s.as.Root.Spawn(s.props(func() actor.Actor { return &executor{s: s, st: st, build: build} }))
+	s.executor = s.as.Root.Spawn(s.props(func() actor.Actor { return &executor[O]{s: s, st: st, build: build} }))
+	return &Executor[O]{s: s}
 }
 
 // Submit runs a request and waits for its result. It returns ctx's error
 // as soon as ctx is done (the request stops at its next layer boundary, in
 // the background).
-func (s *System) Submit(ctx context.Context, r Request) (Result, error) {
-	if s.exec == nil {
-		return Result{}, fmt.Errorf("actors: no executor")
-	}
+func (x *Executor[O]) Submit(ctx context.Context, r Request[O]) (Result, error) {
+	s := x.s
 	id := s.nextReq.Add(1)
-	run := &runReq{ctx: ctx, id: id, req: r, res: make(chan runRes, 1), guard: &guard{fn: r.OnToken}}
+	run := &runReq[O]{ctx: ctx, id: id, req: r, res: make(chan runRes, 1), guard: &guard{fn: r.OnToken}}
 	s.closeMu.Lock()
 	if s.closed {
 		s.closeMu.Unlock()
@@ -114,10 +120,10 @@ func (s *System) Submit(ctx context.Context, r Request) (Result, error) {
 }
 
 type (
-	runReq struct {
+	runReq[O any] struct {
 		ctx   context.Context
 		id    uint64
-		req   Request
+		req   Request[O]
 		res   chan runRes
 		guard *guard
 	}
@@ -125,8 +131,8 @@ type (
 		Result
 		err error
 	}
-	prepared struct {
-		gen Generator
+	prepared[O any] struct {
+		gen Generator[O]
 		err error
 	}
 	ran struct{}
@@ -168,30 +174,30 @@ type reqTrace struct {
 // executor owns the Generator (the backend, KV cache and scratch). Its
 // mailbox only queues: waiting for readiness and running a request happen
 // on goroutines that report back with a message, so Receive never blocks.
-type executor struct {
+type executor[O any] struct {
 	s     *System
 	st    *executorState
-	build func(ctx context.Context) (Generator, error)
+	build func(ctx context.Context) (Generator[O], error)
 
-	gen    Generator
+	gen    Generator[O]
 	genErr error
 	busy   bool
-	queue  []*runReq
+	queue  []*runReq[O]
 }
 
-func (e *executor) Receive(c actor.Context) {
+func (e *executor[O]) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		e.busy = true
 		self := c.Self()
 		e.st.spawn(func() {
 			gen, err := e.prepare()
-			e.s.as.Root.Send(self, &prepared{gen: gen, err: err})
+			e.s.as.Root.Send(self, &prepared[O]{gen: gen, err: err})
 		})
-	case *prepared:
+	case *prepared[O]:
 		e.gen, e.genErr, e.busy = m.gen, m.err, false
 		e.kick(c)
-	case *runReq:
+	case *runReq[O]:
 		e.queue = append(e.queue, m)
 		e.kick(c)
 	case *ran:
@@ -211,7 +217,7 @@ func (e *executor) Receive(c actor.Context) {
 
 // prepare waits for the weights the strategy starts on, then builds the
 // Generator.
-func (e *executor) prepare() (Generator, error) {
+func (e *executor[O]) prepare() (Generator[O], error) {
 	f := e.s.Ready()
 	if e.s.cfg.Strategy.waitsForAll() {
 		f = e.s.all
@@ -227,7 +233,7 @@ func (e *executor) prepare() (Generator, error) {
 }
 
 // kick starts the next queued request when idle.
-func (e *executor) kick(c actor.Context) {
+func (e *executor[O]) kick(c actor.Context) {
 	for !e.busy && len(e.queue) > 0 {
 		r := e.queue[0]
 		e.queue = e.queue[1:]
@@ -252,7 +258,7 @@ func (e *executor) kick(c actor.Context) {
 }
 
 // run executes one request on the executor's goroutine.
-func (e *executor) run(gen Generator, r *runReq) runRes {
+func (e *executor[O]) run(gen Generator[O], r *runReq[O]) runRes {
 	s := e.s
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()

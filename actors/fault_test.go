@@ -150,7 +150,7 @@ type faultGen struct {
 	cut func()
 }
 
-func (g *faultGen) Generate(ctx context.Context, prompt []int32, opts any, emit func(int32) error) (string, error) {
+func (g *faultGen) Generate(ctx context.Context, prompt []int32, opts struct{}, emit func(int32) error) (string, error) {
 	if err := g.s.WaitLayer(ctx, 1); err != nil {
 		return "", err
 	}
@@ -182,14 +182,14 @@ func TestExecutorBrokenFile(t *testing.T) {
 		path := tempModel(t, "stories260K-Q4_0.gguf")
 		s := startFile(t, path, Config{})
 		defer s.Close()
-		s.StartExecutor(func(context.Context) (Generator, error) { return &faultGen{s: s}, nil })
-		if _, err := s.Submit(context.Background(), Request{Prompt: []int32{1}}); err != nil {
+		ex := StartExecutor(s, func(context.Context) (Generator[struct{}], error) { return &faultGen{s: s}, nil })
+		if _, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Truncate(path, 100); err != nil {
 			t.Fatal(err)
 		}
-		_, err := s.Submit(context.Background(), Request{Prompt: []int32{1}})
+		_, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}})
 		if !errors.Is(err, gguf.ErrFileChanged) || !errors.Is(s.Broken(), gguf.ErrFileChanged) {
 			t.Fatalf("request after truncation: %v (broken: %v)", err, s.Broken())
 		}
@@ -211,18 +211,18 @@ func TestExecutorBrokenFile(t *testing.T) {
 				}
 			}
 		}
-		s.StartExecutor(func(context.Context) (Generator, error) { return g, nil })
-		if _, err := s.Submit(context.Background(), Request{Prompt: []int32{1}}); err != nil {
+		ex := StartExecutor(s, func(context.Context) (Generator[struct{}], error) { return g, nil })
+		if _, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}}); err != nil {
 			t.Fatal(err)
 		}
 		cut.Store(true)
-		_, err := s.Submit(context.Background(), Request{Prompt: []int32{1}})
+		_, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}})
 		var fe *gguf.FaultError
 		if !errors.As(err, &fe) || fe.File != path || fe.Offset <= 100 {
 			t.Fatalf("request faulting mid-way: %v", err)
 		}
 		cut.Store(false)
-		if _, err := s.Submit(context.Background(), Request{Prompt: []int32{1}}); !errors.Is(err, gguf.ErrMappingFault) {
+		if _, err := ex.Submit(context.Background(), Request[struct{}]{Prompt: []int32{1}}); !errors.Is(err, gguf.ErrMappingFault) {
 			t.Fatalf("request after the fault: %v, want the model broken", err)
 		}
 	})

@@ -38,7 +38,11 @@ type (
 	reserve struct{}
 	// reserved: the uploader's arena exists; conversion may start.
 	reserved struct{}
-	// converted: a dequantizer worker is done with a chunk.
+	// toConvert: a chunk read and ready for a dequantizer worker (loader
+	// → dequantizer → converter).
+	toConvert struct{ c *chunk }
+	// converted: a dequantizer worker is done with a chunk (converter →
+	// uploader; the chunk's convertErr says whether it failed).
 	converted struct{ c *chunk }
 	// landed: a unit's fence completed.
 	landed struct{ u *Unit }
@@ -96,7 +100,7 @@ func (l *loader) Receive(c actor.Context) {
 		if t.read++; t.read == t.chunks {
 			l.s.publish(TensorRead{At: l.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: int64(t.Info.Size)})
 		}
-		c.Send(l.s.dequant, &converted{c: m.c}) // to the pool, which converts it
+		c.Send(l.s.dequant, &toConvert{c: m.c}) // to the pool, which converts it
 		l.dispatch(c)
 	case *chunkDone:
 		l.inflight--
@@ -186,7 +190,7 @@ type dequantizer struct {
 	workers []*actor.PID
 	next    int
 	ready   bool
-	held    []*converted
+	held    []*toConvert
 }
 
 func (d *dequantizer) Receive(c actor.Context) {
@@ -201,7 +205,7 @@ func (d *dequantizer) Receive(c actor.Context) {
 			d.route(c, h)
 		}
 		d.held = nil
-	case *converted:
+	case *toConvert:
 		if !d.ready {
 			d.held = append(d.held, m)
 			return
@@ -210,7 +214,7 @@ func (d *dequantizer) Receive(c actor.Context) {
 	}
 }
 
-func (d *dequantizer) route(c actor.Context, m *converted) {
+func (d *dequantizer) route(c actor.Context, m *toConvert) {
 	c.Send(d.workers[d.next], m)
 	d.next = (d.next + 1) % len(d.workers)
 }
@@ -220,7 +224,7 @@ func (d *dequantizer) route(c actor.Context, m *converted) {
 type converter struct{ s *System }
 
 func (w *converter) Receive(c actor.Context) {
-	m, ok := c.Message().(*converted)
+	m, ok := c.Message().(*toConvert)
 	if !ok {
 		return
 	}
@@ -241,7 +245,7 @@ func (w *converter) Receive(c actor.Context) {
 				From: t.Info.Type, To: t.To, InBytes: int64(t.Info.Size), OutBytes: t.OutBytes})
 		}
 	}
-	c.Send(w.s.uploader, m)
+	c.Send(w.s.uploader, &converted{c: ch})
 }
 
 // convert runs the Converter on bytes of the mapping. The reader paged

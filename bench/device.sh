@@ -57,7 +57,7 @@ if [ "$mode" = load ]; then
   }
   {
     for i in 1 2 3 4 5 6; do run_forge default FORGE_X=; done
-    for v in ${RUN_VARIANTS:-FORGE_GPU_PRELOAD=early}; do
+    for v in ${RUN_VARIANTS:-}; do
       for i in 1 2 3; do run_forge "$v" "$v"; done
     done
     "$bin/forge" bench load -m $big --device gpu --runs ${RUNS:-5} --cache warm --strategies "${STRATEGIES:-prefetch,eager}"

@@ -53,7 +53,7 @@ print(s[:508])")
     for g in 0 1; do
       for p in short long; do
         text="Once upon a time"; [ $p = long ] && text=$p512
-        FORGE_NO_GRAPH=$([ $g = 0 ] && echo 1 || echo 0) "$bin/forge" run --device gpu -m $f -p "$text" -n 128 --temp 0 \
+        "$bin/forge" run --device gpu -m $f -p "$text" -n 128 --temp 0 $([ $g = 0 ] && echo --no-graph) \
           --progress plain >/dev/null 2>"$out/run.err"
         echo "forge run $(basename $f) graph=$g prompt=$p: $(grep -E 'prompt [0-9]+ tok' "$out/run.err" | tail -1)" >>"$sum"
       done

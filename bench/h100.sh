@@ -12,11 +12,16 @@
 # the 8B shape (bench/device.sh load); benchload: `forge bench load`, all
 # four strategies, warm and cold, with the SVG timeline (issue 8); floor:
 # the driver alone and bench/floor/overlap.c; why: `forge -v run` start-up
-# lines; grid / abgrid: settings of $GRID (VAR=value, commas for several)
+# lines; grid / abgrid: settings of $GRID (VAR=value, commas for several;
+# or forge flags, --flag=value, + between several)
 # in blocks / interleaved run by run; mixed: prefetch next to host-f32 and
 # eager; aftermath: the driver right after a forge process and after idling;
 # big70: the 70B shape.
 set -uo pipefail
+# A $GRID setting: "default", environment variables (VAR=value, commas
+# between several) or forge flags (--flag=value, + between several).
+grid_env() { case $1 in default | --*) ;; *) echo "$1" | tr , ' ' ;; esac; }
+grid_flags() { case $1 in --*) echo "$1" | tr + ' ' ;; esac; }
 [ -f bin/device.tar.xz ] && tar -C bin -xJf bin/device.tar.xz
 o=${OUT:-out}
 mkdir -p "$o/logs"
@@ -63,7 +68,7 @@ for phase in "$@"; do
       for g in ${GRID:-default}; do
         for i in 1 2; do
           echo "== $m $g"
-          env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge -v run --device gpu -m $m -p "Once upon a time" -n 1 --temp 0 --progress plain 2>&1 >/dev/null |
+          env FORGE_X= $(grid_env $g) bin/device/forge -v run --device gpu -m $m -p "Once upon a time" -n 1 --temp 0 --progress plain $(grid_flags $g) 2>&1 >/dev/null |
             grep -E 'gpu: backend|device open|reserving|device uploads|cuBLAS|^load:' | sed -E 's/^time=[^ ]+ level=DEBUG //; s/ · prompt.*//'
         done
       done
@@ -72,10 +77,10 @@ for phase in "$@"; do
     f=/tmp/l8.gguf
     [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
     for m in ${GRID_MODELS:-$f}; do
-      for g in ${GRID:-default FORGE_GPU_UPLOAD=st=16,rn=32}; do
+      for g in ${GRID:-default --gpu-upload=st=16,rn=32}; do
         echo "== $m $g"
-        env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge bench load -m $m --device gpu --runs ${RUNS:-6} \
-          --cache warm --strategies prefetch --prompt-tokens 32 2>&1 | tail -1
+        env FORGE_X= $(grid_env $g) bin/device/forge bench load -m $m --device gpu --runs ${RUNS:-6} \
+          --cache warm --strategies prefetch --prompt-tokens 32 $(grid_flags $g) 2>&1 | tail -1
       done
     done >"$o/logs/grid.txt" 2>&1 ;;
   mixed) # the warm 8B, prefetch next to host-f32 and next to eager, run by run
@@ -90,8 +95,8 @@ for phase in "$@"; do
     [ -f $f ] || bin/device/forge gen --preset llama3-8b --quant q4_k_m -o $f --progress plain >/dev/null 2>&1
     for g in ${GRID:-default}; do
       echo "== $g"
-      env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge bench load -m $f --device gpu --runs ${RUNS:-3} \
-        --cache warm --strategies prefetch,eager --prompt-tokens 512 2>&1 | tail -2
+      env FORGE_X= $(grid_env $g) bin/device/forge bench load -m $f --device gpu --runs ${RUNS:-3} \
+        --cache warm --strategies prefetch,eager --prompt-tokens 512 $(grid_flags $g) 2>&1 | tail -2
     done >"$o/logs/p512.txt" 2>&1 ;;
   abgrid) # the settings of $GRID interleaved run by run ($RUNS rounds; forge bench load-once, warm 8B),
     # for each prompt length in $PROMPTS and strategy in $STRATS; min/median/max by setting
@@ -102,8 +107,8 @@ for phase in "$@"; do
       for p in ${PROMPTS:-32}; do
         for st in ${STRATS:-prefetch}; do
           for g in ${GRID:-default}; do
-            echo "$g $p $st $(env $([ $g = default ] && echo FORGE_X= || echo $g | tr , ' ') bin/device/forge bench load-once -m $f \
-              --strategy $st --prompt-tokens $p --device gpu --fork-ns $(date +%s%N) 2>/dev/null | tail -1)"
+            echo "$g $p $st $(env FORGE_X= $(grid_env $g) bin/device/forge bench load-once -m $f \
+              --strategy $st --prompt-tokens $p --device gpu --fork-ns $(date +%s%N) $(grid_flags $g) 2>/dev/null | tail -1)"
           done
         done
       done

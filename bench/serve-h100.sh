@@ -97,8 +97,8 @@ for phase in "$@"; do
     $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 >"$o/swap.txt" 2>&1
     echo "rc=$?" >>"$o/swap.txt"
     for up in ${SWAP_UPLOAD:-st=14,rn=32}; do # more stagers: does the copy go faster on 16 cores?
-      echo "== FORGE_GPU_UPLOAD=$up" >>"$o/swap.txt"
-      FORGE_GPU_UPLOAD=$up $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 >>"$o/swap.txt" 2>&1
+      echo "== --gpu-upload $up" >>"$o/swap.txt"
+      $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 --serve-flag=--gpu-upload=$up >>"$o/swap.txt" 2>&1
     done ;;
   presets) # the architectures' real shapes (issue 20): first token and decode next to llama.cpp on the same files
     for pr in ${PRESETS:-qwen3-8b gemma3-4b gemma2-2b phi3-mini mistral-7b}; do

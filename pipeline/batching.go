@@ -148,7 +148,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic})
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +249,7 @@ func (e *Engine) openOptions() Options {
 // sends every request to the scheduler, so the executor holds no model.
 type batchedOnly struct{}
 
-func (batchedOnly) Generate(context.Context, []int32, any, func(int32) error) (string, error) {
+func (batchedOnly) Generate(context.Context, []int32, job, func(int32) error) (string, error) {
 	return "", fmt.Errorf("pipeline: this model runs its requests through the batching scheduler")
 }
 

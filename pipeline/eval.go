@@ -74,6 +74,10 @@ type evalJob struct {
 	run func(ctx context.Context) error
 }
 
+func (j *evalJob) runOn(ctx context.Context, _ *generator, _ []int32, _ func(int32) error) (string, error) {
+	return "", j.run(ctx)
+}
+
 // evalOnExecutor sends every evaluation through the executor, as on a
 // GPU; tests set it to run that path on the CPU.
 var evalOnExecutor = false
@@ -111,7 +115,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		if err != nil {
 			return err
 		}
-		mdl, err := model.New(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true})
+		mdl, err := model.New(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
 		if err != nil {
 			return fmt.Errorf("pipeline: evaluator: %w", err)
 		}
@@ -124,7 +128,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 	if m.opts.Batching.On && canBatch(be, m.opts.Batching, m.cfg) {
 		return errBatchedEval
 	}
-	_, err = m.sys.Submit(ctx, actors.Request{Opts: &evalJob{run: run}})
+	_, err = m.exec.Submit(ctx, actors.Request[job]{Opts: &evalJob{run: run}})
 	return err
 }
 

@@ -23,7 +23,7 @@ func (r *recordUploader) Release()                     { r.released = true }
 // cancellation; once released, it goes on. Release closes the uploader's
 // own released channel, once, after its inner Release.
 func TestLazyUploaderWaitsForEvicted(t *testing.T) {
-	dev := &pendingDevice{abort: make(chan struct{}), ctxReady: make(chan struct{}), done: make(chan struct{}), cpu: true}
+	dev := &device{abort: make(chan struct{}), ctxReady: make(chan struct{}), done: make(chan struct{}), cpu: true}
 	close(dev.ctxReady)
 	victim := make(chan struct{})
 	var made *recordUploader

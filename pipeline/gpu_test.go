@@ -186,7 +186,7 @@ func TestGPUOpenInBackground(t *testing.T) {
 			t.Errorf("close while opening: %v", err)
 		}
 		t.Logf("open returned in %v, context current at Close: %v (0: not yet), Close took %v", open, ctxAt, time.Since(t0)-open)
-		for name, f := range map[string]*actors.Future{"ready": m.Ready(), "layer 0": m.Layer(0), "resident": m.Resident()} {
+		for name, f := range map[string]*Future{"ready": m.Ready(), "layer 0": m.Layer(0), "resident": m.Resident()} {
 			select {
 			case <-f.Done():
 			default:
@@ -384,7 +384,7 @@ func BenchmarkGPULoadTiming(b *testing.B) {
 	}
 }
 
-// TestUploadTuningParse: the FORGE_GPU_UPLOAD / grid settings (no GPU).
+// TestUploadTuningParse: the --gpu-upload / grid settings (no GPU).
 func TestUploadTuningParse(t *testing.T) {
 	got, err := UploadTuning{Stagers: 3}.Parse("rn=32, rs=8,reg,rt=2,rb=16")
 	want := UploadTuning{Stagers: 3, RingBuffers: 32, RingBytes: 8 << 20, Register: true, RegThreads: 2, RegBytes: 16 << 20}

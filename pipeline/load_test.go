@@ -175,7 +175,7 @@ func TestEventOrderPerStrategy(t *testing.T) {
 // turns a hang into a failure).
 func allResolved(t *testing.T, m *Model) {
 	t.Helper()
-	fs := []*actors.Future{m.Ready(), m.Resident()}
+	fs := []*Future{m.Ready(), m.Resident()}
 	for i := range m.Config().Layers {
 		fs = append(fs, m.Layer(i))
 	}
@@ -524,7 +524,7 @@ func TestCancelRequestWaitingForLayer(t *testing.T) {
 		t.Errorf("request error %v, want cancelled", err)
 	}
 	t.Logf("request returned %v after Generate began", time.Since(t0))
-	if st, _ := m.Layer(0).State(); st != actors.Pending {
+	if st, _ := m.Layer(0).State(); st != UnitPending {
 		t.Errorf("layer 0 is %v; the request's cancel must not touch the load", st)
 	}
 }

@@ -13,26 +13,22 @@ import (
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
-	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
-	"github.com/forge-llm/forge/rocm"
 )
 
 // Model is an opened model: its weights stream to the device in the
 // background while requests already run. Its methods are safe for
 // concurrent use; requests run one at a time in submission order.
 type Model struct {
-	path    string
-	cfg     model.Config
-	start   time.Time
-	sys     *actors.System
-	mem     *actors.Memory
-	be      kernels.Backend // nil while dev opens it
-	closeBe func()
-	ctxAt   time.Time       // when the GPU context became current (zero on the CPU), when be is set
-	dev     *pendingDevice  // the device opening in the background, or nil
-	up      actors.Uploader // what places the weights (nil: the host's)
+	path  string
+	cfg   model.Config
+	start time.Time
+	sys   *actors.System
+	exec  *actors.Executor[job] // runs the model's requests in order
+	mem   *actors.Memory
+	dev   *device         // the model's device, open or opening (device_open.go)
+	up    actors.Uploader // what places the weights (nil: the host's)
 	// released is closed once the uploader has freed the device weights
 	// and given back the staging ring, in Close (nil where the uploader
 	// is not the pipeline's lazy one): an Engine starts the next model's
@@ -129,16 +125,8 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	if err == nil {
 		err = model.CheckShapes(f, cfg)
 	}
-	var sel rocm.Selection
-	var background bool
-	if err == nil {
-		sel, background, err = backgroundDevice(o, f, early != nil)
-	}
-	if err != nil || !background {
-		early.discard()
-		early = nil
-	}
 	if err != nil {
+		early.discard()
 		f.Close()
 		return nil, err
 	}
@@ -146,46 +134,18 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
 	go func() { defer close(m.prefetched); prefetchFile(f) }()
-	up := o.Uploader
-	conv := actors.Conversion{AllF32: o.Strategy == HostF32}
-	if background {
-		m.dev = early
-		if m.dev == nil {
-			m.dev = startDevice(o, sel)
-		}
-		if up == nil {
-			lu := &lazyUploader{dev: m.dev, ctx: ctx, make: func(cpu bool) actors.Uploader {
-				if cpu {
-					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
-				}
-				return m.dev.uploader(o.Upload, o.Strategy, mem)
-			}, after: o.afterRelease, released: make(chan struct{})}
-			m.released = lu.released
-			up = lu
-		}
-		// The GPU's types; for "auto" every type of the file is one of
-		// them (backgroundDevice), so the CPU reads the same plan.
-		conv.Reads = gpu.Supported
-		if o.Readers <= 0 {
-			o.Readers = gpuReaders
-		}
-	} else {
-		dev, err := openBackend(o)
-		if err != nil {
-			<-m.prefetched
-			f.Close()
-			return nil, err
-		}
-		m.be, m.closeBe, m.ctxAt = dev.be, dev.close, dev.ctxAt
-		if up == nil && dev.uploader != nil {
-			up = dev.uploader(o.Strategy, mem)
-			if o.Readers <= 0 {
-				o.Readers = gpuReaders
-			}
-		}
-		if r, ok := dev.be.(typeReader); ok {
-			conv.Reads = r.Reads
-		}
+	dev, err := openDevice(o, f, early)
+	if err != nil {
+		<-m.prefetched
+		f.Close()
+		return nil, err
+	}
+	m.dev = dev
+	up, released, reads, gpuReads := dev.placement(ctx, o, mem)
+	m.released = released
+	conv := actors.Conversion{AllF32: o.Strategy == HostF32, Reads: reads}
+	if gpuReads && o.Readers <= 0 {
+		o.Readers = gpuReaders
 	}
 	sys, err := actors.Start(ctx, actors.Config{
 		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
@@ -194,12 +154,8 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	if err != nil {
 		<-m.prefetched
 		f.Close()
-		if m.dev != nil {
-			close(m.dev.abort)
-			m.dev.close()
-		} else if m.closeBe != nil {
-			m.closeBe()
-		}
+		close(m.dev.abort)
+		m.dev.close()
 		return nil, err
 	}
 	m.sys, m.up, m.f = sys, up, f
@@ -210,8 +166,8 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		m.tok, m.tokErr = tokenizer.FromFile(f)
 		m.tokAt = time.Now()
 	}()
-	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
-	sys.StartExecutor(func(ctx context.Context) (actors.Generator, error) {
+	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch, NoGraph: o.NoGraph}
+	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		be, err := m.backend(ctx)
 		if err != nil {
 			return nil, err
@@ -238,9 +194,6 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 
 // backend waits for the model's backend.
 func (m *Model) backend(ctx context.Context) (kernels.Backend, error) {
-	if m.dev == nil {
-		return m.be, nil
-	}
 	return m.dev.backend(ctx)
 }
 
@@ -249,13 +202,11 @@ func (m *Model) backend(ctx context.Context) (kernels.Backend, error) {
 // this.
 // While the device is still opening in the background it is 0.
 func (m *Model) ContextCurrent() time.Duration {
-	at := m.ctxAt
-	if m.dev != nil {
-		select {
-		case <-m.dev.ctxReady:
-			at = m.dev.ctxAt
-		default:
-		}
+	var at time.Time
+	select {
+	case <-m.dev.ctxReady:
+		at = m.dev.ctxAt
+	default:
 	}
 	if at.IsZero() {
 		return 0
@@ -277,13 +228,13 @@ func (m *Model) Strategy() Strategy { return m.sys.Strategy() }
 
 // Ready resolves when the embedding, output norm and LM head are resident:
 // from then on requests run.
-func (m *Model) Ready() *actors.Future { return m.sys.Ready() }
+func (m *Model) Ready() *Future { return &Future{m.sys.Ready()} }
 
 // Resident resolves when every weight is resident.
-func (m *Model) Resident() *actors.Future { return m.sys.Resident() }
+func (m *Model) Resident() *Future { return &Future{m.sys.Resident()} }
 
 // Layer is block i's readiness future.
-func (m *Model) Layer(i int) *actors.Future { return m.sys.LayerFuture(i) }
+func (m *Model) Layer(i int) *Future { return &Future{m.sys.LayerFuture(i)} }
 
 // Subscribe returns a stream of the load's events so far (a subscriber
 // that arrives after Open still sees the whole load), then of every event
@@ -315,9 +266,7 @@ func (m *Model) Tokenizer(ctx context.Context) (*tokenizer.Tokenizer, error) {
 // its current step (a driver call cannot be interrupted) and waits for it.
 func (m *Model) Close() error {
 	m.closeOnce.Do(func() {
-		if m.dev != nil {
-			close(m.dev.abort)
-		}
+		close(m.dev.abort)
 		tb := time.Now()
 		m.closeBatched() // its requests end; its model reads the weights
 		// Both read the file, which sys.Close closes.
@@ -326,11 +275,7 @@ func (m *Model) Close() error {
 		t0 := time.Now()
 		m.closeErr = m.sys.Close()
 		tSys := time.Since(t0)
-		if m.dev != nil {
-			m.dev.close()
-		} else if m.closeBe != nil {
-			m.closeBe()
-		}
+		m.dev.close()
 		tDev := time.Since(t0) - tSys
 		if m.fileGate != nil {
 			<-m.fileGate
@@ -349,18 +294,14 @@ func (m *Model) Close() error {
 // String describes the model for logs.
 func (m *Model) String() string {
 	name := "opening"
-	if m.dev == nil {
-		name = m.be.Name()
-	} else {
-		select {
-		case <-m.dev.done:
-			if m.dev.be != nil {
-				name = m.dev.be.Name()
-			} else {
-				name = "failed"
-			}
-		default:
+	select {
+	case <-m.dev.done:
+		if m.dev.be != nil {
+			name = m.dev.be.Name()
+		} else {
+			name = "failed"
 		}
+	default:
 	}
 	if m.split != nil {
 		name = strings.Join(m.split.names, "+")

@@ -68,11 +68,6 @@ type Options struct {
 	// past it fails like a device out of memory. nil: a private accountant
 	// without limit.
 	Memory *Memory
-	// Uploader places the weights on the device; nil: the backend's
-	// (on the CPU, zero-copy views of the mapped file; on a GPU an
-	// actors.DeviceUploader, per tensor under HostF32). Tests use
-	// actors.StreamUploader for the asynchronous path.
-	Uploader actors.Uploader
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
 	Hooks Hooks
@@ -82,6 +77,17 @@ type Options struct {
 	// Upload tunes the GPU uploader (benchmarks; the zero value is the
 	// measured default).
 	Upload UploadTuning
+	// NoGraph runs every decode step op by op even where the backend can
+	// record it once and replay it as a GPU graph; for comparisons
+	// (forge run --no-graph).
+	NoGraph bool
+
+	// uploader places the weights on the device; nil: the backend's
+	// (on the CPU, zero-copy views of the mapped file; on a GPU an
+	// actors.DeviceUploader, per tensor under HostF32). Tests set
+	// actors.StreamUploader for the asynchronous path; it is not part of
+	// the API, which names no type of package actors.
+	uploader actors.Uploader
 
 	// shared is the Engine's GPU, opened once for all its models (nil:
 	// the model opens its own; see sharedGPU).
@@ -97,7 +103,7 @@ type Options struct {
 type UploadTuning struct {
 	// Register copies from the mapped file, registered read-only, instead
 	// of through the pinned ring (slower on the H100 host: for
-	// comparisons; FORGE_GPU_UPLOAD=reg sets it for a whole process).
+	// comparisons; --gpu-upload reg sets it from the CLI).
 	Register bool
 	// RingBuffers × RingBytes is the pinned staging ring; Stagers the
 	// goroutines filling it.

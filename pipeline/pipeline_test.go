@@ -206,7 +206,7 @@ func TestStreamUploader(t *testing.T) {
 		for _, s := range []Strategy{Prefetch, Eager, Lazy, HostF32} {
 			mem := NewMemory(0)
 			up := &actors.StreamUploader{Mem: mem}
-			got := generateWith(t, testmodels.Path(t, file), Options{Strategy: s, Uploader: up, ChunkBytes: 4096}, ref)
+			got := generateWith(t, testmodels.Path(t, file), Options{Strategy: s, uploader: up, ChunkBytes: 4096}, ref)
 			if !slices.Equal(got, ref.Generated) {
 				t.Errorf("%s %s: got %v\nwant %v", file, s, got, ref.Generated)
 			}
@@ -228,7 +228,7 @@ func TestStreamUploaderCopyFault(t *testing.T) {
 		}
 		return nil
 	}}
-	faultCase(t, path, Options{Uploader: up, Memory: mem}, "layer 2", "blk.2.ffn_gate.weight", "injected device fault")
+	faultCase(t, path, Options{uploader: up, Memory: mem}, "layer 2", "blk.2.ffn_gate.weight", "injected device fault")
 }
 
 // TestEventJSON: every event of a run (and an error) encodes as one JSON

@@ -145,7 +145,7 @@ func (s *sharedGPU) close() {
 	}
 }
 
-// openSharedDev opens the device as pendingDevice.run does for one model
+// openSharedDev opens the device as device.run does for one model
 // (the run-time compiler and cuBLAS's library load next to the driver's
 // start), and adds the staging ring pool.
 func openSharedDev(o Options, sel rocm.Selection, mem *actors.Memory, d *sharedDev) {

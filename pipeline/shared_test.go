@@ -55,7 +55,7 @@ func TestSharedDeviceOpensOnce(t *testing.T) {
 	sel := rocm.Selection{Kind: rocm.SelectGPU}
 
 	// Three models ask while the device is still opening.
-	var devs []*pendingDevice
+	var devs []*device
 	for range 3 {
 		devs = append(devs, startDevice(o, sel))
 	}

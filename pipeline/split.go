@@ -445,7 +445,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		o.Readers = gpuReaders * len(devs)
 	}
 	m := &Model{path: path, cfg: cfg, start: start, mem: mems[0], prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
-	m.be, m.closeBe = devs[0].be, closeDevs
+	m.dev = resolvedDevice(devs[0].be, closeDevs, nil, time.Time{})
 	m.split = &splitModel{bounds: bounds, mems: mems}
 	for _, d := range devs {
 		m.split.bes = append(m.split.bes, d.be)
@@ -475,8 +475,8 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		ropeFreqs = ti
 	}
 	slog.Debug("pipeline: model split over devices", "path", path, "devices", m.split.names, "bounds", bounds)
-	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch}
-	sys.StartExecutor(func(ctx context.Context) (actors.Generator, error) {
+	mo := model.Options{Ctx: o.Ctx, Batch: o.Batch, NoGraph: o.NoGraph}
+	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		parts := make([]model.Part, len(devs))
 		for k, d := range devs {
 			w, err := newWeights(sys, d.be, cfg)

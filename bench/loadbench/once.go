@@ -27,6 +27,9 @@ type OnceConfig struct {
 	Fork time.Time
 	// Trace adds the per-layer spans to the result.
 	Trace bool
+	// GPUUpload is the GPU uploader's settings
+	// (pipeline.UploadTuning.Parse; "": the defaults).
+	GPUUpload string
 }
 
 // OrdinaryTokens reads a model file's tokenizer and lists its normal
@@ -116,6 +119,9 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	r.PromptTokens = len(ids)
 	tr := newTracer()
 	opts := pipeline.Options{Strategy: strategy, Device: c.Device, Threads: c.Threads}
+	if opts.Upload, err = opts.Upload.Parse(c.GPUUpload); err != nil {
+		return fail(fmt.Errorf("gpu upload settings: %w", err))
+	}
 	if c.Trace {
 		opts.Hooks.Read = tr.readHook
 	}

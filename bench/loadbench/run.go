@@ -49,6 +49,9 @@ type Config struct {
 	// of its own (FORGE_CACHE_DIR), as on a machine that never ran forge:
 	// what a first run costs when no shipped object fits the device.
 	FreshKernelCache bool
+	// GPUUpload is the GPU uploader's settings for every forge run
+	// (pipeline.UploadTuning.Parse; "": the defaults).
+	GPUUpload string
 	// Log reports progress (one line per run); nil: none.
 	Log io.Writer
 }
@@ -169,6 +172,9 @@ func runSelf(ctx context.Context, c Config, model, strategy string, ids []int32)
 		"--prompt-ids", strings.Join(idList, ","), "--device", c.Device, "--threads", strconv.Itoa(c.Threads))
 	if c.Trace {
 		args = append(args, "--trace")
+	}
+	if c.GPUUpload != "" {
+		args = append(args, "--gpu-upload", c.GPUUpload)
 	}
 	cmd := exec.CommandContext(ctx, c.Self[0], args...)
 	if c.FreshKernelCache {

@@ -41,6 +41,7 @@ func init() {
 					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
 					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},
 					&cli.StringFlag{Name: "svg", Usage: "write the timeline of one run (the first model and strategy, median first token) to this SVG file"},
+					gpuUploadFlag(),
 				},
 				Action: benchLoadCmd,
 			},
@@ -57,6 +58,7 @@ func init() {
 					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}},
 					&cli.BoolFlag{Name: "trace"},
 					&cli.Int64Flag{Name: "fork-ns", Usage: "the parent's wall clock (Unix ns) when it started this process"},
+					gpuUploadFlag(),
 				},
 				Action: benchLoadOnceCmd,
 			},
@@ -145,7 +147,10 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 		Models: models, Strategies: strategies, Caches: caches, Runs: c.Int("runs"),
 		PromptLengths: lengths, Device: c.String("device"), Threads: c.Int("threads"),
 		Self: []string{exe, "bench", "load-once"}, Peer: c.String("peer"), Trace: c.String("svg") != "", Log: stderr,
-		FreshKernelCache: c.Bool("fresh-kernel-cache"),
+		FreshKernelCache: c.Bool("fresh-kernel-cache"), GPUUpload: c.String("gpu-upload"),
+	}
+	if _, err := gpuUpload(c); err != nil {
+		return err
 	}
 	results, err := loadbench.Run(ctx, cfg)
 	if err != nil {
@@ -240,6 +245,7 @@ func benchLoadOnceCmd(c *cli.Context) error {
 	r := loadbench.RunOnce(ctx, loadbench.OnceConfig{
 		Model: c.String("model"), Strategy: c.String("strategy"), Device: c.String("device"),
 		Threads: c.Int("threads"), PromptTokens: c.Int("prompt-tokens"), PromptIDs: ids, Fork: fork, Trace: c.Bool("trace"),
+		GPUUpload: c.String("gpu-upload"),
 	})
 	b, err := json.Marshal(r)
 	if err != nil {

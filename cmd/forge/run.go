@@ -59,6 +59,9 @@ func init() {
 			// For tests and demonstrations: a slow disk, one reader.
 			&cli.StringFlag{Name: "throttle", Hidden: true, Usage: "limit reads to this many bytes per second (e.g. 2MB)"},
 			&cli.IntFlag{Name: "readers", Hidden: true, Usage: "file readers (0: the pipeline's default)"},
+			// For comparisons and benchmarks.
+			&cli.BoolFlag{Name: "no-graph", Usage: "run every decode step op by op instead of replaying it as a GPU graph, for comparisons"},
+			gpuUploadFlag(),
 			// For tests and demonstrations: a slow generation, to interrupt.
 			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
 		}, constrainFlags()...),
@@ -245,7 +248,10 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		return err
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
-		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split}
+		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split, NoGraph: c.Bool("no-graph")}
+	if opts.Upload, err = gpuUpload(c); err != nil {
+		return err
+	}
 	if s := c.String("throttle"); s != "" {
 		rate, err := parseBytes(s)
 		if err != nil || rate == 0 {

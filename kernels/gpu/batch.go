@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
@@ -30,9 +29,10 @@ const pagedSplit = 256
 // prompt piece, merged pieces) keep attn_paged, whose part buffer grows
 // with the positions in use rather than by pagedFineSplits per row. A
 // decode row is always in a decode group, so which kernel a row gets never
-// depends on the other rows of its step. FORGE_PAGED_ATTN=coarse keeps
-// attn_paged throughout (for comparisons).
-var pagedFine = os.Getenv("FORGE_PAGED_ATTN") != "coarse"
+// depends on the other rows of its step. Tests set pagedFine false to keep
+// attn_paged throughout (bench/results/2026-11-25-serve-graph-h100.md
+// measured both: 282 against 251 tokens/s for one client).
+var pagedFine = true
 
 // pagedFineSplits is pagedfine.cu's PF_SPLITS.
 const pagedFineSplits = 16

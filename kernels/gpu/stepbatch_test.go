@@ -8,7 +8,7 @@ import (
 
 // TestBatchStepKey: a decode group (one table per row) records one graph
 // per row count with attn_paged_fine, whatever its positions; other
-// layouts, and every layout with FORGE_PAGED_ATTN=coarse, are keyed by
+// layouts, and every layout with pagedFine off, are keyed by
 // attn_paged's splits rounded up to a power of two; fineLayout agrees.
 func TestBatchStepKey(t *testing.T) {
 	decode := &kernels.Layout{Pos: []int32{5, 700, 1030}, Seq: []int32{0, 1, 2}, Tables: [][]int32{{0}, {1}, {2}}}

@@ -3,7 +3,6 @@ package model
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/forge-llm/forge/kernels"
@@ -58,8 +57,8 @@ type BatchOptions struct {
 	MergePrompts bool
 	// NoGraph runs every batched decode step op by op even where the
 	// backend can record it once per row count and replay it
-	// (kernels.BatchStepCapturer); for comparisons. FORGE_NO_GRAPH=1 does
-	// the same.
+	// (kernels.BatchStepCapturer); for comparisons (pipeline.Options.NoGraph,
+	// forge run/serve --no-graph).
 	NoGraph bool
 }
 
@@ -129,7 +128,7 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
 	// (A mixture-of-experts step reads its router logits back mid-step,
 	// which a recording cannot hold: such a model runs its steps op by op.)
-	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" && cfg.Experts == 0 {
+	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && cfg.Experts == 0 {
 		st.graph.sc = sc
 	}
 	if err := m.allocScratch(); err != nil {

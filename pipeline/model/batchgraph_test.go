@@ -144,14 +144,13 @@ func TestBatchGraphSteps(t *testing.T) {
 	}
 	rm.Close()
 
-	// NoGraph (and FORGE_NO_GRAPH=1) records nothing.
-	t.Setenv("FORGE_NO_GRAPH", "1")
-	nm, err := NewBatched(rec, cfg, w, BatchOptions{})
+	// NoGraph records nothing.
+	nm, err := NewBatched(rec, cfg, w, BatchOptions{NoGraph: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if nm.bat.graph.sc != nil {
-		t.Error("FORGE_NO_GRAPH=1: the model records batched steps")
+		t.Error("NoGraph: the model records batched steps")
 	}
 	nm.Close()
 }

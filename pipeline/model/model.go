@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/forge-llm/forge/kernels"
 )
@@ -26,8 +25,8 @@ type Options struct {
 	// only the last token's row is computed.
 	AllLogits bool
 	// NoGraph runs every decode step op by op even where the backend can
-	// record it once and replay it (kernels.StepCapturer); for comparisons.
-	// The environment variable FORGE_NO_GRAPH=1 does the same.
+	// record it once and replay it (kernels.StepCapturer); for comparisons
+	// (pipeline.Options.NoGraph, forge run --no-graph).
 	NoGraph bool
 }
 
@@ -182,7 +181,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	m.lws = make([]*LayerWeights, cfg.Layers)
 	// A mixture of experts reads its router's choice back to the host
 	// mid-step (moe.go), which a recorded step cannot replay.
-	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && os.Getenv("FORGE_NO_GRAPH") != "1" && cfg.Experts == 0 {
+	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && cfg.Experts == 0 {
 		m.graphs = sc
 	}
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)

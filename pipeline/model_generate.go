@@ -129,7 +129,7 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		return o.OnToken(t)
 	}
 	req := &request{o: o, tok: tok}
-	res, err := m.sys.Submit(ctx, actors.Request{Prompt: ids, Opts: req, OnToken: onToken})
+	res, err := m.exec.Submit(ctx, actors.Request[job]{Prompt: ids, Opts: req, OnToken: onToken})
 	out := Result{ID: res.ID, PromptTokens: len(ids), Tokens: got, Stop: res.Stop}
 	if tok != nil {
 		out.Text = tok.Decode(got)
@@ -140,7 +140,16 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 	return out, nil
 }
 
-// request is what the executor hands back to the generator.
+// job is one piece of work the executor runs on a model's generator, in
+// submission order: a generation (*request) or an evaluation between
+// generations (*evalJob, eval.go). It is the executor's request option
+// type (actors.Generator[job]): each job runs itself, so nothing asserts
+// a type.
+type job interface {
+	runOn(ctx context.Context, g *generator, prompt []int32, emit func(id int32) error) (stop string, err error)
+}
+
+// request is a generation's job: its options and tokenizer.
 type request struct {
 	o   GenerateOptions
 	tok *tokenizer.Tokenizer
@@ -154,11 +163,12 @@ type generator struct {
 	mdl *model.Model
 }
 
-func (g *generator) Generate(ctx context.Context, prompt []int32, opts any, emit func(id int32) error) (string, error) {
-	if j, ok := opts.(*evalJob); ok { // an evaluation between requests (eval.go)
-		return "", j.run(ctx)
-	}
-	r := opts.(*request)
+// Generate implements actors.Generator: it runs the job.
+func (g *generator) Generate(ctx context.Context, prompt []int32, j job, emit func(id int32) error) (string, error) {
+	return j.runOn(ctx, g, prompt, emit)
+}
+
+func (r *request) runOn(ctx context.Context, g *generator, prompt []int32, emit func(id int32) error) (string, error) {
 	smp := sample.New(r.o.Sampling, g.mdl.Cfg.Vocab)
 	defer smp.Close()
 	if err := g.m.constrainSampler(smp, r.o, r.tok, g.mdl.Ctx()-len(prompt)+1); err != nil {

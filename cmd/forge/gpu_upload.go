@@ -1,0 +1,25 @@
+package main
+
+import (
+	"github.com/urfave/cli/v2"
+
+	"github.com/forge-llm/forge/pipeline"
+)
+
+// gpuUploadFlag sets the GPU uploader's helpers for one process (forge
+// run, forge serve, forge bench load): a benchmark knob, hidden from
+// help, that replaced the FORGE_GPU_UPLOAD environment variable.
+func gpuUploadFlag() cli.Flag {
+	return &cli.StringFlag{Name: "gpu-upload", Hidden: true,
+		Usage: "GPU uploader settings, comma-separated: reg, st=stagers, rn=ring buffers, rs=ring MiB, rt=registration threads, rb=registration MiB"}
+}
+
+// gpuUpload reads --gpu-upload (the zero tuning when absent: the
+// uploader's measured defaults).
+func gpuUpload(c *cli.Context) (pipeline.UploadTuning, error) {
+	t, err := pipeline.UploadTuning{}.Parse(c.String("gpu-upload"))
+	if err != nil {
+		return t, usageErrorf("--gpu-upload %q: %v", c.String("gpu-upload"), err)
+	}
+	return t, nil
+}

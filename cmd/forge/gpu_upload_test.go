@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf/testmodels"
+)
+
+// TestRunTuningFlags: --gpu-upload and --no-graph (the options that
+// replaced FORGE_GPU_UPLOAD and FORGE_NO_GRAPH) are taken by forge run,
+// leave a CPU run's greedy text as it is, and a malformed --gpu-upload is
+// refused naming the flag and the setting.
+func TestRunTuningFlags(t *testing.T) {
+	m := testmodels.Path(t, "stories260K-Q4_K_M.gguf")
+	args := append([]string{"run", "-m", m, "--device", "cpu", "-p", "Once upon a time", "--progress", "plain"}, greedy...)
+	out, _, err := forgeCLI(t, nil, append(args, "--gpu-upload", "st=4,rn=8,rs=2", "--no-graph")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := expectedText(t) + "\n"; out != want {
+		t.Errorf("with --gpu-upload and --no-graph: %q, want %q", out, want)
+	}
+	_, _, err = forgeCLI(t, nil, append(args, "--gpu-upload", "st=4,zz=1")...)
+	if err == nil || !strings.Contains(err.Error(), `--gpu-upload "st=4,zz=1"`) || !strings.Contains(err.Error(), `unknown upload setting "zz=1"`) {
+		t.Errorf("malformed --gpu-upload: %v, want it refused naming the flag and the setting", err)
+	}
+}
