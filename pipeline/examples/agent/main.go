@@ -68,7 +68,12 @@ func run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			m.Close()
+		}
+	}()
 
 	// Progress: the subscription replays the load so far, then follows it.
 	// Events about requests are left out here; an agent could forward
@@ -90,7 +95,7 @@ func run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 			}
 		}
 	}()
-	defer func() {
+	defer func() { // on an early return
 		sub.Close()
 		<-progress
 	}()
@@ -112,5 +117,18 @@ func run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 		}
 		fmt.Fprintf(errw, "{\"event\":\"answer\",\"tokens\":%d,\"stop\":%q}\n", len(res.Tokens), res.Stop)
 	}
-	return sc.Err()
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	// The answers may come before the last layers do (the executor starts
+	// early): let the load finish, then close the model, which hands the
+	// subscription every event published so far before closing it, and
+	// wait for them to be written.
+	if err := m.Resident().Wait(ctx); err != nil {
+		return err
+	}
+	closed = true
+	m.Close()
+	<-progress
+	return nil
 }
