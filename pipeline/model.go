@@ -44,6 +44,7 @@ type Model struct {
 	// 45-70 ms and, beside the next model's load, slowed that load's
 	// reading of its own mapping by as much.
 	f        *gguf.File
+	fref     *fileRef // f's holders: this model, and an Engine's pin
 	fileGate <-chan struct{}
 
 	// prefetched is closed once the readahead hints are given (they touch
@@ -105,6 +106,10 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		o.Backend = o.Backends[0] // a split over one backend is that backend
 	}
 	if ok, ords, err := isSplit(o); err != nil || ok {
+		if o.file != nil { // an Engine pins single-device models' files only
+			_ = o.file.release()
+			o.file, o.pinned = nil, nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -120,11 +125,16 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	// An explicit GPU starts its driver before the file is parsed: the
 	// driver's start-up is the longest step of a fresh process.
 	early := earlyDevice(o)
-	f, err := gguf.Open(path)
-	if err != nil {
-		early.discard()
-		return nil, err
+	fref := o.file // an Engine's pinned file, held for this model
+	if fref == nil {
+		f, err := gguf.Open(path)
+		if err != nil {
+			early.discard()
+			return nil, err
+		}
+		fref = newFileRef(f)
 	}
+	f := fref.f
 	cfg, err := model.ConfigFromFile(f)
 	if err == nil {
 		err = model.CheckShapes(f, cfg)
@@ -139,7 +149,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		early = nil
 	}
 	if err != nil {
-		f.Close()
+		_ = fref.release()
 		return nil, err
 	}
 	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
@@ -158,7 +168,11 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 				if cpu {
 					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
 				}
-				return m.dev.uploader(o.Upload, o.Strategy, mem)
+				u := m.dev.uploader(o.Upload, o.Strategy, mem)
+				if du, ok := u.(*actors.DeviceUploader); ok {
+					du.Pinned = o.pinned // this file's kept registration (an Engine's)
+				}
+				return u
 			}, after: o.afterRelease, released: make(chan struct{})}
 			m.released = lu.released
 			up = lu
@@ -173,7 +187,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		dev, err := openBackend(o)
 		if err != nil {
 			<-m.prefetched
-			f.Close()
+			_ = fref.release()
 			return nil, err
 		}
 		m.be, m.closeBe, m.ctxAt = dev.be, dev.close, dev.ctxAt
@@ -193,7 +207,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	})
 	if err != nil {
 		<-m.prefetched
-		f.Close()
+		_ = fref.release()
 		if m.dev != nil {
 			close(m.dev.abort)
 			m.dev.close()
@@ -202,7 +216,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		}
 		return nil, err
 	}
-	m.sys, m.up, m.f = sys, up, f
+	m.sys, m.up, m.f, m.fref = sys, up, f, fref
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	m.pooling = poolingOf(f, cfg.Arch)
 	go func() {
@@ -336,8 +350,8 @@ func (m *Model) Close() error {
 			<-m.fileGate
 		}
 		t1 := time.Now()
-		if m.f != nil {
-			m.closeErr = errors.Join(m.closeErr, m.f.Close())
+		if m.fref != nil {
+			m.closeErr = errors.Join(m.closeErr, m.fref.release())
 		}
 		// An eviction's time is on the path of the next model's load.
 		slog.Debug("pipeline: model closed", "path", m.path, "batched", t0.Sub(tb), "system", tSys, "device", tDev,
