@@ -100,7 +100,7 @@ type DeviceUploader struct {
 	perSum     int64 // accounted in Mem for perT
 	weights    map[string]*kernels.Weight
 	useReg     bool
-	pinHeld    bool // Reserve holds Pinned
+	pinHeld    bool     // Reserve holds Pinned
 	planned    bool     // pieces planned (at the first pass-through upload)
 	pieces     []*piece // registration ranges in load order
 	byAddr     []*piece // the same, by address
