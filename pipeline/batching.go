@@ -157,12 +157,15 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		return nil, err
 	}
 	tp := time.Now()
+	if m.kvFrom != nil {
+		defer m.kvFrom.close() // a pool not taken now is not taken later
+	}
 	n := kvPoolBytes(be, m.cfg.Layers, blocks, bs, m.cfg.KVDim())
 	if err := m.mem.Alloc(n, "KV pool"); err != nil {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: bt, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Batcher: bt, be: be, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.Free(n)
 		mdl.Close()
@@ -178,6 +181,9 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 // closeBatched stops the scheduler (ending its requests) and frees its
 // pool and buffers; Close calls it before the weights go.
 func (m *Model) closeBatched() {
+	if m.kvFrom != nil {
+		m.kvFrom.close()
+	}
 	b := &m.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -681,6 +681,16 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	resident := make(chan struct{})
 	var residentOnce sync.Once
 	markResident := func() { residentOnce.Do(func() { close(resident) }) }
+	// A victim's KV pool goes to this model if its shape fits.
+	var kv *kvHandoff
+	for _, v := range victims {
+		if v.m != nil {
+			if kv == nil {
+				kv = &kvHandoff{free: e.gpu.freeKVPool}
+			}
+			v.m.kvTo.Store(kv)
+		}
+	}
 	if overlap {
 		for _, v := range victims {
 			if v.m != nil {
@@ -710,6 +720,7 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	o.Memory = NewMemory(0)
 	o.shared = e.gpu
 	o.afterRelease = gate
+	o.kvFrom = kv
 	e.mu.Lock()
 	o.file, o.pinned = e.pinnedFileLocked(ent, inst.path)
 	e.mu.Unlock()
@@ -718,6 +729,9 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 		err = fmt.Errorf("pipeline: loading %q: %w", ent.id, err)
 	}
 	inst.m, inst.err = m, err
+	if err != nil && kv != nil {
+		kv.close() // a load that failed frees the pool offered to it
+	}
 	e.mu.Lock()
 	if err != nil {
 		if ent.inst == inst {
@@ -748,6 +762,12 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 		switch ev := ev.(type) {
 		case AllResident:
 			markResident()
+			e.mu.Lock()
+			idle := inst.active == 0
+			e.mu.Unlock()
+			if kv != nil && idle {
+				kv.close() // loaded with no request: nobody takes the pool soon
+			}
 			e.mu.Lock()
 			if ent.inst == inst {
 				ent.state = StateResident

@@ -43,8 +43,13 @@ type Model struct {
 	// for it first: unmapping gigabytes of a file page by page took
 	// 45-70 ms and, beside the next model's load, slowed that load's
 	// reading of its own mapping by as much.
-	f        *gguf.File
-	fref     *fileRef // f's holders: this model, and an Engine's pin
+	f    *gguf.File
+	fref *fileRef // f's holders: this model, and an Engine's pin
+	// kvFrom offers the KV pool of the model evicted for this one, kvTo
+	// takes this one's at Close (set by the Engine at eviction): see
+	// kvHandoff.
+	kvFrom   *kvHandoff
+	kvTo     atomic.Pointer[kvHandoff]
 	fileGate <-chan struct{}
 
 	// prefetched is closed once the readahead hints are given (they touch
@@ -152,7 +157,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		_ = fref.release()
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
+	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o, kvFrom: o.kvFrom}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
 	go func() { defer close(m.prefetched); prefetchFile(f) }()

@@ -95,6 +95,8 @@ type Options struct {
 	// registration for the uploader.
 	file   *fileRef
 	pinned *actors.PinnedFile
+	// kvFrom offers the evicted models' KV pool (kvHandoff).
+	kvFrom *kvHandoff
 }
 
 // UploadTuning sizes the GPU uploader's helpers (see
