@@ -43,6 +43,11 @@ import (
 // registration in progress holds up the copy thread's own driver calls
 // (BenchmarkDeviceRates, bench/results/2026-11-25-gpu-h100.md).
 //
+// Registration wins where it is paid once: Pinned is a file a server keeps
+// registered between a model's loads (PinnedFile), and a load copies its
+// registered ranges directly, 4.7 GB in ~112 ms against ~153 ms through
+// the ring (bench/results/2026-11-25-night-swap-h100.md).
+//
 // Every driver call of the copies runs on W's OS-locked thread (best a
 // rocm.Worker.Sibling of the backend's worker, so copies never queue
 // behind kernel launches or module loads); registrations run on siblings

@@ -76,12 +76,12 @@ func NewPinnedFile(w *rocm.Worker, data []byte, piece int, onFree func()) (*Pinn
 			return w.Do(context.Background(), func(c *rocm.Ctx) error { return c.Unregister(r) })
 		}, nil
 	}
-	return newPinnedFile(data, piece, reg, onFree)
+	return NewPinnedFileFunc(data, piece, reg, onFree)
 }
 
-// newPinnedFile is NewPinnedFile with the registration given (tests
-// count them on the CPU).
-func newPinnedFile(data []byte, piece int, reg func([]byte) (func() error, error), onFree func()) (*PinnedFile, error) {
+// NewPinnedFileFunc is NewPinnedFile with the registration given: reg
+// registers one range and returns its undo (tests count them on the CPU).
+func NewPinnedFileFunc(data []byte, piece int, reg func([]byte) (func() error, error), onFree func()) (*PinnedFile, error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("actors: pinning a mapped file: no mapping")
 	}

@@ -71,7 +71,7 @@ func TestPinnedFileBookkeeping(t *testing.T) {
 	data := mem[:len(mem)-100] // a file's length is not a multiple of the page
 	fr := &fakeRegistry{live: map[uintptr]int{}, gate: make(chan struct{})}
 	freed := make(chan struct{})
-	p, err := newPinnedFile(data, piece, fr.reg(t), func() { close(freed) })
+	p, err := NewPinnedFileFunc(data, piece, fr.reg(t), func() { close(freed) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestPinnedFileDropEarly(t *testing.T) {
 	defer func() { _ = freeAnonMemory(mem) }()
 
 	fr := &fakeRegistry{live: map[uintptr]int{}, gate: make(chan struct{})}
-	p, err := newPinnedFile(mem, piece, fr.reg(t), nil)
+	p, err := NewPinnedFileFunc(mem, piece, fr.reg(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestPinnedFileDropEarly(t *testing.T) {
 	}
 
 	fr = &fakeRegistry{live: map[uintptr]int{}, failAt: 4}
-	p, err = newPinnedFile(mem, piece, fr.reg(t), nil)
+	p, err = NewPinnedFileFunc(mem, piece, fr.reg(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestPinnedFileDropEarly(t *testing.T) {
 		t.Errorf("%d still registered after Drop", n)
 	}
 
-	if _, err := newPinnedFile(mem[1:], piece, fr.reg(t), nil); err == nil {
+	if _, err := NewPinnedFileFunc(mem[1:], piece, fr.reg(t), nil); err == nil {
 		t.Error("an unaligned mapping was accepted")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/store"
@@ -161,6 +162,8 @@ type Engine struct {
 	// closes.
 	pinnedBytes int64
 	pinWG       sync.WaitGroup
+	// newPin pins a file in place of the GPU's registration (tests).
+	newPin func(data []byte, onFree func()) (*actors.PinnedFile, error)
 }
 
 // alias is another name of an entry's file.

@@ -63,15 +63,15 @@ type filePin struct {
 // pinned (e.mu held).
 func (e *Engine) pinLocked(ent *entry, inst *instance) {
 	m := inst.m
-	if e.o.PinFiles <= 0 || e.closed || ent.pin != nil || ent.inst != inst || m == nil || m.fref == nil || m.dev == nil || m.dev.o.shared != e.gpu {
+	if e.o.PinFiles <= 0 || e.closed || ent.pin != nil || ent.inst != inst || m == nil || m.fref == nil {
 		return
 	}
 	data := m.f.Mapped()
 	if len(data) == 0 || e.pinnedBytes+int64(len(data)) > e.o.PinFiles {
 		return
 	}
-	w := e.gpu.pinWorker()
-	if w == nil {
+	pin := e.pinner(m)
+	if pin == nil {
 		return
 	}
 	info, err := os.Stat(inst.path)
@@ -80,7 +80,7 @@ func (e *Engine) pinLocked(ent *entry, inst *instance) {
 	}
 	size := int64(len(data))
 	e.pinWG.Add(1)
-	pf, err := actors.NewPinnedFile(w, data, 0, func() {
+	pf, err := pin(data, func() {
 		defer e.pinWG.Done()
 		if err := m.fref.release(); err != nil {
 			slog.Warn("pipeline: closing a pinned model file", "path", inst.path, "err", err)
@@ -95,6 +95,25 @@ func (e *Engine) pinLocked(ent *entry, inst *instance) {
 	ent.pin = &filePin{ref: m.fref, info: info, pf: pf}
 	e.pinnedBytes += size
 	e.log.Debug("pinning the model's file for its next loads", "model", ent.id, "bytes", size, "pinned in all", e.pinnedBytes)
+}
+
+// pinner returns how m's file is pinned, or nil where it is not: a model
+// on the engine's GPU whose device can register a read-only mapping (or
+// the engine's newPin, in tests).
+func (e *Engine) pinner(m *Model) func(data []byte, onFree func()) (*actors.PinnedFile, error) {
+	if e.newPin != nil {
+		return e.newPin
+	}
+	if m.dev == nil || m.dev.o.shared != e.gpu {
+		return nil
+	}
+	w := e.gpu.pinWorker()
+	if w == nil {
+		return nil
+	}
+	return func(data []byte, onFree func()) (*actors.PinnedFile, error) {
+		return actors.NewPinnedFile(w, data, 0, onFree)
+	}
 }
 
 // unpinLocked drops ent's pin: its registrations are undone and its file
