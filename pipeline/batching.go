@@ -165,7 +165,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Batcher: bt, be: be, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.Free(n)
 		mdl.Close()

@@ -80,11 +80,17 @@ func (h *kvHandoff) close() {
 // comes from the model it replaced where that model left one of the right
 // shape (from), and goes to the model that replaces it (to, set by the
 // Engine at eviction) instead of being freed.
+//
+// It is the whole backend too (Unwrap), so that whatever asks the
+// scheduler's backend for another capability finds the real one.
 type handoffBatcher struct {
+	kernels.Backend
 	kernels.Batcher
-	be kernels.Backend
-	m  *Model
+	m *Model
 }
+
+// Unwrap implements kernels.Unwrapper.
+func (b handoffBatcher) Unwrap() kernels.Backend { return b.Backend }
 
 func (b handoffBatcher) NewKVPool(layers, blocks, blockSize, kvDim int) (*kernels.KVPool, error) {
 	if h := b.m.kvFrom; h != nil {
@@ -100,7 +106,7 @@ func (b handoffBatcher) FreeKVPool(p *kernels.KVPool) {
 	if h := b.m.kvTo.Load(); h != nil {
 		// The pool's last kernels are this model's: wait for them, as
 		// FreeKVPool would before freeing.
-		if g, ok := kernels.As[*gpu.Backend](b.be); ok {
+		if g, ok := kernels.As[*gpu.Backend](b.Backend); ok {
 			if err := g.Sync(); err != nil {
 				b.Batcher.FreeKVPool(p)
 				return
