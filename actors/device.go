@@ -43,6 +43,11 @@ import (
 // registration in progress holds up the copy thread's own driver calls
 // (BenchmarkDeviceRates, bench/results/2026-11-25-gpu-h100.md).
 //
+// Registration wins where it is paid once: Pinned is a file a server keeps
+// registered between a model's loads (PinnedFile), and a load copies its
+// registered ranges directly, 4.7 GB in ~112 ms against ~153 ms through
+// the ring (bench/results/2026-11-25-night-swap-h100.md).
+//
 // Every driver call of the copies runs on W's OS-locked thread (best a
 // rocm.Worker.Sibling of the backend's worker, so copies never queue
 // behind kernel launches or module loads); registrations run on siblings
@@ -82,6 +87,11 @@ type DeviceUploader struct {
 	// own work and no other stream waits for it. nil: Release
 	// synchronises the context.
 	Compute func() rocm.Stream
+	// Pinned, if not nil, is this model's file kept registered by its
+	// server (PinnedFile): pass-through chunks whose pages are registered
+	// are copied from them directly, the rest staged. Reserve takes a
+	// hold on it and Release gives it back once the copies are done.
+	Pinned *PinnedFile
 
 	mu         sync.Mutex // guards the fields below against Flush, Weight, Release and fence queries
 	released   bool
@@ -95,6 +105,7 @@ type DeviceUploader struct {
 	perSum     int64 // accounted in Mem for perT
 	weights    map[string]*kernels.Weight
 	useReg     bool
+	pinHeld    bool     // Reserve holds Pinned
 	planned    bool     // pieces planned (at the first pass-through upload)
 	pieces     []*piece // registration ranges in load order
 	byAddr     []*piece // the same, by address
@@ -129,6 +140,7 @@ type DeviceStats struct {
 	RegisterTime    time.Duration // summed over the registration threads
 	RegisterWait    time.Duration // chunks waiting for their ranges, summed
 	StagedBytes     int64         // bytes copied through the ring
+	PinnedBytes     int64         // bytes copied from a kept registration (Pinned)
 	StageCopyTime   time.Duration // stagers' memcpy, summed
 	RingWait        time.Duration // stagers waiting for a free buffer, summed
 	CopyCalls       int           // asynchronous copies queued
@@ -351,6 +363,13 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 		d.wg.Add(1)
 		go d.registeredCopies()
 	}
+	if d.Pinned != nil && d.Pinned.Acquire() {
+		d.pinHeld = true
+		if !d.useReg {
+			d.wg.Add(1)
+			go d.registeredCopies()
+		}
+	}
 	return nil
 }
 
@@ -429,6 +448,13 @@ func (d *DeviceUploader) Upload(t *Tensor, off int64, data []byte) error {
 	us.mu.Lock()
 	us.pending++
 	us.mu.Unlock()
+	if d.pinHeld && t.PassThrough() {
+		if j.pieces = d.Pinned.covering(data); j.pieces != nil {
+			d.stats.add(func(s *DeviceStats) { s.PinnedBytes += int64(len(data)) })
+			d.regJobs <- j
+			return nil
+		}
+	}
 	if d.useReg && t.PassThrough() {
 		if !d.planned {
 			d.plan(t, off, data)
@@ -1013,6 +1039,12 @@ func (d *DeviceUploader) Release() {
 	if err != nil {
 		slog.Error("actors: releasing device weights", "err", err)
 	}
+	if d.pinHeld {
+		// The copy stream was synchronised above (or the whole context
+		// without Compute): nothing reads the file's pages any more.
+		d.Pinned.Release()
+		d.pinHeld = false
+	}
 	if r := d.rng; r != nil {
 		switch {
 		case d.Rings != nil && err == nil:
@@ -1029,7 +1061,7 @@ func (d *DeviceUploader) Release() {
 	st := d.Stats()
 	slog.Debug("actors: device uploads", "reserved", st.Reserved, "first upload", st.FirstUpload, "ring ready", st.RingReady,
 		"first copy", st.FirstCopy, "last copy", st.LastCopy,
-		"staged MB", st.StagedBytes>>20, "registered MB", st.RegisteredBytes>>20, "copies", st.CopyCalls, "batches", st.Batches,
+		"staged MB", st.StagedBytes>>20, "pinned MB", st.PinnedBytes>>20, "registered MB", st.RegisteredBytes>>20, "copies", st.CopyCalls, "batches", st.Batches,
 		"ring pinned", st.RingPinTime, "ring reused", st.RingReused, "ring wait", st.RingWait, "memcpy", st.StageCopyTime,
 		"reclaim wait", st.ReclaimWait, "arena in stream order", st.ArenaAsync, "release", st.UnregisterTime)
 	for _, w := range d.regW {

@@ -3,7 +3,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/gpu"
@@ -111,6 +113,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
+	t0 := time.Now()
 	if err := f.Wait(wctx); err != nil {
 		return nil, err
 	}
@@ -131,6 +134,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	if !ok {
 		return nil, fmt.Errorf("pipeline: backend %s cannot batch requests", be.Name())
 	}
+	tw := time.Now()
 	w, err := newWeights(m.sys, be, m.cfg)
 	if err != nil {
 		return nil, err
@@ -152,24 +156,34 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
+	tp := time.Now()
+	if m.kvFrom != nil {
+		defer m.kvFrom.close() // a pool not taken now is not taken later
+	}
 	n := kvPoolBytes(be, m.cfg.Layers, blocks, bs, m.cfg.KVDim())
 	if err := m.mem.Alloc(n, "KV pool"); err != nil {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: bt, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.Free(n)
 		mdl.Close()
 		return nil, err
 	}
 	b.sched, b.mdl, b.charged = s, mdl, n
+	// A swap's first request pays this (FORGE_SWAP_DEBUG).
+	slog.Debug("pipeline: batching scheduler built", "path", m.path, "since open", time.Since(m.start), "weights wait", tw.Sub(t0),
+		"model", tp.Sub(tw), "pool and scheduler", time.Since(tp), "pool MB", n>>20)
 	return s, nil
 }
 
 // closeBatched stops the scheduler (ending its requests) and frees its
 // pool and buffers; Close calls it before the weights go.
 func (m *Model) closeBatched() {
+	if m.kvFrom != nil {
+		m.kvFrom.close()
+	}
 	b := &m.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -115,7 +115,7 @@ func (d *device) placement(ctx context.Context, o Options, mem *actors.Memory) (
 				if cpu {
 					return &actors.HostUploader{Mem: mem, PerTensor: o.Strategy == HostF32}
 				}
-				return d.uploader(o.Upload, o.Strategy, mem)
+				return withPinned(d.uploader(o.Upload, o.Strategy, mem), o)
 			}, after: o.afterRelease, released: make(chan struct{})}
 			up, released = lu, lu.released
 		}
@@ -124,12 +124,21 @@ func (d *device) placement(ctx context.Context, o Options, mem *actors.Memory) (
 		return up, released, gpu.Supported, true
 	}
 	if up == nil && d.upW != nil {
-		up, gpuReads = d.uploader(o.Upload, o.Strategy, mem), true
+		up, gpuReads = withPinned(d.uploader(o.Upload, o.Strategy, mem), o), true
 	}
 	if r, ok := d.be.(typeReader); ok {
 		reads = r.Reads
 	}
 	return up, nil, reads, gpuReads
+}
+
+// withPinned gives a device uploader the file's kept registration (an
+// Engine's, see pinfiles.go), so that it copies from the file's pages.
+func withPinned(u actors.Uploader, o Options) actors.Uploader {
+	if du, ok := u.(*actors.DeviceUploader); ok {
+		du.Pinned = o.pinned
+	}
+	return u
 }
 
 func parseDevice(name string) (rocm.Selection, error) {

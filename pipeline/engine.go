@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/store"
@@ -75,6 +76,16 @@ type EngineOptions struct {
 	// the model to its tool-call format and the arguments to the function's
 	// schema (nil: answers are parsed as the model writes them).
 	ToolConstraint ConstraintFactory
+	// PinFiles is how many bytes of served model files a GPU engine may
+	// keep mapped and registered with the driver (page-locked host memory)
+	// between a model's loads: a model evicted to make room keeps its
+	// file, and its next load copies straight from the file's pages at
+	// the link's rate instead of through the staging ring. A file is
+	// pinned in the background once its model is all resident, if it fits
+	// beside those pinned already; it is let go when its model is
+	// unloaded (Unload, keep-alive, a failure) and at Close, not when it
+	// is evicted. ≤ 0: no file is kept.
+	PinFiles int64
 }
 
 // ModelState is where a model is in its life.
@@ -146,6 +157,13 @@ type Engine struct {
 	// subs are the subscriptions taken with Engine.Subscribe, closed by
 	// Close (engine_subscribe.go).
 	subs map[*Subscription]struct{}
+	// pinnedBytes is what the entries' pins hold (PinFiles); pinWG counts
+	// pins not yet unregistered, which Close waits for before the GPU
+	// closes.
+	pinnedBytes int64
+	pinWG       sync.WaitGroup
+	// newPin pins a file in place of the GPU's registration (tests).
+	newPin func(data []byte, onFree func()) (*actors.PinnedFile, error)
 }
 
 // alias is another name of an entry's file.
@@ -165,6 +183,7 @@ type entry struct {
 	err       error
 	lastUsed  time.Time
 	inst      *instance
+	pin       *filePin // the file kept pinned between loads (PinFiles)
 }
 
 // instance is one load of a model, from Open to Close.
@@ -292,6 +311,7 @@ func (e *Engine) pruneLocked(room int) {
 
 // forgetLocked drops an entry that has no instance, and its aliases.
 func (e *Engine) forgetLocked(ent *entry) {
+	e.unpinLocked(ent)
 	delete(e.models, ent.id)
 	for n, a := range e.aliases {
 		if a.ent == ent {
@@ -608,6 +628,9 @@ func (e *Engine) makeRoom(want *entry, need int64) ([]*instance, error) {
 func (e *Engine) detach(ent *entry, state ModelState) *instance {
 	inst := ent.inst
 	ent.inst, ent.state = nil, state
+	if state != StateEvicted {
+		e.unpinLocked(ent) // an eviction keeps the file for the next load
+	}
 	if inst.timer != nil {
 		inst.timer.Stop()
 		inst.timer = nil
@@ -661,6 +684,16 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	resident := make(chan struct{})
 	var residentOnce sync.Once
 	markResident := func() { residentOnce.Do(func() { close(resident) }) }
+	// A victim's KV pool goes to this model if its shape fits.
+	var kv *kvHandoff
+	for _, v := range victims {
+		if v.m != nil {
+			if kv == nil {
+				kv = &kvHandoff{free: e.gpu.freeKVPool}
+			}
+			v.m.kvTo.Store(kv)
+		}
+	}
 	if overlap {
 		for _, v := range victims {
 			if v.m != nil {
@@ -690,11 +723,18 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 	o.Memory = NewMemory(0)
 	o.shared = e.gpu
 	o.afterRelease = gate
+	o.kvFrom = kv
+	e.mu.Lock()
+	o.file, o.pinned = e.pinnedFileLocked(ent, inst.path)
+	e.mu.Unlock()
 	m, err := Open(e.ctx, inst.path, o)
 	if err != nil {
 		err = fmt.Errorf("pipeline: loading %q: %w", ent.id, err)
 	}
 	inst.m, inst.err = m, err
+	if err != nil && kv != nil {
+		kv.close() // a load that failed frees the pool offered to it
+	}
 	e.mu.Lock()
 	if err != nil {
 		if ent.inst == inst {
@@ -725,7 +765,18 @@ func (e *Engine) open(ent *entry, inst *instance, victims []*instance) {
 		switch ev := ev.(type) {
 		case AllResident:
 			markResident()
-			e.setState(ent, inst, StateResident)
+			e.mu.Lock()
+			idle := inst.active == 0
+			e.mu.Unlock()
+			if kv != nil && idle {
+				kv.close() // loaded with no request: nobody takes the pool soon
+			}
+			e.mu.Lock()
+			if ent.inst == inst {
+				ent.state = StateResident
+			}
+			e.pinLocked(ent, inst) // in the same hold: a resident model's pin is visible with its state
+			e.mu.Unlock()
 			sub.Close()
 		case ModelReady:
 			e.setState(ent, inst, StateReady)
@@ -862,6 +913,7 @@ func (e *Engine) Unload(id string) error {
 		return fmt.Errorf("%w: %q", ErrUnknownModel, id)
 	}
 	if ent.inst == nil {
+		e.unpinLocked(ent)
 		e.mu.Unlock()
 		return nil
 	}
@@ -988,13 +1040,15 @@ func (e *Engine) Close() error {
 		if ent.inst != nil {
 			victims = append(victims, e.detach(ent, StateUnloaded))
 		}
+		e.unpinLocked(ent)
 	}
 	subs := e.subs
 	e.subs = nil
 	e.mu.Unlock()
 	e.closeAll(victims)
 	e.wg.Wait()
-	e.gpu.close() // after every model, including victims closed by Acquire
+	e.pinWG.Wait() // every pinned file unregistered, on the GPU's thread
+	e.gpu.close()  // after every model, including victims closed by Acquire
 	for sub := range subs {
 		sub.Close()
 	}

@@ -39,7 +39,13 @@ type Model struct {
 	// for it first: unmapping gigabytes of a file page by page took
 	// 45-70 ms and, beside the next model's load, slowed that load's
 	// reading of its own mapping by as much.
-	f        *gguf.File
+	f    *gguf.File
+	fref *fileRef // f's holders: this model, and an Engine's pin
+	// kvFrom offers the KV pool of the model evicted for this one, kvTo
+	// takes this one's at Close (set by the Engine at eviction): see
+	// kvHandoff.
+	kvFrom   *kvHandoff
+	kvTo     atomic.Pointer[kvHandoff]
 	fileGate <-chan struct{}
 
 	// prefetched is closed once the readahead hints are given (they touch
@@ -101,6 +107,10 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		o.Backend = o.Backends[0] // a split over one backend is that backend
 	}
 	if ok, ords, err := isSplit(o); err != nil || ok {
+		if o.file != nil { // an Engine pins single-device models' files only
+			_ = o.file.release()
+			o.file, o.pinned = nil, nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -116,28 +126,33 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	// An explicit GPU starts its driver before the file is parsed: the
 	// driver's start-up is the longest step of a fresh process.
 	early := earlyDevice(o)
-	f, err := gguf.Open(path)
-	if err != nil {
-		early.discard()
-		return nil, err
+	fref := o.file // an Engine's pinned file, held for this model
+	if fref == nil {
+		f, err := gguf.Open(path)
+		if err != nil {
+			early.discard()
+			return nil, err
+		}
+		fref = newFileRef(f)
 	}
+	f := fref.f
 	cfg, err := model.ConfigFromFile(f)
 	if err == nil {
 		err = model.CheckShapes(f, cfg)
 	}
 	if err != nil {
 		early.discard()
-		f.Close()
+		_ = fref.release()
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
+	m := &Model{path: path, cfg: cfg, start: start, mem: mem, prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o, kvFrom: o.kvFrom}
 	// The file's pages stream into the page cache while the driver
 	// starts (DESIGN.md: start-up is on the clock).
 	go func() { defer close(m.prefetched); prefetchFile(f) }()
 	dev, err := openDevice(o, f, early)
 	if err != nil {
 		<-m.prefetched
-		f.Close()
+		_ = fref.release()
 		return nil, err
 	}
 	m.dev = dev
@@ -153,12 +168,12 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	})
 	if err != nil {
 		<-m.prefetched
-		f.Close()
+		_ = fref.release()
 		close(m.dev.abort)
 		m.dev.close()
 		return nil, err
 	}
-	m.sys, m.up, m.f = sys, up, f
+	m.sys, m.up, m.f, m.fref = sys, up, f, fref
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	m.pooling = poolingOf(f, cfg.Arch)
 	go func() {
@@ -281,8 +296,8 @@ func (m *Model) Close() error {
 			<-m.fileGate
 		}
 		t1 := time.Now()
-		if m.f != nil {
-			m.closeErr = errors.Join(m.closeErr, m.f.Close())
+		if m.fref != nil {
+			m.closeErr = errors.Join(m.closeErr, m.fref.release())
 		}
 		// An eviction's time is on the path of the next model's load.
 		slog.Debug("pipeline: model closed", "path", m.path, "batched", t0.Sub(tb), "system", tSys, "device", tDev,

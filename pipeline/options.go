@@ -96,6 +96,13 @@ type Options struct {
 	// channel is closed: the released uploaders of the models an Engine
 	// evicted for this one, whose other teardown runs beside the load.
 	afterRelease []<-chan struct{}
+	// file is the model's file, already open and held for this model (an
+	// Engine's pinned file, released by Close), and pinned its kept
+	// registration for the uploader.
+	file   *fileRef
+	pinned *actors.PinnedFile
+	// kvFrom offers the evicted models' KV pool (kvHandoff).
+	kvFrom *kvHandoff
 }
 
 // UploadTuning sizes the GPU uploader's helpers (see

@@ -48,6 +48,7 @@ type sharedDev struct {
 	cpu    bool   // "auto" found no usable GPU: each model opens the CPU backend
 	reason string // why the CPU
 	w, upW *rocm.Worker
+	pinW   *rocm.Worker // registers served files (pinWorker); nil until asked
 	base   *gpu.Backend
 	rings  *actors.RingPool
 	close  func() // frees what was opened (nil: nothing)
@@ -138,6 +139,9 @@ func (s *sharedGPU) close() {
 			continue
 		}
 		<-d.done
+		if d.pinW != nil {
+			d.pinW.Close()
+		}
 		if d.close != nil {
 			d.close()
 		}

@@ -94,7 +94,36 @@ func TestEngineGPUSwap(t *testing.T) {
 		}
 	}
 	budget := max(est[0], est[1]) + min(est[0], est[1])/2
-	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}})
+	// Files stay pinned between loads (PinFiles): from its second load on,
+	// a model copies from its registered file.
+	e := newTestEngine(t, EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), Open: Options{Device: "gpu"}, PinFiles: 1 << 40})
+	// pinnedRanges waits until every pin is registered in full and
+	// returns how many driver registrations they hold.
+	pinnedRanges := func(loaded string) int {
+		t.Helper()
+		for { // the engine pins a model's file as it marks it resident
+			if st, _ := e.StatusOf(loaded); st.State == StateResident {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		e.mu.Lock()
+		var pins []*actors.PinnedFile
+		for _, ent := range e.models {
+			if ent.pin != nil {
+				pins = append(pins, ent.pin.pf)
+			}
+		}
+		e.mu.Unlock()
+		n := 0
+		for _, pf := range pins {
+			for !pf.Complete() {
+				time.Sleep(time.Millisecond)
+			}
+			n += int((pf.Size() + actors.DefaultPinPiece - 1) / actors.DefaultPinPiece)
+		}
+		return n
+	}
 	var t0 time.Time // the last request's start
 	gen := func(p string, n int) ([]int32, time.Duration) {
 		t.Helper()
@@ -118,6 +147,10 @@ func TestEngineGPUSwap(t *testing.T) {
 	t.Logf("SWAP engine's first load %s (opens the device): first token %.1f ms after the request", name(paths[0]), msf(first))
 	if err := e.Unload(paths[0]); err != nil {
 		t.Fatal(err)
+	}
+	e.pinWG.Wait() // an unloaded model's file is let go
+	if n := e.PinnedBytes(); n != 0 {
+		t.Errorf("%d bytes pinned with no model loaded", n)
 	}
 	base, baseFree := rocm.Live(), sharedFree(t, e)
 	if base.Contexts != live0.Contexts+1 || base.Modules <= live0.Modules {
@@ -156,8 +189,15 @@ func TestEngineGPUSwap(t *testing.T) {
 			check(p, got)
 			e.closing.Wait() // the evicted model closes beside the load
 
+			ranges := pinnedRanges(p)
 			now, free := rocm.Live(), sharedFree(t, e)
 			held := diffLive(now, base)
+			// The files pinned between loads hold registrations of their
+			// own: exactly their ranges.
+			if held.Registrations != int64(ranges) {
+				t.Errorf("round %d: %d registrations beyond the shared pieces, the pinned files hold %d ranges", round, held.Registrations, ranges)
+			}
+			held.Registrations = 0
 			if f, ok := foot[p]; !ok {
 				foot[p], footFree[p] = held, int64(baseFree)-int64(free)
 				t.Logf("%s holds %+v, %d MiB of the device", name(p), held, footFree[p]>>20)
@@ -175,6 +215,16 @@ func TestEngineGPUSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("SWAP unloading %s took %.1f ms", name(loaded), msf(time.Since(t1)))
+	// The evicted model's file stays pinned until it is unloaded too.
+	for _, p := range paths {
+		if err := e.Unload(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.pinWG.Wait()
+	if n := e.PinnedBytes(); n != 0 {
+		t.Errorf("%d bytes pinned after every model was unloaded", n)
+	}
 	if now := rocm.Live(); now != base {
 		t.Errorf("everything unloaded: %+v, the shared baseline %+v", now, base)
 	}
@@ -278,8 +328,8 @@ func loadDetail(t *testing.T, e *Engine, p string, asked time.Time) string {
 	if lu, ok := m.up.(*lazyUploader); ok {
 		if du, ok := lu.inner().(*actors.DeviceUploader); ok {
 			st := du.Stats()
-			s += fmt.Sprintf("; uploader: reserved %.1f ms, ring ready %.1f ms (reused %v), first copy %.1f ms, last copy %.1f ms after Reserve, arena in stream order %v",
-				msf(st.Reserved), msf(st.RingReady), st.RingReused, msf(st.FirstCopy), msf(st.LastCopy), st.ArenaAsync)
+			s += fmt.Sprintf("; uploader: reserved %.1f ms, ring ready %.1f ms (reused %v), first copy %.1f ms, last copy %.1f ms after Reserve, arena in stream order %v, %d MB from the pinned file, %d MB staged",
+				msf(st.Reserved), msf(st.RingReady), st.RingReused, msf(st.FirstCopy), msf(st.LastCopy), st.ArenaAsync, st.PinnedBytes>>20, st.StagedBytes>>20)
 		}
 	}
 	return s

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/dustin/go-humanize"
+)
+
+// pinFilesFlag reads --pin-files: a size, 0, or "auto" (a quarter of the
+// host's memory, from /proc/meminfo; none where that cannot be read).
+func pinFilesFlag(s string) (int64, error) {
+	if s == "auto" {
+		return hostMemory() / 4, nil
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n > 1<<62 {
+		return 0, fmt.Errorf("--pin-files %q: want a size, 0 or auto", s)
+	}
+	return int64(n), nil
+}
+
+// hostMemory is MemTotal of /proc/meminfo in bytes, 0 where unknown.
+func hostMemory() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
