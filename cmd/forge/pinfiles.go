@@ -9,10 +9,17 @@ import (
 	"github.com/dustin/go-humanize"
 )
 
-// pinFilesFlag reads --pin-files: a size, 0, or "auto" (a quarter of the
-// host's memory, from /proc/meminfo; none where that cannot be read).
-func pinFilesFlag(s string) (int64, error) {
+// pinFilesFlag reads --pin-files: a size, 0, or "auto". Auto is a quarter
+// of the host's memory (from /proc/meminfo; none where that cannot be
+// read) when the server may swap models, none when it starts with exactly
+// one model: pinning pays only when a model is loaded again, and while a
+// file registers (~250 ms for 4.9 GB on an H100 host) its requests wait on
+// the driver (bench/results/2026-11-25-night-swap-h100.md).
+func pinFilesFlag(s string, models int) (int64, error) {
 	if s == "auto" {
+		if models == 1 {
+			return 0, nil
+		}
 		return hostMemory() / 4, nil
 	}
 	n, err := humanize.ParseBytes(s)

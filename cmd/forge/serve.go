@@ -52,7 +52,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.DurationFlag{Name: "read-timeout", Value: time.Minute, Usage: "longest time to read a request, body included"},
 			&cli.DurationFlag{Name: "write-timeout", Value: time.Minute, Usage: "longest time one write to a client may block (a stream may run longer)"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: 2 * time.Minute, Usage: "how long an idle keep-alive connection stays open"},
-			&cli.StringFlag{Name: "pin-files", Value: "auto", Usage: "host memory for keeping served model files registered with the GPU between loads, so a model swapped back in copies at the link's rate (0: none; auto: a quarter of the host's memory)"},
+			&cli.StringFlag{Name: "pin-files", Value: "auto", Usage: "host memory for keeping served model files registered with the GPU between loads, so a model swapped back in copies at the link's rate (0: none; auto: a quarter of the host's memory, or none when exactly one --model is served)"},
 			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
@@ -160,7 +160,7 @@ func serveAction(c *cli.Context) error {
 		}
 		cfg.engine.Budget = int64(n)
 	}
-	if cfg.engine.PinFiles, err = pinFilesFlag(c.String("pin-files")); err != nil {
+	if cfg.engine.PinFiles, err = pinFilesFlag(c.String("pin-files"), len(c.StringSlice("model"))); err != nil {
 		return err
 	}
 	for _, m := range c.StringSlice("model") {
