@@ -537,14 +537,24 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 	}
 	batch = min(batch, ctx)
 	rows, logitRows := int64(batch), int64(1)
-	kv := kvBytes(cfg.Layers, ctx, cfg.KVDim())
+	// A GPU keeps keys and values in f16 (kernels/gpu KVCacheBytes), half
+	// of kvBytes' F32; "auto" may end on the CPU, so it counts F32. (The
+	// estimate stays the floor of what the model is charged, so an F32
+	// guess for a GPU model would hold twice its cache for good.)
+	onGPU := o.Device == "gpu" || strings.HasPrefix(o.Device, "gpu:")
+	cache := func(positions int) int64 {
+		if onGPU {
+			return kvBytes(cfg.Layers, positions, cfg.KVDim()) / 2
+		}
+		return kvBytes(cfg.Layers, positions, cfg.KVDim())
+	}
+	kv := cache(ctx)
 	// The pool and the batched model's scratch instead (see batching.go),
 	// unless the model will run on a GPU that keeps the single-sequence
 	// path (canBatch); "auto" may end on the CPU, so it counts the pool.
-	onGPU := o.Device == "gpu" || strings.HasPrefix(o.Device, "gpu:")
 	if o.Batching.On && (o.Batching.GPU || !onGPU) {
 		seqs, blocks, bs := o.Batching.poolShape(ctx)
-		kv = kvBytes(cfg.Layers, blocks*bs, cfg.KVDim())
+		kv = cache(blocks * bs)
 		rows, logitRows = int64(batch+seqs), int64(seqs)
 	}
 	scratch := 4 * model.ScratchFloats(cfg, int(rows), int(logitRows))

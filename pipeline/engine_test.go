@@ -14,6 +14,7 @@ import (
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -452,5 +453,42 @@ func useModel(t *testing.T, e *Engine, p string) {
 	defer l.Release()
 	if err := l.Model().Resident().Wait(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEstimateCountsGPUCacheAsF16: before a load measures it, a model
+// bound for a GPU is charged its KV cache (or batching pool) at f16, as
+// the GPU stores it, and a CPU (or "auto") one at F32.
+func TestEstimateCountsGPUCacheAsF16(t *testing.T) {
+	path := testmodels.Path(t, "stories260K-F32.gguf")
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := model.ConfigFromFile(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []Batching{{}, {On: true, GPU: true, Seqs: 8}} {
+		cpuEst, _, err := estimate(path, Options{Device: "cpu", Batching: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpuEst, _, err := estimate(path, Options{Device: "gpu:0", Batching: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		autoEst, _, _ := estimate(path, Options{Device: "auto", Batching: b})
+		positions := ctxPositions(cfg, Options{})
+		if b.On {
+			_, blocks, bs := b.poolShape(positions)
+			positions = blocks * bs
+		}
+		f32 := kvBytes(cfg.Layers, positions, cfg.KVDim())
+		if cpuEst-gpuEst != f32/2 || autoEst != cpuEst {
+			t.Errorf("batching %+v: cpu %d, gpu %d, auto %d: want the gpu's %d (half the F32 cache of %d) less, auto as the cpu",
+				b, cpuEst, gpuEst, autoEst, f32/2, f32)
+		}
 	}
 }
