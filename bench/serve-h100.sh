@@ -96,7 +96,10 @@ for phase in "$@"; do
   swap)
     $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 >"$o/swap.txt" 2>&1
     echo "rc=$?" >>"$o/swap.txt"
-    for up in ${SWAP_UPLOAD:-st=14,rn=32}; do # more stagers: does the copy go faster on 16 cores?
+    echo "== --batch-seqs 64 (a budget that holds one model and its pool)" >>"$o/swap.txt"
+    $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 20GiB --requests-per-client 6 --serve-flag=--batch-seqs=64 >>"$o/swap.txt" 2>&1
+    echo "rc=$?" >>"$o/swap.txt"
+    for up in ${SWAP_UPLOAD:-}; do # e.g. SWAP_UPLOAD=st=14,rn=32: more stagers
       echo "== --gpu-upload $up" >>"$o/swap.txt"
       $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 --serve-flag=--gpu-upload=$up >>"$o/swap.txt" 2>&1
     done ;;
