@@ -97,8 +97,10 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 // b32Fits), the generic float kernel for every other type. F32 weights
 // stay on the float kernels at any n (exact to float32). Otherwise the
 // weight is dequantized to f16 on the device and multiplied by the
-// f16-rounded activations in a tensor-core GEMM: rows of a prompt chunk
-// longer than MaxBatchRows are not row-invariant.
+// f16-rounded activations in a tensor-core GEMM (Q4_0 and Q8_0 on
+// sm_80 on: 8-bit activations on the tensor cores instead, as the CPU
+// multiplies them, mmq32.go): rows of a prompt chunk longer than
+// MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	return b.matMul(dst, w, x, n, false)
 }
@@ -152,6 +154,9 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 			gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
 		}
 		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
+			if b.mmq32Fits(w, wp) {
+				return b.mmq32(c, kt, w, wp, dst, x, n) // 8-bit x as on the CPU (mmq32.go)
+			}
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}
 		if n > 1 && n <= b.batchRows() {
