@@ -1,15 +1,24 @@
 package gpu
 
-// The prompt product of Q4_0 and Q8_0 weights on 8-bit activations
-// (cu/mmq32.cu): the integer dot products the CPU backend takes, on the
-// tensor cores, for pieces of any number of rows. The dequantize + f16
-// GEMM path it replaces for these types rounds the activations to f16
-// instead, which moved stories260K-Q4_0's perplexity 0.1 % away from the
-// CPU's (issue 20). MatMul's rows up to kernels.MaxBatchRows keep the
-// multi-row matrix-vector kernels, whose rows are bit-identical to one-row
-// products; this path serves only what went to the GEMM: MatMulPrompt's
-// pieces of promptGEMMMinN rows on and MatMul's of more than
-// kernels.MaxBatchRows.
+// Prompt products on 8-bit activations for the weight types the CPU
+// backend multiplies that way (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL: x in
+// blocks of 32 codes with an f16 scale). The dequantize + f16 GEMM path
+// rounded x to f16 instead, which moved stories260K-Q4_0's perplexity
+// 0.1 % away from the CPU's (issue 20). Two ways, chosen by n alone:
+//
+//   - pieces of up to mmq32MaxRows rows of Q4_0 and Q8_0 weights on CUDA
+//     sm_80 on: the mmq32 kernels (cu/mmq32.cu), the CPU's integer dot
+//     products on the tensor cores, its float steps in its order;
+//   - longer pieces, and the other types: the GEMM, its x operand the f16
+//     of the 8-bit form q·d (q8_to_f16) instead of x itself, so the 8-bit
+//     rounding the CPU applies is applied here too and only the (much
+//     smaller) f16 rounding of q·d and of the weights differs.
+//
+// MatMul's rows up to kernels.MaxBatchRows keep the multi-row
+// matrix-vector kernels, whose rows are bit-identical to one-row products;
+// this serves only what went to the GEMM: MatMulPrompt's pieces of
+// promptGEMMMinN rows on and MatMul's of more than kernels.MaxBatchRows.
+// EnvNoMMQ turns both off with the other mmq kernels.
 
 import (
 	"strconv"
@@ -18,6 +27,30 @@ import (
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
 )
+
+// mmq32MaxRows is the longest piece the mmq32 kernels take. On the H100
+// at the 8B shapes (BenchmarkMMQ32,
+// bench/results/2026-11-25-night-perplexity-h100.md) they were level with
+// the dequantize + GEMM path at 64 rows (133 against 132 µs at 4096×4096,
+// 169 against 208 at 14336×4096, 477 against 450 at 4096×14336), about 3
+// times slower at 128 rows and 5 to 7 times at 512, where cuBLAS takes the
+// GEMM (a whole-prompt product through them cut pp512 of the 8B Q4_0 file
+// from 11243 to 3319 tokens/s).
+const mmq32MaxRows = kernels.MaxBatchRows
+
+// q8GEMM reports whether the prompt GEMM multiplies w by the 8-bit form
+// of x (q8_to_f16): the types the CPU backend multiplies on 8-bit
+// activations in blocks of 32, weights of whole blocks.
+func (b *Backend) q8GEMM(w *kernels.Weight) bool {
+	if b.mmqOff || w.Cols%32 != 0 {
+		return false
+	}
+	switch w.Type {
+	case gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0, gguf.TypeIQ4_NL:
+		return true
+	}
+	return false
+}
 
 // mmq32Fits reports whether the mmq32 kernels can multiply w: a CUDA
 // device with mma.sync on 8-bit integers (sm_80 on), 32-lane warps, a Q4_0

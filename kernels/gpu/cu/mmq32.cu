@@ -1,6 +1,8 @@
 // mmq32.cu: Q4_0 and Q8_0 weights times 8-bit activations (the q8 blocks
-// of quantize_q8: per 32 values one float scale) for prompt pieces of any
-// number of rows, on the tensor cores (mma.sync m16n8k32, s8·s8 → s32;
+// of quantize_q8: per 32 values one float scale) for prompt pieces (any
+// number of rows; the backend sends those of 16 to 64, longer ones go to
+// the f16 GEMM on the 8-bit form of x that q8_to_f16 below makes, which is
+// faster there), on the tensor cores (mma.sync m16n8k32, s8·s8 → s32;
 // CUDA sm_80 and later).
 //
 // Why: the prompt path multiplies every other weight type by f16-rounded
@@ -149,3 +151,21 @@ KERNEL void __launch_bounds__(128) mmq32_q4_0_n64(MQ32_ARGS) { MQ32_CALL(mmq32_b
 KERNEL void __launch_bounds__(128) mmq32_q8_0_n16(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 2>); }
 KERNEL void __launch_bounds__(128) mmq32_q8_0_n32(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 4>); }
 KERNEL void __launch_bounds__(128) mmq32_q8_0_n64(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 8>); }
+
+// q8_to_f16: x [n] f32 → xh [n] f16 of its 8-bit form, q·d per block of 32
+// (the codes and the f16-rounded scale the CPU backend multiplies with,
+// computed as quantize_q8 computes them), the operand of the prompt GEMM
+// for the weight types the CPU multiplies on 8-bit activations (mmq32.go).
+// q·d is exact in float32 (a 7-bit code times an 11-bit scale); only its
+// rounding to f16 differs from the CPU's arithmetic, far less than the
+// 8-bit rounding both share. One thread per value, 32 consecutive threads
+// a block of x: n % 32 == 0 (x rows of whole blocks).
+KERNEL void __launch_bounds__(256) q8_to_f16(const float* x, u16* xh, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float v = i < n ? x[i] : 0.0f;
+  float a = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
+  float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  float d = h2f(f2h(a / 127.0f));
+  if (i < n) xh[i] = f2h((float)(int)rintf(v * inv) * d);
+}
