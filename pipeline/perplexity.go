@@ -47,6 +47,10 @@ type PerplexityResult struct {
 //     scored token so far (log-softmax with the maximum subtracted, sums
 //     in float64).
 //
+// On a GPU the windows' keys and values are kept in float32, as the CPU
+// keeps them (and as llama-perplexity's exact reference, -ctk f32 -ctv
+// f32, does), so that both backends compute the same estimate.
+//
 // The text must have at least 2·Ctx tokens, as llama-perplexity demands.
 func (m *Model) Perplexity(ctx context.Context, text string, o PerplexityOptions) (PerplexityResult, error) {
 	n := o.Ctx
@@ -82,7 +86,7 @@ func (m *Model) Perplexity(ctx context.Context, text string, o PerplexityOptions
 	res := PerplexityResult{Ctx: n, Chunks: chunks, Tokens: len(ids)}
 	var nll, nll2 float64
 	window := make([]int32, n)
-	err = m.Evaluate(ctx, EvalOptions{Ctx: n, Batch: batch}, func(ev *Evaluator) error {
+	err = m.Evaluate(ctx, EvalOptions{Ctx: n, Batch: batch, KVF32: true}, func(ev *Evaluator) error {
 		v := ev.Vocab()
 		for c := range chunks {
 			start := c * n

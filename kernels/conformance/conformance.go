@@ -96,6 +96,7 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 	t.Run("Attention", s.attention)
 	t.Run("Embed", s.embed)
 	t.Run("MatMul", s.matMul)
+	t.Run("MatMulPrompt", s.matMulPrompt)
 	t.Run("Errors", s.errors)
 	t.Run("RoPEAt", s.ropeAt)
 	t.Run("PagedAttention", s.pagedAttention)

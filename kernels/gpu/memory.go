@@ -133,12 +133,24 @@ type kvBuf struct {
 
 // NewKVCache allocates a zeroed cache (f16, or f32 with Options.KVF32).
 func (b *Backend) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) {
-	if layers <= 0 || ctx <= 0 || kvDim <= 0 {
-		return nil, fmt.Errorf("gpu: kv cache %d layers × %d positions × %d", layers, ctx, kvDim)
-	}
 	es := 2
 	if b.opts.KVF32 {
 		es = 4
+	}
+	return b.newKVCache(layers, ctx, kvDim, es)
+}
+
+// NewKVCacheF32 allocates a zeroed cache of float32 keys and values
+// whatever Options.KVF32 says: for an evaluation whose result should be
+// the CPU backend's computation (forge perplexity), at twice the memory.
+func (b *Backend) NewKVCacheF32(layers, ctx, kvDim int) (*kernels.KVCache, error) {
+	return b.newKVCache(layers, ctx, kvDim, 4)
+}
+
+// newKVCache allocates a zeroed cache of es-byte elements (2: f16, 4: f32).
+func (b *Backend) newKVCache(layers, ctx, kvDim, es int) (*kernels.KVCache, error) {
+	if layers <= 0 || ctx <= 0 || kvDim <= 0 {
+		return nil, fmt.Errorf("gpu: kv cache %d layers × %d positions × %d", layers, ctx, kvDim)
 	}
 	size := int64(layers) * 2 * int64(ctx) * int64(kvDim) * int64(es)
 	b.mu.Lock()

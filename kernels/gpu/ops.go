@@ -102,8 +102,10 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 // b32Fits), the generic float kernel for every other type. F32 weights
 // stay on the float kernels at any n (exact to float32). Otherwise the
 // weight is dequantized to f16 on the device and multiplied by the
-// f16-rounded activations in a tensor-core GEMM: rows of a prompt chunk
-// longer than MaxBatchRows are not row-invariant.
+// f16-rounded activations in a tensor-core GEMM (for the types the CPU
+// multiplies on 8-bit activations, the f16 of their 8-bit form, or the
+// mmq32 kernels, mmq32.go): rows of a prompt chunk longer than
+// MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	return b.matMul(dst, w, x, n, false)
 }
@@ -157,6 +159,9 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 			gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
 		}
 		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
+			if n <= mmq32MaxRows && b.mmq32Fits(w, wp) {
+				return b.mmq32(c, kt, w, wp, dst, x, n) // 8-bit x as on the CPU (mmq32.go)
+			}
 			return b.gemm(c, kt, w, wp, dst, x, n)
 		}
 		if n > 1 && n <= b.batchRows() {
@@ -247,9 +252,16 @@ func (b *Backend) gemm(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr
 		return err
 	}
 	var a rocm.Args
-	a.Ptr(dptr(x)).Ptr(xh).I32(int32(n)).I32(int32(w.Cols)).I32(int32(kpad))
-	if err := b.launch(c, "f32_to_f16", grid1(n*kpad), rocm.D1(256), &a); err != nil {
-		return err
+	if b.q8GEMM(w) { // x in the 8-bit form the CPU multiplies (mmq32.go); kpad = w.Cols
+		a.Ptr(dptr(x)).Ptr(xh).I32(int32(n * w.Cols))
+		if err := b.launch(c, "q8_to_f16", rocm.D1(ceilDiv(n*w.Cols, 256)), rocm.D1(256), &a); err != nil {
+			return err
+		}
+	} else {
+		a.Ptr(dptr(x)).Ptr(xh).I32(int32(n)).I32(int32(w.Cols)).I32(int32(kpad))
+		if err := b.launch(c, "f32_to_f16", grid1(n*kpad), rocm.D1(256), &a); err != nil {
+			return err
+		}
 	}
 	return b.gemmF16(c, wh, xh, dptr(dst), w.Rows, n, kpad)
 }
