@@ -55,28 +55,29 @@ type kernel struct {
 	inexact4 bool
 	dotR4    dotR4Func
 	dot8     dot8Func // as exact as dot4, used where dot4 is
+	gemm     gemmFunc // four rows × four tokens (gemm.go), exact; wants packed activations
 }
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -99,6 +100,8 @@ type actBuf struct {
 	s       []float32 // [n][cols/32]
 	bs      []int16   // [n][cols/16]
 	rows    []qrow    // per-row views
+	pack    bool      // also pack whole groups of four Q8_0 rows into p (packQ8_0x4)
+	p       []byte    // [n/4][cols/32][q8x4Block]
 }
 
 func grow[T any](s []T, n int) []T {
@@ -128,6 +131,9 @@ func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
 		for j := range n {
 			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
 		}
+		if a.pack {
+			a.p = grow(a.p, (n>>2)*nb*q8x4Block)
+		}
 	case actQ8_K, actQ8_K4:
 		nb := cols / 256
 		a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*cols/16)
@@ -151,6 +157,9 @@ func (a *actBuf) quantRow(j int, xr []float32) {
 		}
 	case actQ8_0:
 		quantQ8_0(xr, r.q, r.d, r.s, false)
+		if a.pack {
+			a.packQ8_0x4(j)
+		}
 	case actQ8_1:
 		quantQ8_0(xr, r.q, r.d, r.s, true)
 	case actQ8_K:
@@ -188,11 +197,15 @@ type matmulTask struct {
 	dot4  dot4Func
 	dot8  dot8Func
 	dotR4 dotR4Func
+	gemm  gemmFunc // set only with packed activations
 	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
+	if t.gemm != nil {
+		j = t.runGemm(w, lo, hi)
+	}
 	if t.dot8 != nil && t.act.n >= 8 {
 		o := &t.scr[w].out8
 		for ; j+8 <= t.act.n; j += 8 {
@@ -267,7 +280,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
 	}
-	a, err := b.quantize(k.act, n, w.Cols, x.Host)
+	gemm := k.gemm
+	if n < 4 || k.act != actQ8_0 {
+		gemm = nil
+	}
+	a, err := b.quantize(k.act, n, w.Cols, x.Host, gemm != nil)
 	if err != nil {
 		return err
 	}
@@ -275,7 +292,7 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if k.inexact4 && n <= kernels.MaxBatchRows {
 		dot4, dot8 = nil, nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, scr: b.scratch}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, scr: b.scratch}
 	if n < 4 {
 		// Nothing to reuse across tokens: long runs of consecutive rows
 		// stream from memory fastest (the hardware prefetchers follow one
@@ -284,7 +301,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// four-row kernels.
 		err = b.pool.parallelGuided(&b.mm, w.Rows, 4)
 	} else {
-		err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+		c := rowChunk(w.Rows, rb, b.threads)
+		if gemm != nil && c > 4 {
+			c &^= 3 // whole tiles of four rows
+		}
+		err = b.pool.parallel(&b.mm, w.Rows, c)
 	}
 	b.mm = matmulTask{}
 	if err != nil {
@@ -296,8 +317,9 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 // quantize puts n rows of cols activations from x into the backend's
 // activation buffer in the form kind a kernel reads (quantized in
 // parallel, one row a work item), and returns it.
-func (b *Backend) quantize(kind actKind, n, cols int, x []float32) (*actBuf, error) {
+func (b *Backend) quantize(kind actKind, n, cols int, x []float32, pack bool) (*actBuf, error) {
 	a := &b.act
+	a.pack = pack
 	a.prepare(kind, n, cols, x)
 	if kind != actF32 {
 		b.qt = quantTask{a: a, x: x, cols: cols}
@@ -364,7 +386,7 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		b.multi.off[i] = total
 		total += w.Rows
 	}
-	if _, err := b.quantize(k.act, n, ws[0].Cols, x.Host); err != nil {
+	if _, err := b.quantize(k.act, n, ws[0].Cols, x.Host, false); err != nil {
 		return err
 	}
 	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
