@@ -86,14 +86,14 @@ func (t *matmulTask) runGemm(w, lo, hi int) int {
 		r := lo
 		for ; r+4 <= hi; r += 4 {
 			t.gemm(t.w[r*t.rb:(r+4)*t.rb], t.rb, t.act, g, sc, o)
-			for k := range 4 {
+			for k := range min(4, t.n-4*g) { // padding rows dropped
 				d := t.dst[(4*g+k)*t.rows+r:]
 				d[0], d[1], d[2], d[3] = o[k], o[4+k], o[8+k], o[12+k]
 			}
 		}
 		for ; r < hi; r++ {
 			wr := t.w[r*t.rb : (r+1)*t.rb]
-			for k := 4 * g; k < 4*g+4; k++ {
+			for k := 4 * g; k < min(4*g+4, t.n); k++ {
 				t.dst[k*t.rows+r] = t.dot(wr, &t.act.rows[k])
 			}
 		}

@@ -55,8 +55,8 @@ func TestGemmMatchesSingle(t *testing.T) {
 	}
 }
 
-// TestMatMulRowInvariant runs MatMul on n rows (1…kernels.MaxBatchRows
-// and beyond, every tiling path: tiles, leftover rows and tokens) and
+// TestMatMulRowInvariant runs MatMul on n rows (2…kernels.MaxBatchRows,
+// every tiling path: tiles, leftover rows and tokens, padded rows) and
 // checks each row against MatMul of that row alone bit for bit, for the
 // types with multi-token kernels.
 func TestMatMulRowInvariant(t *testing.T) {
@@ -69,7 +69,7 @@ func TestMatMulRowInvariant(t *testing.T) {
 			continue
 		}
 		cols := 2 * max(typ.BlockSize(), 32) * 4
-		for _, sh := range [][2]int{{37, 2}, {64, 4}, {22, 7}, {41, 8}, {16, 13}, {90, 16}, {33, 64}} {
+		for _, sh := range [][2]int{{37, 2}, {19, 3}, {64, 4}, {22, 7}, {41, 8}, {30, 11}, {16, 13}, {90, 16}, {33, 64}} {
 			rows, n := sh[0], sh[1]
 			w := conformance.RandomWeight(rng, "w", typ, rows, cols)
 			x := kernels.Tensor{Len: n * cols, Host: conformance.RandomVector(rng, n*cols, 1)}
