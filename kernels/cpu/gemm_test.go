@@ -10,8 +10,8 @@ import (
 	"github.com/forge-llm/forge/kernels/conformance"
 )
 
-// TestGemmMatchesSingle checks the four-row, four-token tile kernels (Go
-// twin and the table MatMul uses) against the one-row kernel of the same
+// TestGemmMatchesSingle checks the four-row, four- and two-token tile
+// kernels (Go twins and the table MatMul uses) against the one-row kernel of the same
 // table bit for bit on every pair, on fresh random rows including an
 // all-zero activation block and weights with the extreme code −128.
 func TestGemmMatchesSingle(t *testing.T) {
@@ -39,7 +39,19 @@ func TestGemmMatchesSingle(t *testing.T) {
 					a.quantRow(j, x[j*cols:(j+1)*cols])
 				}
 				var sc, out [16]float32
+				if k.gemm2 == nil {
+					t.Fatalf("%s %s: no two-token tile kernel", tab.name, typ)
+				}
 				for g := range n / 4 {
+					k.gemm2(w.Host, rb, &a, g, &sc, &out)
+					for r := range 4 {
+						for tk := range 2 {
+							want := k.dot(w.Host[r*rb:(r+1)*rb], &a.rows[4*g+tk])
+							if got := out[4*r+tk]; math.Float32bits(got) != math.Float32bits(want) {
+								t.Errorf("%s %s cols=%d row %d token %d: two-token tile %g, one-row %g", tab.name, typ, cols, r, 4*g+tk, got, want)
+							}
+						}
+					}
 					k.gemm(w.Host, rb, &a, g, &sc, &out)
 					for r := range 4 {
 						for tk := range 4 {
@@ -65,11 +77,11 @@ func TestMatMulRowInvariant(t *testing.T) {
 	defer b.Close()
 	for _, typ := range conformance.MatMulTypes {
 		k := fastKernels[typ]
-		if k.dot4 == nil && k.dot8 == nil && k.gemm == nil {
+		if k.dot4 == nil && k.dot8 == nil && k.gemm == nil && k.dot2 == nil {
 			continue
 		}
 		cols := 2 * max(typ.BlockSize(), 32) * 4
-		for _, sh := range [][2]int{{37, 2}, {19, 3}, {64, 4}, {22, 7}, {41, 8}, {30, 11}, {16, 13}, {90, 16}, {33, 64}} {
+		for _, sh := range [][2]int{{37, 2}, {19, 3}, {64, 4}, {29, 5}, {23, 6}, {22, 7}, {41, 8}, {17, 10}, {30, 11}, {16, 13}, {90, 16}, {33, 64}} {
 			rows, n := sh[0], sh[1]
 			w := conformance.RandomWeight(rng, "w", typ, rows, cols)
 			x := kernels.Tensor{Len: n * cols, Host: conformance.RandomVector(rng, n*cols, 1)}

@@ -56,28 +56,33 @@ type kernel struct {
 	dotR4    dotR4Func
 	dot8     dot8Func // as exact as dot4, used where dot4 is
 	gemm     gemmFunc // four rows × four tokens (gemm.go), exact; wants packed activations
+	gemm2    gemmFunc // gemm for two tokens (a batch's two rows over)
+	dot2     dot2Func // dot4 for two tokens (a batch's two rows over), exact
 }
+
+// dot2Func is dot4Func for the two activation rows j, j+1.
+type dot2Func func(w []byte, a *actBuf, j int, out *[2]float32)
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go, gemmQ8_0x2Go, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -132,7 +137,7 @@ func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
 			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
 		}
 		if a.pack {
-			a.p = grow(a.p, (n>>2)*nb*q8x4Block)
+			a.p = grow(a.p, ((n+3)>>2)*nb*q8x4Block)
 		}
 	case actQ8_K, actQ8_K4:
 		nb := cols / 256
@@ -217,13 +222,15 @@ type matmulTask struct {
 	dot4  dot4Func
 	dot8  dot8Func
 	dotR4 dotR4Func
-	gemm  gemmFunc // set only with packed activations
+	gemm  gemmFunc // gemm and gemm2: set only with packed activations
+	gemm2 gemmFunc
+	dot2  dot2Func
 	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
-	if t.gemm != nil {
+	if t.gemm != nil || t.gemm2 != nil {
 		j = t.runGemm(w, lo, hi)
 	}
 	if t.dot8 != nil && t.act.n >= 8 {
@@ -247,6 +254,15 @@ func (t *matmulTask) run(w, lo, hi int) {
 				}
 			}
 		}
+	}
+	if t.dot2 != nil && t.n-j >= 2 {
+		o := &t.scr[w].out2
+		d0, d1 := t.dst[j*t.rows:(j+1)*t.rows], t.dst[(j+1)*t.rows:(j+2)*t.rows]
+		for r := lo; r < hi; r++ {
+			t.dot2(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
+			d0[r], d1[r] = o[0], o[1]
+		}
+		j += 2
 	}
 	for ; j < t.n; j++ {
 		x := &t.act.rows[j]
@@ -300,9 +316,9 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
 	}
-	gemm := k.gemm
-	if k.act != actQ8_0 {
-		gemm = nil
+	gemm, gemm2 := k.gemm, k.gemm2
+	if k.act != actQ8_0 || n < 2 {
+		gemm, gemm2 = nil, nil // the tiles want packed Q8_0 activations, worth it from two rows
 	}
 	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
@@ -312,14 +328,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if np != n && k.act == actF32 {
 		np = n // F32 activations are x itself: no room for padding
 	}
-	if np < 4 {
-		gemm = nil
-	}
-	a, err := b.quantize(k.act, np, n, w.Cols, x.Host, gemm != nil)
+	a, err := b.quantize(k.act, np, n, w.Cols, x.Host, gemm != nil || gemm2 != nil)
 	if err != nil {
 		return err
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, scr: b.scratch}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, gemm2: gemm2, dot2: k.dot2, scr: b.scratch}
 	if np < 4 {
 		// Nothing to reuse across tokens: long runs of consecutive rows
 		// stream from memory fastest (the hardware prefetchers follow one
@@ -416,6 +429,11 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	if err := checkTensor("matmuls: x", x, n*ws[0].Cols); err != nil {
 		return err
 	}
+	// Two rows: the two-token kernels, Q8_0's on packed activations.
+	pack := n >= 2 && k.act == actQ8_0
+	for _, w := range ws {
+		pack = pack && fastKernels[w.Type].gemm2 != nil
+	}
 	total := 0
 	for i, w := range ws {
 		kw := fastKernels[w.Type]
@@ -426,11 +444,14 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		if err := checkTensor("matmuls: dst", dsts[i], n*w.Rows); err != nil {
 			return err
 		}
-		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, scr: b.scratch}
+		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, dot2: kw.dot2, scr: b.scratch}
+		if pack {
+			b.mms[i].gemm2 = kw.gemm2
+		}
 		b.multi.off[i] = total
 		total += w.Rows
 	}
-	if _, err := b.quantize(k.act, n, n, ws[0].Cols, x.Host, false); err != nil {
+	if _, err := b.quantize(k.act, n, n, ws[0].Cols, x.Host, pack); err != nil {
 		return err
 	}
 	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
