@@ -34,11 +34,18 @@ const q8x4Block = 272
 func (a *actBuf) packQ8_0x4(j int) {
 	nb := a.cols / 32
 	r := &a.rows[j]
-	t := j & 3
-	p := a.p[(j>>2)*nb*q8x4Block : (j>>2+1)*nb*q8x4Block]
-	for b := range nb {
+	packRowQ8_0x4(r.q, r.d, a.p[(j>>2)*nb*q8x4Block:(j>>2+1)*nb*q8x4Block], j&3)
+}
+
+// packRowQ8_0x4 packs one row's nb = len(d) blocks (codes q, scales d)
+// into slot t of the packed group p; the architecture file may point it at
+// assembly.
+var packRowQ8_0x4 = packRowQ8_0x4Go
+
+func packRowQ8_0x4Go(rq []int8, rd []float32, p []byte, t int) {
+	for b := range len(rd) {
 		blk := p[b*q8x4Block : (b+1)*q8x4Block]
-		q := r.q[32*b : 32*b+32]
+		q := rq[32*b : 32*b+32]
 		for i, c := range q {
 			blk[32*t+i] = byte(c)
 		}
@@ -46,7 +53,7 @@ func (a *actBuf) packQ8_0x4(j int) {
 			s := int32(q[4*i]) + int32(q[4*i+1]) + int32(q[4*i+2]) + int32(q[4*i+3])
 			binary.LittleEndian.PutUint32(blk[128+32*t+4*i:], uint32(-128*s))
 		}
-		binary.LittleEndian.PutUint32(blk[256+4*t:], math.Float32bits(r.d[b]))
+		binary.LittleEndian.PutUint32(blk[256+4*t:], math.Float32bits(rd[b]))
 	}
 }
 

@@ -33,3 +33,22 @@ func dotQ4_Kx2Asm(w []byte, a *actBuf, j int, out *[2]float32) {
 	_ = a.d[(j+2)*nb-1]
 	dotQ4_Kx2VNNI(&w[0], &a.q[j*a.cols], &a.d[j*nb], &a.bs[j*a.cols/16], a.cols, nb, &out[0])
 }
+
+//go:noescape
+func packQ8_0x4AVX512(q *int8, d *float32, pq, pd *byte, nb int)
+
+// packRowQ8_0x4Fast is packRowQ8_0x4Go in assembly (the same bytes).
+func packRowQ8_0x4Fast(rq []int8, rd []float32, p []byte, t int) {
+	nb := len(rd)
+	if nb == 0 {
+		return
+	}
+	_, _ = rq[32*nb-1], p[nb*q8x4Block-1]
+	packQ8_0x4AVX512(&rq[0], &rd[0], &p[32*t], &p[256+4*t], nb)
+}
+
+func init() {
+	if hasVNNI {
+		packRowQ8_0x4 = packRowQ8_0x4Fast
+	}
+}

@@ -191,3 +191,40 @@ g42done:
 	GOUT(Y29, 52)
 	VZEROUPPER
 	RET
+
+// func packQ8_0x4AVX512(q *int8, d *float32, pq, pd *byte, nb int)
+// packQ8_0x4Go for one row: per block, its 32 codes to pq, their lane
+// corrections −128·Σ(4 codes) as 8 int32 to pq+128, its scale to pd;
+// both advance by one packed block (272 bytes).
+TEXT ·packQ8_0x4AVX512(SB), NOSPLIT, $0-40
+	MOVQ         q+0(FP), SI
+	MOVQ         d+8(FP), DX
+	MOVQ         pq+16(FP), DI
+	MOVQ         pd+24(FP), R8
+	MOVQ         nb+32(FP), CX
+	MOVL         $0x01010101, AX
+	VPBROADCASTD AX, Y15
+	VPXOR        Y14, Y14, Y14
+	TESTQ        CX, CX
+	JEQ          packdone
+
+packloop:
+	VMOVDQU  (SI), Y0
+	VMOVDQU  Y0, (DI)
+	VPXOR    Y1, Y1, Y1
+	VPDPBUSD Y0, Y15, Y1 // Σ of each 4 codes
+	VPSLLD   $7, Y1, Y1
+	VPSUBD   Y1, Y14, Y1
+	VMOVDQU  Y1, 128(DI)
+	MOVL     (DX), AX
+	MOVL     AX, (R8)
+	ADDQ     $32, SI
+	ADDQ     $4, DX
+	ADDQ     $272, DI
+	ADDQ     $272, R8
+	DECQ     CX
+	JNZ      packloop
+
+packdone:
+	VZEROUPPER
+	RET

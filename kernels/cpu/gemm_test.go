@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -98,6 +99,31 @@ func TestMatMulRowInvariant(t *testing.T) {
 				if !bitsEqual(one.Host, all.Host[j*rows:(j+1)*rows]) {
 					t.Errorf("%s %d×%d n=%d: row %d differs from the row alone", typ, rows, cols, n, j)
 				}
+			}
+		}
+	}
+}
+
+// TestPackMatchesGo checks the activation packing MatMul uses (assembly
+// where available) against the Go packing byte for byte, codes from −127
+// to 127 (the quantizer's range) and −128.
+func TestPackMatchesGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 13))
+	for _, nb := range []int{1, 2, 7, 24} {
+		q := make([]int8, 32*nb)
+		d := make([]float32, nb)
+		for i := range q {
+			q[i] = int8(rng.IntN(256) - 128)
+		}
+		for i := range d {
+			d[i] = rng.Float32()
+		}
+		for slot := range 4 {
+			p1, p2 := make([]byte, nb*q8x4Block), make([]byte, nb*q8x4Block)
+			packRowQ8_0x4(q, d, p1, slot)
+			packRowQ8_0x4Go(q, d, p2, slot)
+			if !slices.Equal(p1, p2) {
+				t.Fatalf("nb=%d slot %d: packed bytes differ from the Go packing", nb, slot)
 			}
 		}
 	}
