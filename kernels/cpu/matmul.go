@@ -105,8 +105,8 @@ type actBuf struct {
 	s       []float32 // [n][cols/32]
 	bs      []int16   // [n][cols/16]
 	rows    []qrow    // per-row views
-	pack    bool      // also pack whole groups of four Q8_0 rows into p (packQ8_0x4)
-	p       []byte    // [n/4][cols/32][q8x4Block]
+	pack    bool      // also pack the Q8_0 rows, four to a group, into p (packQ8_0x4)
+	p       []byte    // [⌈n/4⌉][cols/32][q8x4Block]
 }
 
 func grow[T any](s []T, n int) []T {
@@ -354,9 +354,10 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	return nil
 }
 
-// quantize puts n rows of cols activations from x into the backend's
-// activation buffer in the form kind a kernel reads (quantized in
-// parallel, one row a work item), and returns it.
+// quantize puts n rows of cols activations into the backend's activation
+// buffer in the form kind a kernel reads (quantized in parallel, one row a
+// work item), and returns it: the nx rows of x, then n−nx zero rows of
+// padding (padRows); pack also packs Q8_0 rows for the tile kernels.
 func (b *Backend) quantize(kind actKind, n, nx, cols int, x []float32, pack bool) (*actBuf, error) {
 	a := &b.act
 	a.pack = pack
@@ -373,13 +374,13 @@ func (b *Backend) quantize(kind actKind, n, nx, cols int, x []float32, pack bool
 // padRows is how many activation rows a MatMul of n rows computes: with
 // kernels that take four (or eight) tokens at a time, n rounded up to a
 // multiple of four where it leaves three rows over (3, 7, 11, 15), the
-// rows added being zeros whose results are dropped. Three rows over cost
-// three passes of the one-row kernels over the weights; one padded
-// four-token pass costs less (measured on a Zen 4 core: the one-row
-// kernels reach ~60 % of the four-token kernels' rate per row, so one or
-// two rows over stay cheaper alone). Every real row keeps the arithmetic
-// it has alone (the multi-token kernels are exact), so batch invariance
-// holds.
+// rows added being zeros whose results are dropped. Three rows over would
+// cost a two-token pass and a one-row pass over the weights (or three
+// one-row passes); one padded four-token pass costs less. One row over
+// stays cheaper alone (measured on a Zen 4 core: a one-row kernel reaches
+// ~60 % of a four-token kernel's rate per row), and two rows over take the
+// two-token kernels. Every real row keeps the arithmetic it has alone (the
+// multi-token kernels are exact), so batch invariance holds.
 func padRows(n int, multi bool) int {
 	if !multi || n%4 != 3 {
 		return n
