@@ -28,9 +28,8 @@ type gemmFunc func(w []byte, rb int, a *actBuf, g int, sc, out *[16]float32)
 const q8x4Block = 272
 
 // packQ8_0x4 copies activation row j (already quantized to Q8_0) into its
-// place in a.p: token j%4 of group j/4. The slots of a last group that
-// the rows do not fill are left as they are: the two-token tile reads only
-// the first two, and their products are not stored.
+// place in a.p: token j%4 of group j/4. A last group that the rows do not
+// fill is packed too but not read (its rows take the one-token kernels).
 func (a *actBuf) packQ8_0x4(j int) {
 	nb := a.cols / 32
 	r := &a.rows[j]
@@ -60,20 +59,11 @@ func packRowQ8_0x4Go(rq []int8, rd []float32, p []byte, t int) {
 // gemmQ8_0Go is the Go twin of the four-by-four Q8_0 tile: dotQ8_0Go's
 // arithmetic for each pair, read from the packed codes and scales.
 func gemmQ8_0Go(w []byte, rb int, a *actBuf, g int, _, out *[16]float32) {
-	gemmQ8_0TokensGo(w, rb, a, g, 4, out)
-}
-
-// gemmQ8_0x2Go is gemmQ8_0Go for tokens 0 and 1 of the group.
-func gemmQ8_0x2Go(w []byte, rb int, a *actBuf, g int, _, out *[16]float32) {
-	gemmQ8_0TokensGo(w, rb, a, g, 2, out)
-}
-
-func gemmQ8_0TokensGo(w []byte, rb int, a *actBuf, g, tokens int, out *[16]float32) {
 	nb := a.cols / 32
 	p := a.p[g*nb*q8x4Block : (g+1)*nb*q8x4Block]
 	for r := range 4 {
 		wr := w[r*rb : r*rb+34*nb]
-		for t := range tokens {
+		for t := range 4 {
 			var acc float32
 			for b := range nb {
 				wb := wr[34*b : 34*b+34]
@@ -91,20 +81,16 @@ func gemmQ8_0TokensGo(w []byte, rb int, a *actBuf, g, tokens int, out *[16]float
 }
 
 // runGemm computes weight rows lo…hi-1 for the whole four-token groups of
-// the activations with the tile kernel, then for two tokens over with the
-// two-token tile (rows past the last whole four with the one-row kernels),
-// and returns the first token it left.
+// the activations with the tile kernel (rows past the last whole four
+// with the one-row kernels) and returns the first token it left.
 func (t *matmulTask) runGemm(w, lo, hi int) int {
 	groups := t.act.n >> 2
 	sc, o := &t.scr[w].gsc, &t.scr[w].out16
-	if t.gemm == nil {
-		groups = 0
-	}
 	for g := range groups {
 		r := lo
 		for ; r+4 <= hi; r += 4 {
 			t.gemm(t.w[r*t.rb:(r+4)*t.rb], t.rb, t.act, g, sc, o)
-			for k := range min(4, t.n-4*g) { // padding rows dropped
+			for k := range min(4, t.n-4*g) { // real rows only
 				d := t.dst[(4*g+k)*t.rows+r:]
 				d[0], d[1], d[2], d[3] = o[k], o[4+k], o[8+k], o[12+k]
 			}
@@ -116,21 +102,5 @@ func (t *matmulTask) runGemm(w, lo, hi int) int {
 			}
 		}
 	}
-	j := groups << 2
-	if t.gemm2 == nil || t.n-j < 2 {
-		return j
-	}
-	r := lo
-	for ; r+4 <= hi; r += 4 {
-		t.gemm2(t.w[r*t.rb:(r+4)*t.rb], t.rb, t.act, groups, sc, o)
-		d0, d1 := t.dst[j*t.rows+r:], t.dst[(j+1)*t.rows+r:]
-		d0[0], d0[1], d0[2], d0[3] = o[0], o[4], o[8], o[12]
-		d1[0], d1[1], d1[2], d1[3] = o[1], o[5], o[9], o[13]
-	}
-	for ; r < hi; r++ {
-		wr := t.w[r*t.rb : (r+1)*t.rb]
-		t.dst[j*t.rows+r] = t.dot(wr, &t.act.rows[j])
-		t.dst[(j+1)*t.rows+r] = t.dot(wr, &t.act.rows[j+1])
-	}
-	return j + 2
+	return groups << 2
 }

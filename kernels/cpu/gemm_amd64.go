@@ -14,16 +14,6 @@ func gemmQ8_0Asm(w []byte, rb int, a *actBuf, g int, sc, out *[16]float32) {
 }
 
 //go:noescape
-func gemmQ8_0x4x2VNNI(w *byte, rb int, p *byte, nb int, sc *float32, out *float32)
-
-// gemmQ8_0x2Asm is gemmQ8_0x2Go in assembly.
-func gemmQ8_0x2Asm(w []byte, rb int, a *actBuf, g int, sc, out *[16]float32) {
-	nb := a.cols / 32
-	_, _ = w[3*rb+34*nb-1], a.p[(g+1)*nb*q8x4Block-1]
-	gemmQ8_0x4x2VNNI(&w[0], rb, &a.p[g*nb*q8x4Block], nb, &sc[0], &out[0])
-}
-
-//go:noescape
 func dotQ4_Kx2VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
 
 // dotQ4_Kx2Asm multiplies one weight row by activation rows j and j+1.

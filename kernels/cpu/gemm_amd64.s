@@ -134,64 +134,6 @@ g44done:
 	VZEROUPPER
 	RET
 
-// func gemmQ8_0x4x2VNNI(w *byte, rb int, p *byte, nb int, sc *float32, out *float32)
-// gemmQ8_0x4x4VNNI for tokens 0 and 1 of the packed group only (a batch
-// with two rows over): out[4r+t] for t < 2.
-TEXT ·gemmQ8_0x4x2VNNI(SB), NOSPLIT, $0-48
-	MOVQ         w+0(FP), DI
-	MOVQ         rb+8(FP), R8
-	MOVQ         p+16(FP), SI
-	MOVQ         nb+24(FP), CX
-	MOVQ         sc+32(FP), R10
-	LEAQ         (R8)(R8*2), R9
-	MOVL         $0x80808080, AX
-	VPBROADCASTD AX, Y13
-	VPXORD       Y16, Y16, Y16
-	VPXORD       Y17, Y17, Y17
-	VPXORD       Y20, Y20, Y20
-	VPXORD       Y21, Y21, Y21
-	VPXORD       Y24, Y24, Y24
-	VPXORD       Y25, Y25, Y25
-	VPXORD       Y28, Y28, Y28
-	VPXORD       Y29, Y29, Y29
-	TESTQ        CX, CX
-	JEQ          g42done
-
-g42loop:
-	GROW((DI), 2(DI), Y0, 0)
-	GROW((DI)(R8*1), 2(DI)(R8*1), Y1, 16)
-	GROW((DI)(R8*2), 2(DI)(R8*2), Y2, 32)
-	GROW((DI)(R9*1), 2(DI)(R9*1), Y3, 48)
-	VMOVDQU 0(SI), Y4
-	VMOVDQU 32(SI), Y5
-	VMOVDQU 128(SI), Y8
-	VMOVDQU 160(SI), Y9
-	GPAIR(Y8, Y4, Y0, 0, Y16)
-	GPAIR(Y9, Y5, Y0, 4, Y17)
-	GPAIR(Y8, Y4, Y1, 16, Y20)
-	GPAIR(Y9, Y5, Y1, 20, Y21)
-	GPAIR(Y8, Y4, Y2, 32, Y24)
-	GPAIR(Y9, Y5, Y2, 36, Y25)
-	GPAIR(Y8, Y4, Y3, 48, Y28)
-	GPAIR(Y9, Y5, Y3, 52, Y29)
-	ADDQ $34, DI
-	ADDQ $272, SI
-	DECQ CX
-	JNZ  g42loop
-
-g42done:
-	MOVQ out+40(FP), AX
-	GOUT(Y16, 0)
-	GOUT(Y17, 4)
-	GOUT(Y20, 16)
-	GOUT(Y21, 20)
-	GOUT(Y24, 32)
-	GOUT(Y25, 36)
-	GOUT(Y28, 48)
-	GOUT(Y29, 52)
-	VZEROUPPER
-	RET
-
 // func packQ8_0x4AVX512(q *int8, d *float32, pq, pd *byte, nb int)
 // packQ8_0x4Go for one row: per block, its 32 codes to pq, their lane
 // corrections −128·Σ(4 codes) as 8 int32 to pq+128, its scale to pd;

@@ -56,7 +56,6 @@ type kernel struct {
 	dotR4    dotR4Func
 	dot8     dot8Func // as exact as dot4, used where dot4 is
 	gemm     gemmFunc // four rows × four tokens (gemm.go), exact; wants packed activations
-	gemm2    gemmFunc // gemm for two tokens (a batch's two rows over)
 	dot2     dot2Func // dot4 for two tokens (a batch's two rows over), exact
 }
 
@@ -67,22 +66,22 @@ type dot2Func func(w []byte, a *actBuf, j int, out *[2]float32)
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go, gemmQ8_0x2Go, nil},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil, nil, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil, nil, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -222,15 +221,14 @@ type matmulTask struct {
 	dot4  dot4Func
 	dot8  dot8Func
 	dotR4 dotR4Func
-	gemm  gemmFunc // gemm and gemm2: set only with packed activations
-	gemm2 gemmFunc
+	gemm  gemmFunc // set only with packed activations
 	dot2  dot2Func
 	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
-	if t.gemm != nil || t.gemm2 != nil {
+	if t.gemm != nil {
 		j = t.runGemm(w, lo, hi)
 	}
 	if t.dot8 != nil && t.act.n >= 8 {
@@ -316,23 +314,23 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
 	}
-	gemm, gemm2 := k.gemm, k.gemm2
-	if k.act != actQ8_0 || n < 2 {
-		gemm, gemm2 = nil, nil // the tiles want packed Q8_0 activations, worth it from two rows
+	gemm := k.gemm
+	if k.act != actQ8_0 || n < 4 {
+		gemm = nil // the tiles want packed Q8_0 activations, four rows of them
 	}
 	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
 		dot4, dot8 = nil, nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	np := padRows(n, gemm != nil || dot4 != nil)
+	np := padRows(n, padsRows(k))
 	if np != n && k.act == actF32 {
 		np = n // F32 activations are x itself: no room for padding
 	}
-	a, err := b.quantize(k.act, np, n, w.Cols, x.Host, gemm != nil || gemm2 != nil)
+	a, err := b.quantize(k.act, np, n, w.Cols, x.Host, gemm != nil)
 	if err != nil {
 		return err
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, gemm2: gemm2, dot2: k.dot2, scr: b.scratch}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, dot2: k.dot2, scr: b.scratch}
 	if np < 4 {
 		// Nothing to reuse across tokens: long runs of consecutive rows
 		// stream from memory fastest (the hardware prefetchers follow one
@@ -378,8 +376,8 @@ func (b *Backend) quantize(kind actKind, n, nx, cols int, x []float32, pack bool
 // cost a two-token pass and a one-row pass over the weights (or three
 // one-row passes); one padded four-token pass costs less. One row over
 // stays cheaper alone (measured on a Zen 4 core: a one-row kernel reaches
-// ~60 % of a four-token kernel's rate per row), and two rows over take the
-// two-token kernels. Every real row keeps the arithmetic it has alone (the
+// ~60 % of a four-token kernel's rate per row), and two rows over take a
+// two-token kernel where the type has one (Q4_K). Every real row keeps the arithmetic it has alone (the
 // multi-token kernels are exact), so batch invariance holds.
 func padRows(n int, multi bool) int {
 	if !multi || n%4 != 3 {
@@ -430,11 +428,6 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	if err := checkTensor("matmuls: x", x, n*ws[0].Cols); err != nil {
 		return err
 	}
-	// Two rows: the two-token kernels, Q8_0's on packed activations.
-	pack := n >= 2 && k.act == actQ8_0
-	for _, w := range ws {
-		pack = pack && fastKernels[w.Type].gemm2 != nil
-	}
 	total := 0
 	for i, w := range ws {
 		kw := fastKernels[w.Type]
@@ -446,13 +439,10 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 			return err
 		}
 		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, dot2: kw.dot2, scr: b.scratch}
-		if pack {
-			b.mms[i].gemm2 = kw.gemm2
-		}
 		b.multi.off[i] = total
 		total += w.Rows
 	}
-	if _, err := b.quantize(k.act, n, n, ws[0].Cols, x.Host, pack); err != nil {
+	if _, err := b.quantize(k.act, n, n, ws[0].Cols, x.Host, false); err != nil {
 		return err
 	}
 	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
@@ -468,15 +458,24 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	return nil
 }
 
-// multiToken reports whether every weight of ws has an exact kernel that
-// takes several tokens at once (so MatMul pads a few rows to four).
+// padsRows reports whether MatMul pads a batch of three rows over to
+// four for k (padRows): a type with exact four-token kernels whose one-row
+// decode kernel is the plain one. Q8_0 is left out: its four-row decode
+// kernel (dotR4) streams the weights well enough that three one-row passes
+// beat a padded tile on bench86m (rows3 in BenchmarkLlama86M).
+func padsRows(k kernel) bool {
+	return !k.inexact4 && k.dot4 != nil && k.gemm == nil
+}
+
+// multiToken reports whether MatMul pads rows (padsRows) for every weight
+// of ws.
 func multiToken(ws []*kernels.Weight, table map[gguf.Type]kernel) bool {
 	for _, w := range ws {
 		if w == nil {
 			return false
 		}
 		k, ok := table[w.Type]
-		if !ok || k.inexact4 || (k.dot4 == nil && (k.gemm == nil || k.act != actQ8_0)) {
+		if !ok || !padsRows(k) {
 			return false
 		}
 	}
