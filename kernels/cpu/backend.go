@@ -61,10 +61,13 @@ type Backend struct {
 
 // workerScratch holds the buffers one worker reuses across ops.
 type workerScratch struct {
-	row    []float32  // small per-op vectors (RoPE angles)
-	scores []float32  // attention scores of one head, up to ctx
-	out4   [4]float32 // results of a four-token dot product
-	out8   [8]float32 // results of an eight-token dot product
+	row    []float32   // small per-op vectors (RoPE angles)
+	scores []float32   // attention scores of one head, up to ctx
+	out2   [2]float32  // results of a two-token dot product
+	out4   [4]float32  // results of a four-token dot product
+	out8   [8]float32  // results of an eight-token dot product
+	out16  [16]float32 // results of a four-row, four-token tile
+	gsc    [16]float32 // a tile kernel's scratch (its product scales)
 }
 
 // New returns a CPU backend that runs on threads worker goroutines

@@ -86,14 +86,14 @@ func init() {
 
 // asmKernels are the types with assembly dot products.
 var asmKernels = map[gguf.Type]kernel{
-	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm, nil},
-	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil, nil},
-	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil, nil},
-	gguf.TypeQ4_K: {actQ8_K4, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil, dotQ4_Kx8Asm},
-	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil, nil},
-	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil, nil},
-	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil, nil},
-	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false, nil, nil},
+	gguf.TypeQ8_0: {actQ8_0, dotQ8_0Asm, dotQ8_0x4Asm, false, dotQ8_0r4Asm, nil, gemmQ8_0Asm, nil},
+	gguf.TypeQ4_0: {actQ8_0, dotQ4_0Asm, dotQ4_0x4Asm, false, nil, nil, nil, nil},
+	gguf.TypeQ5_0: {actQ8_0, dotQ5_0Asm, dotQ5_0x4Asm, false, nil, nil, nil, nil},
+	gguf.TypeQ4_K: {actQ8_K4, dotQ4_KAsm, dotQ4_Kx4Asm, false, nil, dotQ4_Kx8Asm, nil, dotQ4_Kx2Asm},
+	gguf.TypeQ6_K: {actQ8_K, dotQ6_KAsm, dotQ6_Kx4Asm, false, nil, nil, nil, nil},
+	gguf.TypeF16:  {actF16, dotWF16Asm, dotWF16x4Asm, false, nil, nil, nil, nil},
+	gguf.TypeF32:  {actF32, dotWF32Asm, nil, false, nil, nil, nil, nil},
+	gguf.TypeBF16: {actBF16, dotWBF16Go, nil, false, nil, nil, nil, nil},
 }
 
 func dotQ8_0Asm(w []byte, x *qrow) float32 {

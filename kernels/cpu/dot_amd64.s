@@ -838,6 +838,67 @@ q4kx4done:
 	VZEROUPPER
 	RET
 
+// func dotQ4_Kx2VNNI(w *byte, xq *int8, xd *float32, bs *int16, cols, nb int, out *float32)
+// dotQ4_Kx4VNNI for 2 activation rows (a batch with two rows over the
+// four- and eight-token kernels): each super-block decoded once for both,
+// each token's arithmetic the one-token kernel's. Accumulators: Z0, Z7
+// (scaled sums), Y26, Y27 (scaled mins).
+TEXT ·dotQ4_Kx2VNNI(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), DI
+	MOVQ         xq+8(FP), SI
+	MOVQ         xd+16(FP), DX
+	MOVQ         bs+24(FP), R8
+	MOVQ         cols+32(FP), R13
+	MOVQ         nb+40(FP), CX
+	LEAQ         (SI)(R13*1), R9  // token 1 codes
+	MOVQ         CX, R11
+	SHLQ         $2, R11          // d_x stride in bytes
+	SHRQ         $3, R13          // block-sum stride in bytes: cols/16 int16
+	MOVL         $0x0F0F0F0F, AX
+	VPBROADCASTD AX, Z15
+	VMOVDQU64    q4kidx<>+0(SB), Z12
+	VMOVDQU64    q4kidx<>+64(SB), Z13
+	VMOVDQU64    q4kidx<>+128(SB), Z14
+	VMOVDQU64    q4kidx<>+192(SB), Z30
+	VMOVDQU      k4minidx<>(SB), Y11
+	VXORPS       Z0, Z0, Z0
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Y26, Y26, Y26
+	VXORPS       Y27, Y27, Y27
+	TESTQ        CX, CX
+	JEQ          q4kx2done
+
+q4kx2loop:
+	PREFETCHT0   2112(DI)
+	PREFETCHT0   2176(DI)
+	PREFETCHT0   2240(DI)
+	Q4KUNPACK
+	VPERMW       Y1, Y11, Y3 // min pairs
+	Q4KPAIR(16, Z16, Z17, Z20, Z21, Z12, Z13)
+	Q4KPAIR(80, Z18, Z19, Z22, Z23, Z14, Z30)
+	VPBROADCASTW (DI), Y5
+	VCVTPH2PS    Y5, Z24      // d_w in 16 lanes
+	VPBROADCASTW 2(DI), X5
+	VCVTPH2PS    X5, Y25      // dmin in 8 lanes
+	Q4KTOKEN(SI, (DX), (R8), Z0, Y26)
+	Q4KTOKEN(R9, (DX)(R11*1), (R8)(R13*1), Z7, Y27)
+	ADDQ         $144, DI
+	ADDQ         $256, SI
+	ADDQ         $256, R9
+	ADDQ         $4, DX
+	ADDQ         $32, R8
+	DECQ         CX
+	JNZ          q4kx2loop
+
+q4kx2done:
+	MOVQ   out+48(FP), AX
+	Q4KX4FIN(Z0, Y0, X0, Y26)
+	VMOVSS X0, 0(AX)
+	Q4KX4FIN(Z7, Y7, X7, Y27)
+	VMOVSS X7, 4(AX)
+	VZEROUPPER
+	RET
+
 // Q6KDEC decodes one 128-value half of a Q6_K super-block (ql at
 // qloff(DI), qh at qhoff(DI)) into qa (values 0…63) and qb (64…127), and
 // their scale words into sca, scb (ia, ib: the indices of the two parts).

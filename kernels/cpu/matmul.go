@@ -55,28 +55,33 @@ type kernel struct {
 	inexact4 bool
 	dotR4    dotR4Func
 	dot8     dot8Func // as exact as dot4, used where dot4 is
+	gemm     gemmFunc // four rows × four tokens (gemm.go), exact; wants packed activations
+	dot2     dot2Func // dot4 for two tokens (a batch's two rows over), exact
 }
+
+// dot2Func is dot4Func for the two activation rows j, j+1.
+type dot2Func func(w []byte, a *actBuf, j int, out *[2]float32)
 
 // goKernels are the plain-Go kernels for every supported type; fastKernels
 // starts as a copy and the architecture file replaces entries with
 // assembly where the CPU has the features (see dot_amd64.go).
 var goKernels = map[gguf.Type]kernel{
-	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil},
-	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil},
-	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil},
-	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil},
-	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil},
-	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil},
-	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil},
-	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil},
-	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil},
-	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil},
-	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil},
-	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil},
-	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil},
-	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil},
-	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil},
-	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil},
+	gguf.TypeF32:    {actF32, dotWF32Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeF16:    {actF16, dotWF16Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeBF16:   {actBF16, dotWBF16Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_0:   {actQ8_0, dotQ4_0Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_1:   {actQ8_1, dotQ4_1Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_0:   {actQ8_0, dotQ5_0Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_1:   {actQ8_1, dotQ5_1Go, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ8_0:   {actQ8_0, dotQ8_0Go, nil, false, nil, nil, gemmQ8_0Go, nil},
+	gguf.TypeQ2_K:   {actQ8_K, dotQ2_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ3_K:   {actQ8_K, dotQ3_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ4_K:   {actQ8_K, dotQ4_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ5_K:   {actQ8_K, dotQ5_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeQ6_K:   {actQ8_K, dotQ6_KGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeIQ4_NL: {actQ8_0, dotIQ4_NLGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeIQ4_XS: {actQ8_K, dotIQ4_XSGo, nil, false, nil, nil, nil, nil},
+	gguf.TypeMXFP4:  {actQ8_0, dotMXFP4Go, nil, false, nil, nil, nil, nil},
 }
 
 var fastKernels = func() map[gguf.Type]kernel {
@@ -99,6 +104,8 @@ type actBuf struct {
 	s       []float32 // [n][cols/32]
 	bs      []int16   // [n][cols/16]
 	rows    []qrow    // per-row views
+	pack    bool      // also pack the Q8_0 rows, four to a group, into p (packQ8_0x4)
+	p       []byte    // [⌈n/4⌉][cols/32][q8x4Block]
 }
 
 func grow[T any](s []T, n int) []T {
@@ -128,6 +135,9 @@ func (a *actBuf) prepare(k actKind, n, cols int, x []float32) {
 		for j := range n {
 			a.rows[j] = qrow{q: a.q[j*cols : (j+1)*cols], d: a.d[j*nb : (j+1)*nb], s: a.s[j*nb : (j+1)*nb]}
 		}
+		if a.pack {
+			a.p = grow(a.p, ((n+3)>>2)*nb*q8x4Block)
+		}
 	case actQ8_K, actQ8_K4:
 		nb := cols / 256
 		a.q, a.d, a.bs = grow(a.q, n*cols), grow(a.d, n*nb), grow(a.bs, n*cols/16)
@@ -151,6 +161,9 @@ func (a *actBuf) quantRow(j int, xr []float32) {
 		}
 	case actQ8_0:
 		quantQ8_0(xr, r.q, r.d, r.s, false)
+		if a.pack {
+			a.packQ8_0x4(j)
+		}
 	case actQ8_1:
 		quantQ8_0(xr, r.q, r.d, r.s, true)
 	case actQ8_K:
@@ -161,15 +174,34 @@ func (a *actBuf) quantRow(j int, xr []float32) {
 	}
 }
 
+// zeroRow makes row j a padding row: all codes and scales zero, so its
+// products are zero (and thrown away; see padRows).
+func (a *actBuf) zeroRow(j int) {
+	r := &a.rows[j]
+	clear(r.f)
+	clear(r.q)
+	clear(r.d)
+	clear(r.s)
+	clear(r.bs)
+	if a.pack && a.kind == actQ8_0 {
+		a.packQ8_0x4(j)
+	}
+}
+
 // quantTask quantizes activation rows in parallel.
 type quantTask struct {
 	a    *actBuf
-	x    []float32
+	x    []float32 // n rows; rows past them are padding (zeros)
+	n    int
 	cols int
 }
 
 func (t *quantTask) run(_, lo, hi int) {
 	for j := lo; j < hi; j++ {
+		if j >= t.n {
+			t.a.zeroRow(j)
+			continue
+		}
 		t.a.quantRow(j, t.x[j*t.cols:(j+1)*t.cols])
 	}
 }
@@ -183,22 +215,28 @@ type matmulTask struct {
 	w     []byte
 	rb    int // bytes per weight row
 	rows  int
+	n     int // activation rows wanted in dst; act.n may add padding rows
 	act   *actBuf
 	dot   dotFunc
 	dot4  dot4Func
 	dot8  dot8Func
 	dotR4 dotR4Func
+	gemm  gemmFunc // set only with packed activations
+	dot2  dot2Func
 	scr   []workerScratch
 }
 
 func (t *matmulTask) run(w, lo, hi int) {
 	j := 0
+	if t.gemm != nil {
+		j = t.runGemm(w, lo, hi)
+	}
 	if t.dot8 != nil && t.act.n >= 8 {
 		o := &t.scr[w].out8
 		for ; j+8 <= t.act.n; j += 8 {
 			for r := lo; r < hi; r++ {
 				t.dot8(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
-				for k, v := range o {
+				for k, v := range o[:min(len(o), t.n-j)] {
 					t.dst[(j+k)*t.rows+r] = v
 				}
 			}
@@ -209,13 +247,22 @@ func (t *matmulTask) run(w, lo, hi int) {
 		for ; j+4 <= t.act.n; j += 4 {
 			for r := lo; r < hi; r++ {
 				t.dot4(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
-				for k, v := range o {
+				for k, v := range o[:min(len(o), t.n-j)] {
 					t.dst[(j+k)*t.rows+r] = v
 				}
 			}
 		}
 	}
-	for ; j < t.act.n; j++ {
+	if t.dot2 != nil && t.n-j >= 2 {
+		o := &t.scr[w].out2
+		d0, d1 := t.dst[j*t.rows:(j+1)*t.rows], t.dst[(j+1)*t.rows:(j+2)*t.rows]
+		for r := lo; r < hi; r++ {
+			t.dot2(t.w[r*t.rb:(r+1)*t.rb], t.act, j, o)
+			d0[r], d1[r] = o[0], o[1]
+		}
+		j += 2
+	}
+	for ; j < t.n; j++ {
 		x := &t.act.rows[j]
 		out := t.dst[j*t.rows : (j+1)*t.rows]
 		r := lo
@@ -267,16 +314,24 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
 		return err
 	}
-	a, err := b.quantize(k.act, n, w.Cols, x.Host)
-	if err != nil {
-		return err
+	gemm := k.gemm
+	if k.act != actQ8_0 || n < 4 {
+		gemm = nil // the tiles want packed Q8_0 activations, four rows of them
 	}
 	dot4, dot8 := k.dot4, k.dot8
 	if k.inexact4 && n <= kernels.MaxBatchRows {
 		dot4, dot8 = nil, nil // keep every row bit-identical to n = 1 (batch invariance)
 	}
-	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, scr: b.scratch}
-	if n < 4 {
+	np := padRows(n, padsRows(k))
+	if np != n && k.act == actF32 {
+		np = n // F32 activations are x itself: no room for padding
+	}
+	a, err := b.quantize(k.act, np, n, w.Cols, x.Host, gemm != nil)
+	if err != nil {
+		return err
+	}
+	b.mm = matmulTask{dst: dst.Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: a, dot: k.dot, dot4: dot4, dot8: dot8, dotR4: k.dotR4, gemm: gemm, dot2: k.dot2, scr: b.scratch}
+	if np < 4 {
 		// Nothing to reuse across tokens: long runs of consecutive rows
 		// stream from memory fastest (the hardware prefetchers follow one
 		// sequential stream per core), shrinking towards the end so the
@@ -284,7 +339,11 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		// four-row kernels.
 		err = b.pool.parallelGuided(&b.mm, w.Rows, 4)
 	} else {
-		err = b.pool.parallel(&b.mm, w.Rows, rowChunk(w.Rows, rb, b.threads))
+		c := rowChunk(w.Rows, rb, b.threads)
+		if gemm != nil && c > 4 {
+			c &^= 3 // whole tiles of four rows
+		}
+		err = b.pool.parallel(&b.mm, w.Rows, c)
 	}
 	b.mm = matmulTask{}
 	if err != nil {
@@ -293,19 +352,38 @@ func (b *Backend) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	return nil
 }
 
-// quantize puts n rows of cols activations from x into the backend's
-// activation buffer in the form kind a kernel reads (quantized in
-// parallel, one row a work item), and returns it.
-func (b *Backend) quantize(kind actKind, n, cols int, x []float32) (*actBuf, error) {
+// quantize puts n rows of cols activations into the backend's activation
+// buffer in the form kind a kernel reads (quantized in parallel, one row a
+// work item), and returns it: the nx rows of x, then n−nx zero rows of
+// padding (padRows); pack also packs Q8_0 rows for the tile kernels.
+func (b *Backend) quantize(kind actKind, n, nx, cols int, x []float32, pack bool) (*actBuf, error) {
 	a := &b.act
+	a.pack = pack
 	a.prepare(kind, n, cols, x)
 	if kind != actF32 {
-		b.qt = quantTask{a: a, x: x, cols: cols}
+		b.qt = quantTask{a: a, x: x, n: nx, cols: cols}
 		if err := b.pool.parallel(&b.qt, n, 1); err != nil {
 			return nil, opFault("matmul: quantizing activations", nil, err)
 		}
 	}
 	return a, nil
+}
+
+// padRows is how many activation rows a MatMul of n rows computes: with
+// kernels that take four (or eight) tokens at a time, n rounded up to a
+// multiple of four where it leaves three rows over (3, 7, 11, 15), the
+// rows added being zeros whose results are dropped. Three rows over would
+// cost a two-token pass and a one-row pass over the weights (or three
+// one-row passes); one padded four-token pass costs less. One row over
+// stays cheaper alone (measured on a Zen 4 core: a one-row kernel reaches
+// ~60 % of a four-token kernel's rate per row), and two rows over take a
+// two-token kernel where the type has one (Q4_K). Every real row keeps the arithmetic it has alone (the
+// multi-token kernels are exact), so batch invariance holds.
+func padRows(n int, multi bool) int {
+	if !multi || n%4 != 3 {
+		return n
+	}
+	return n + 1
 }
 
 // rowChunk picks how many weight rows one work item of a multi-token
@@ -322,7 +400,7 @@ var _ kernels.SharedInputMatMuler = (*Backend)(nil)
 
 // MatMuls implements kernels.SharedInputMatMuler: several weights times the
 // same activation rows (a layer's Q, K and V; its gate and up). For a
-// decode step (n < 4) whose weights take the same activation form and
+// decode step (n < 4, less the three rows MatMul pads to four) whose weights take the same activation form and
 // width, x is quantized once and the rows of every weight are shared out
 // in one parallel loop: one hand-off to the workers instead of one per
 // weight, which on a small model is a good part of a token's time. Each
@@ -335,7 +413,7 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer recoverFault(&err, debug.SetPanicOnFault(true), "matmuls", ws[0])
-	if n >= 4 || len(ws) > len(b.mms) || !sharedInput(ws, fastKernels) {
+	if padRows(n, multiToken(ws, fastKernels)) >= 4 || len(ws) > len(b.mms) || !sharedInput(ws, fastKernels) {
 		for i := range ws {
 			if err := b.matmul(dsts[i], ws[i], x, n, fastKernels); err != nil {
 				return err
@@ -360,11 +438,11 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		if err := checkTensor("matmuls: dst", dsts[i], n*w.Rows); err != nil {
 			return err
 		}
-		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, scr: b.scratch}
+		b.mms[i] = matmulTask{dst: dsts[i].Host, w: w.Host, rb: rb, rows: w.Rows, n: n, act: &b.act, dot: kw.dot, dotR4: kw.dotR4, dot2: kw.dot2, scr: b.scratch}
 		b.multi.off[i] = total
 		total += w.Rows
 	}
-	if _, err := b.quantize(k.act, n, ws[0].Cols, x.Host); err != nil {
+	if _, err := b.quantize(k.act, n, n, ws[0].Cols, x.Host, false); err != nil {
 		return err
 	}
 	b.multi.tasks, b.multi.k = b.mms[:len(ws)], len(ws)
@@ -378,6 +456,30 @@ func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		return opFault("matmuls", ws[0], err)
 	}
 	return nil
+}
+
+// padsRows reports whether MatMul pads a batch of three rows over to
+// four for k (padRows): a type with exact four-token kernels whose one-row
+// decode kernel is the plain one. Q8_0 is left out: its four-row decode
+// kernel (dotR4) streams the weights well enough that three one-row passes
+// beat a padded tile on bench86m (rows3 in BenchmarkLlama86M).
+func padsRows(k kernel) bool {
+	return !k.inexact4 && k.dot4 != nil && k.gemm == nil
+}
+
+// multiToken reports whether MatMul pads rows (padsRows) for every weight
+// of ws.
+func multiToken(ws []*kernels.Weight, table map[gguf.Type]kernel) bool {
+	for _, w := range ws {
+		if w == nil {
+			return false
+		}
+		k, ok := table[w.Type]
+		if !ok || !padsRows(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // sharedInput reports whether ws can share one quantized activation: every

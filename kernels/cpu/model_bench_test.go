@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -143,6 +144,27 @@ func BenchmarkLlama86M(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 			cm.report(1, "tok")
 		})
+		for _, rows := range []int{2, 3, 8} {
+			b.Run(fmt.Sprintf("%s/rows%d", mix, rows), func(b *testing.B) {
+				// rows rows a step, as a batched decode of that many
+				// sequences computes them (the attention here is one
+				// sequence's, over a short context): the backend's
+				// upper limit for continuous batching with rows clients.
+				be := New(0)
+				defer be.Close()
+				cache, _ := be.NewKVCache(bmLayers, 256, bmDim)
+				st := newBenchState(be, rows)
+				b.ResetTimer()
+				cm := startCPU(b)
+				for i := range b.N {
+					if err := m.forward(be, st, cache, rows*(i%(128/rows)), rows); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(rows*b.N)/b.Elapsed().Seconds(), "tok/s")
+				cm.report(float64(rows), "tok")
+			})
+		}
 		b.Run(mix+"/prompt128", func(b *testing.B) {
 			be := New(0)
 			defer be.Close()

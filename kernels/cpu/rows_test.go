@@ -167,7 +167,7 @@ func TestExpLoopsMatchGo(t *testing.T) {
 	}
 }
 
-// TestTokenKernelsMatchSingle checks the four- and eight-token kernels
+// TestTokenKernelsMatchSingle checks the two-, four- and eight-token kernels
 // against the one-token kernel of their type bit for bit on every token
 // (the batch invariance MatMul promises up to kernels.MaxBatchRows rows).
 func TestTokenKernelsMatchSingle(t *testing.T) {
@@ -199,6 +199,17 @@ func TestTokenKernelsMatchSingle(t *testing.T) {
 			for j := range 8 {
 				if want := k.dot(w.Host, &a.rows[j]); math.Float32bits(got[j]) != math.Float32bits(want) {
 					t.Errorf("%s cols=%d token %d: multi-token kernel %g, one-token %g", typ, cols, j, got[j], want)
+				}
+			}
+			if k.dot2 != nil {
+				var o [2]float32
+				for j := 0; j < 8; j += 2 {
+					k.dot2(w.Host, &a, j, &o)
+					for i, v := range o {
+						if want := k.dot(w.Host, &a.rows[j+i]); math.Float32bits(v) != math.Float32bits(want) {
+							t.Errorf("%s cols=%d token %d: two-token kernel %g, one-token %g", typ, cols, j+i, v, want)
+						}
+					}
 				}
 			}
 		}
