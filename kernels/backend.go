@@ -283,6 +283,10 @@ const MaxBatchRows = 64
 // only the row's own sequence; and MatMul with 1 ≤ n ≤ MaxBatchRows must
 // give each row exactly (bit for bit) what MatMul with n = 1 gives for that
 // row alone. A fixed seed then gives the same text alone or under load.
+// PagedAttention may choose its kernel by the layout's kind, a decode step
+// (every sequence one row) or not, since the model never mixes the two in
+// one op (model/batch.go groups them apart): a row must get the bits it
+// gets alone in a layout of the same kind.
 type Batcher interface {
 	// NewKVPool allocates a pool of blocks×blockSize positions for layers
 	// layers of kvDim-wide key and value rows; FreeKVPool releases it.

@@ -214,45 +214,62 @@ func (s *suite) pagedAttentionAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The step of every sequence together.
-	var lay kernels.Layout
-	lay.Tables = tables
-	first := make([]int, len(rows))
-	for q, n := range rows {
-		first[q] = len(lay.Pos)
-		for i := range n {
-			lay.Pos = append(lay.Pos, int32(hist[q]+i))
-			lay.Seq = append(lay.Seq, int32(q))
+	// together runs the rows of the sequences in qs (rows[q] each, after
+	// their histories) as one step, then each sequence alone, and requires
+	// the same bits.
+	together := func(what string, qs []int) {
+		var lay kernels.Layout
+		lay.Tables = tables
+		first := map[int]int{}
+		for _, q := range qs {
+			first[q] = len(lay.Pos)
+			for i := range rows[q] {
+				lay.Pos = append(lay.Pos, int32(hist[q]+i))
+				lay.Seq = append(lay.Seq, int32(q))
+			}
 		}
-	}
-	n := len(lay.Pos)
-	qv, kv, vv := RandomVector(rng, n*qDim, 1), RandomVector(rng, n*kvDim, 1), RandomVector(rng, n*kvDim, 1)
-	if err := bt.SetLayout(&lay); err != nil {
-		t.Fatal(err)
-	}
-	out := alloc(t, b, n*qDim)
-	if err := bt.PagedAttention(out, upload(t, b, qv), upload(t, b, kv), upload(t, b, vv), pool, 0, n, a); err != nil {
-		t.Fatal(err)
-	}
-	together := download(t, b, out)
-	// Each sequence alone, the same rows again.
-	for q, m := range rows {
-		f := first[q]
-		one := kernels.Layout{Pos: lay.Pos[f : f+m], Seq: make([]int32, m), Tables: [][]int32{tables[q]}}
-		if err := bt.SetLayout(&one); err != nil {
+		n := len(lay.Pos)
+		qv, kv, vv := RandomVector(rng, n*qDim, 1), RandomVector(rng, n*kvDim, 1), RandomVector(rng, n*kvDim, 1)
+		if err := bt.SetLayout(&lay); err != nil {
 			t.Fatal(err)
 		}
-		o := alloc(t, b, m*qDim)
-		if err := bt.PagedAttention(o, upload(t, b, qv[f*qDim:(f+m)*qDim]), upload(t, b, kv[f*kvDim:(f+m)*kvDim]), upload(t, b, vv[f*kvDim:(f+m)*kvDim]), pool, 0, m, a); err != nil {
+		out := alloc(t, b, n*qDim)
+		if err := bt.PagedAttention(out, upload(t, b, qv), upload(t, b, kv), upload(t, b, vv), pool, 0, n, a); err != nil {
 			t.Fatal(err)
 		}
-		alone := download(t, b, o)
-		for i, v := range alone {
-			if math.Float32bits(together[f*qDim+i]) != math.Float32bits(v) {
-				t.Fatalf("sequence %d value %d: %g in the step, %g alone", q, i, together[f*qDim+i], v)
+		step := download(t, b, out)
+		for _, q := range qs {
+			f, m := first[q], rows[q]
+			one := kernels.Layout{Pos: lay.Pos[f : f+m], Seq: make([]int32, m), Tables: [][]int32{tables[q]}}
+			if err := bt.SetLayout(&one); err != nil {
+				t.Fatal(err)
+			}
+			o := alloc(t, b, m*qDim)
+			if err := bt.PagedAttention(o, upload(t, b, qv[f*qDim:(f+m)*qDim]), upload(t, b, kv[f*kvDim:(f+m)*kvDim]), upload(t, b, vv[f*kvDim:(f+m)*kvDim]), pool, 0, m, a); err != nil {
+				t.Fatal(err)
+			}
+			alone := download(t, b, o)
+			for i, v := range alone {
+				if math.Float32bits(step[f*qDim+i]) != math.Float32bits(v) {
+					t.Fatalf("%s: sequence %d value %d: %g in the step, %g alone", what, q, i, step[f*qDim+i], v)
+				}
 			}
 		}
 	}
+	// A decode step (one row a sequence), then a step of prompt pieces:
+	// the Batcher contract lets a backend choose its attention kernel by
+	// that kind of layout (the model never mixes the two in one op), so
+	// each kind is compared with its rows alone.
+	var decode, pieces []int
+	for q, n := range rows {
+		if n == 1 {
+			decode = append(decode, q)
+		} else {
+			pieces = append(pieces, q)
+		}
+	}
+	together("decode step", decode)
+	together("prompt pieces", pieces)
 }
 
 // pagedAttentionExact: a sequence run through PagedAttention
