@@ -218,14 +218,14 @@ func (s *suite) pagedAttentionAlone(t *testing.T) {
 	// their histories) as one step, then each sequence alone, and requires
 	// the same bits.
 	together := func(what string, qs []int) {
-		var lay kernels.Layout
-		lay.Tables = tables
+		var lay kernels.Layout // the tables of qs only, as the model's groups have
 		first := map[int]int{}
-		for _, q := range qs {
+		for j, q := range qs {
+			lay.Tables = append(lay.Tables, tables[q])
 			first[q] = len(lay.Pos)
 			for i := range rows[q] {
 				lay.Pos = append(lay.Pos, int32(hist[q]+i))
-				lay.Seq = append(lay.Seq, int32(q))
+				lay.Seq = append(lay.Seq, int32(j))
 			}
 		}
 		n := len(lay.Pos)

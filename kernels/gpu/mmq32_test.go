@@ -24,6 +24,8 @@ import (
 // block), stories260K's widths (64, 96 columns: two and three blocks) and
 // the 8B model's.
 func TestMMQ32MatchesCPU(t *testing.T) {
+	q8Prompt = true // off by default (mmq32.go)
+	defer func() { q8Prompt = false }()
 	b := mmqBackend(t)
 	cb := cpu.New(2)
 	defer cb.Close()
@@ -105,6 +107,8 @@ func TestMMQ32MatchesCPU(t *testing.T) {
 // vendorMinN rows where found). Reports µs per product and the rate in
 // TOPS (2·rows·cols·n operations).
 func BenchmarkMMQ32(b *testing.B) {
+	q8Prompt = true
+	defer func() { q8Prompt = false }()
 	bk := mmqBackend(b)
 	bk.waitVendor()
 	rng := rand.New(rand.NewPCG(7, 8))
