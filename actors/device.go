@@ -374,11 +374,11 @@ func (d *DeviceUploader) Flush(u *Unit) (Fence, error) {
 		} else {
 			p = d.arena + rocm.DevPtr(t.ArenaOff)
 		}
-		w := &kernels.Weight{Name: t.Name(), Type: t.To, Cols: int(t.Info.Dims[0]), Rows: int(t.Info.Rows()), Dev: uintptr(p)}
+		var host []byte
 		if t.PassThrough() {
-			w.Host = t.src // the mapped file: free, and handy for host-side checks
+			host = t.src // the mapped file: free, and handy for host-side checks
 		}
-		d.weights[t.Name()] = w
+		d.weights[t.Name()] = placedWeight(t, uintptr(p), host)
 	}
 	if us.finish(false, true) {
 		err := d.do(func(c *rocm.Ctx) error { return c.Record(us.ev, d.stream) })

@@ -109,8 +109,7 @@ func (su *StreamUploader) Flush(u *Unit) (Fence, error) {
 		if f.err = su.failed[u]; f.err == nil {
 			for _, t := range u.Tensors {
 				end := t.ArenaOff + t.OutBytes
-				su.weights[t.Name()] = &kernels.Weight{Name: t.Name(), Type: t.To,
-					Cols: int(t.Info.Dims[0]), Rows: int(t.Info.Rows()), Host: su.arena[t.ArenaOff:end:end]}
+				su.weights[t.Name()] = placedWeight(t, 0, su.arena[t.ArenaOff:end:end])
 			}
 		}
 		close(f.done)

@@ -175,9 +175,7 @@ func (h *HostUploader) Flush(u *Unit) (Fence, error) {
 		if int64(len(data)) != t.OutBytes {
 			return nil, fmt.Errorf("tensor %q: %d bytes in place, want %d", t.Name(), len(data), t.OutBytes)
 		}
-		h.weights[t.Name()] = &kernels.Weight{
-			Name: t.Name(), Type: t.To, Cols: int(t.Info.Dims[0]), Rows: int(t.Info.Rows()), Host: data,
-		}
+		h.weights[t.Name()] = placedWeight(t, 0, data)
 	}
 	return doneFence{}, nil
 }
