@@ -2,7 +2,7 @@
 # The tensor-core batched matmul (kernels/gpu/cu/mmq.cu) on the GPU machine
 # in one call: ptxas resources, its tests, the per-row-count benchmark
 # against the multi-row matrix-vector kernels, and the batched decode step
-# of the 8B shape with and without it (FORGE_GPU_NO_MMQ=1). Binaries, built
+# of the 8B shape with and without it (FORGE_TEST_GPU_MMQ=off). Binaries, built
 # here and carried as bin/dev:
 #
 #   for p in kernels/gpu pipeline/model; do
@@ -71,8 +71,8 @@ for ph in $phases; do
     for v in best old new; do
       [ "$(left)" -lt 25 ] && { echo "step $v: no time left" >>"$sum"; continue; }
       case $v in
-      old) e=FORGE_GPU_NO_MMQ=1 ;;
-      best) e=FORGE_GPU_MMQ_VARIANT=${best:-} ;;
+      old) e=FORGE_TEST_GPU_MMQ=off ;;
+      best) e=FORGE_TEST_GPU_MMQ=${best:-} ;;
       *) e=FORGE_X= ;;
       esac
       echo "step $v: $e" >>"$sum"

@@ -13,7 +13,7 @@
 #    suite's prompt products of every type, the GEMM and mmq checks;
 # 2. forge perplexity's CPU-vs-GPU agreement on stories260K (F32, Q8_0,
 #    Q4_0, Q4_K_M; TestGPUPerplexityMatchesCPU), with the 8-bit path and,
-#    for comparison, without it (FORGE_GPU_NO_MMQ=1: x rounded to f16);
+#    (the comparison without the 8-bit paths is their default now: kernels/gpu q8Prompt);
 # 3. `forge bench gen -p 512 -n 0` on the 8B shape in Q4_K_M and Q4_0
 #    (forge gen --preset llama3-8b), this build and forge-main, one after
 #    the other on the idle GPU;
@@ -58,8 +58,6 @@ for q in q4_k_m q4_0; do
     grep -E 'pp512|error' "$logs/pp512-$q-$f.log" | sed "s/^/$f $q: /" | tee -a "$out/summary"
   done
 done
-step ppl-nommq 40 env FORGE_GPU_NO_MMQ=1 "$bin/pipeline.test" -test.v -test.run 'TestGPUPerplexityMatchesCPU'
-grep -hE -- 'CPU .*GPU|--- (FAIL|PASS)' "$logs/ppl-nommq.log" | sed 's/^/no mmq: /' | tee -a "$out/summary"
 if [ "${BENCH:-0}" = 1 ]; then
   step bench-mmq32 30 "$bin/gpu.test" -test.run '^$' -test.bench BenchmarkMMQ32 -test.benchtime 10x
   grep -E '^Benchmark' "$logs/bench-mmq32.log" | tee -a "$out/summary"

@@ -81,6 +81,10 @@ type Options struct {
 	// record it once and replay it as a GPU graph; for comparisons
 	// (forge run --no-graph).
 	NoGraph bool
+	// MMQ chooses the GPU's int8 tensor-core kernels for MatMul's rows
+	// (gpu.Options.MMQ: "" the measured defaults, "off", or variants per
+	// type), for comparisons (forge --gpu-mmq).
+	MMQ string
 
 	// uploader places the weights on the device; nil: the backend's
 	// (on the CPU, zero-copy views of the mapped file; on a GPU an

@@ -186,7 +186,7 @@ func openSharedDev(o Options, sel rocm.Selection, mem *actors.Memory, d *sharedD
 		}
 		w.Close()
 	}
-	b, err := gpu.New(w, gpu.Options{})
+	b, err := gpu.New(w, gpu.Options{MMQ: o.MMQ})
 	if err != nil {
 		closeWorkers()
 		fail(fmt.Errorf("%s: %w", ch.Device, err))

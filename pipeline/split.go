@@ -120,7 +120,7 @@ type splitDev struct {
 
 // openSplitDevices opens every GPU at once (driver contexts, kernels,
 // each device's uploader thread).
-func openSplitDevices(ords []int) ([]*splitDev, error) {
+func openSplitDevices(ords []int, mmq string) ([]*splitDev, error) {
 	if _, err := rocm.OpenAny(); err != nil {
 		return nil, err // the driver: once, not once per device
 	}
@@ -158,7 +158,7 @@ func openSplitDevices(ords []int) ([]*splitDev, error) {
 			}); err != nil {
 				slog.Debug("pipeline: free memory unknown", "device", ord, "err", err)
 			}
-			b, err := gpu.New(w, gpu.Options{})
+			b, err := gpu.New(w, gpu.Options{MMQ: mmq})
 			if err != nil {
 				closeW()
 				errs[k] = fmt.Errorf("%s: %w", ch.Device, err)
@@ -369,7 +369,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		}
 	} else {
 		var err error
-		if devs, err = openSplitDevices(ords); err != nil {
+		if devs, err = openSplitDevices(ords, o.MMQ); err != nil {
 			return nil, fmt.Errorf("pipeline: device %q: %w", o.Device, err)
 		}
 	}

@@ -62,6 +62,7 @@ func benchGenCommand() *cli.Command {
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.StringFlag{Name: "peer", Usage: "llama-bench command line (e.g. 'llama-bench -ngl 99'); -m, -p, -n, -r and -o json are appended, and -t when --threads is set and the command has none"},
 			&cli.BoolFlag{Name: "json", Usage: "print the rows as JSON instead of the table"},
+			gpuMMQFlag(),
 		},
 		Action: benchGenCmd,
 	}
@@ -91,6 +92,7 @@ type genConfig struct {
 	p, n, r int
 	device  string
 	threads int
+	mmq     string // --gpu-mmq
 }
 
 func benchGenCmd(c *cli.Context) error {
@@ -119,6 +121,10 @@ func benchGen(ctx context.Context, c *cli.Context) error {
 		return err
 	}
 	cfg := genConfig{p: c.Int("p"), n: c.Int("n"), r: c.Int("r"), device: c.String("device"), threads: c.Int("threads")}
+	var err error
+	if cfg.mmq, err = gpuMMQ(c); err != nil {
+		return err
+	}
 	models := c.StringSlice("model")
 	for _, m := range models {
 		if _, err := os.Stat(m); err != nil {
@@ -174,7 +180,7 @@ func benchGenModel(ctx context.Context, path string, cfg genConfig) ([]genRow, e
 	if err != nil {
 		return nil, err
 	}
-	m, err := pipeline.Open(ctx, path, pipeline.Options{Device: cfg.device, Threads: cfg.threads})
+	m, err := pipeline.Open(ctx, path, pipeline.Options{Device: cfg.device, Threads: cfg.threads, MMQ: cfg.mmq})
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/urfave/cli/v2"
 
+	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline"
 )
 
@@ -22,4 +23,22 @@ func gpuUpload(c *cli.Context) (pipeline.UploadTuning, error) {
 		return t, usageErrorf("--gpu-upload %q: %v", c.String("gpu-upload"), err)
 	}
 	return t, nil
+}
+
+// gpuMMQFlag chooses the GPU's int8 tensor-core kernels (forge run, forge
+// serve, forge bench gen): a benchmark knob, hidden from help, that
+// replaced the FORGE_GPU_NO_MMQ and FORGE_GPU_MMQ_VARIANT environment
+// variables.
+func gpuMMQFlag() cli.Flag {
+	return &cli.StringFlag{Name: "gpu-mmq", Hidden: true,
+		Usage: "the GPU's int8 tensor-core kernels for batched rows: off, or variants per type such as q4_k=p,q6_k=- (default: the measured best)"}
+}
+
+// gpuMMQ reads --gpu-mmq, refusing a setting gpu.ParseMMQ does not take.
+func gpuMMQ(c *cli.Context) (string, error) {
+	s := c.String("gpu-mmq")
+	if _, _, err := gpu.ParseMMQ(s); err != nil {
+		return "", usageErrorf("--gpu-mmq %q: %v", s, err)
+	}
+	return s, nil
 }

@@ -62,6 +62,7 @@ func init() {
 			// For comparisons and benchmarks.
 			&cli.BoolFlag{Name: "no-graph", Usage: "run every decode step op by op instead of replaying it as a GPU graph, for comparisons"},
 			gpuUploadFlag(),
+			gpuMMQFlag(),
 			// For tests and demonstrations: a slow generation, to interrupt.
 			&cli.DurationFlag{Name: "token-delay", Hidden: true, Usage: "wait this long after each generated token"},
 		}, constrainFlags()...),
@@ -250,6 +251,9 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
 		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split, NoGraph: c.Bool("no-graph")}
 	if opts.Upload, err = gpuUpload(c); err != nil {
+		return err
+	}
+	if opts.MMQ, err = gpuMMQ(c); err != nil {
 		return err
 	}
 	if s := c.String("throttle"); s != "" {

@@ -57,6 +57,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
 			gpuUploadFlag(),
+			gpuMMQFlag(),
 			&cli.StringSliceFlag{Name: "chat-template", Usage: "chat template: chatml, llama2, llama3, mistral, or a FILE holding a template, for every model, or ID=NAME|FILE for the -m model ID (repeatable; default: each model's own, else chatml)"},
 			&cli.BoolFlag{Name: "deterministic", Usage: "no KV prefix shared between requests, so that a request gives the same tokens alone or among others on a GPU too"},
 		},
@@ -151,6 +152,9 @@ func serveAction(c *cli.Context) error {
 		SingleSequence: c.Bool("single-sequence"),
 	}
 	if cfg.engine.Open.Upload, err = gpuUpload(c); err != nil {
+		return err
+	}
+	if cfg.engine.Open.MMQ, err = gpuMMQ(c); err != nil {
 		return err
 	}
 	if b := c.String("budget"); b != "" {

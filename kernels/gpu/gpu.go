@@ -26,7 +26,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +49,10 @@ type Options struct {
 	// (kernel gemm_f16_fma, no vendor library, no mma): the path an AMD GPU
 	// without rocBLAS takes, so that it can be tested on an NVIDIA GPU.
 	GEMMFMA bool
+	// MMQ chooses the int8 tensor-core kernels of MatMul's rows (mmq.go,
+	// ParseMMQ): "" the measured defaults, "off", or variants per type,
+	// for comparisons.
+	MMQ string
 }
 
 // Backend runs the ops of kernels.Backend on one GPU.
@@ -110,7 +113,7 @@ type Backend struct {
 	// (mmqVariants). For tests and benchmarks.
 	mmqOff      bool
 	mmqVariant  string
-	mmqChoice   map[gguf.Type]string // the variant per type: mmqDefault, or as EnvMMQVariant says
+	mmqChoice   map[gguf.Type]string // the variant per type: mmqDefault, or as Options.MMQ says
 	mmqMin      int
 	mmqNoPrompt bool
 	lay         layoutState // the step layout of the Batcher ops (batch.go)
@@ -157,6 +160,10 @@ func Open(ordinal int, o Options) (*Backend, error) {
 // queues work on a new stream.
 func New(w *rocm.Worker, o Options) (*Backend, error) {
 	t0 := time.Now()
+	mmqOff, mmqChoice, err := ParseMMQ(o.MMQ)
+	if err != nil {
+		return nil, err
+	}
 	var man *Manifest
 	objs, err := ShippedObjects()
 	if err == nil && objs != nil {
@@ -230,8 +237,8 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		allocs:    map[uintptr]int64{},
 		weights:   map[*kernels.Weight]devBuf{},
 		scratch:   map[string]devBuf{},
-		mmqOff:    os.Getenv(EnvNoMMQ) == "1",
-		mmqChoice: mmqVariantsFromEnv(os.Getenv(EnvMMQVariant)),
+		mmqOff:    mmqOff,
+		mmqChoice: mmqChoice,
 	}
 	if b.warp <= 0 {
 		return nil, fmt.Errorf("gpu: device %s reports warp size %d", w.Device.Name, b.warp)

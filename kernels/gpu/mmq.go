@@ -9,6 +9,7 @@ package gpu
 // kernels.MaxBatchRows rows (instead of dequantizing the weight for a GEMM).
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -18,30 +19,33 @@ import (
 	"github.com/forge-llm/forge/rocm"
 )
 
-// EnvNoMMQ set to 1 keeps MatMul off the mmq kernels (the multi-row
-// matrix-vector kernels and the prompt GEMM as before them), for
-// comparisons in one build.
-const EnvNoMMQ = "FORGE_GPU_NO_MMQ"
-
-// EnvMMQVariant overrides mmqDefault: "q4_k=p,q6_k=-" (a type without an
-// entry keeps its default), for comparisons in one build.
-const EnvMMQVariant = "FORGE_GPU_MMQ_VARIANT"
-
-// mmqVariantsFromEnv returns mmqDefault with the choices of EnvMMQVariant.
-func mmqVariantsFromEnv(spec string) map[gguf.Type]string {
-	out := maps.Clone(mmqDefault)
+// ParseMMQ reads Options.MMQ: "" (the measured defaults, mmqDefault),
+// "off" (MatMul keeps off the mmq kernels: the multi-row matrix-vector
+// kernels and the prompt GEMM as before them), or variants per type such
+// as "q4_k=p,q6_k=-" (a type without an entry keeps its default). Both
+// are for comparisons in one build (forge --gpu-mmq).
+func ParseMMQ(spec string) (off bool, choice map[gguf.Type]string, err error) {
+	choice = maps.Clone(mmqDefault)
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return false, choice, nil
+	}
+	if spec == "off" {
+		return true, choice, nil
+	}
 	for _, kv := range strings.Split(spec, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok {
-			continue
-		}
+		found := false
 		for typ, vs := range mmqVariants {
-			if strings.EqualFold(k, typ.String()) && slices.Contains(vs, v) {
-				out[typ] = v
+			if ok && strings.EqualFold(k, typ.String()) && slices.Contains(vs, v) {
+				choice[typ], found = v, true
 			}
 		}
+		if !found {
+			return false, nil, fmt.Errorf("gpu: mmq setting %q: want off, or TYPE=VARIANT pairs (q4_k and q6_k: - or p)", kv)
+		}
 	}
-	return out
+	return false, choice, nil
 }
 
 // mmqMinRows is the fewest rows MatMul sends to the mmq kernels (fewer go

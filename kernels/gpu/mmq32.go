@@ -18,7 +18,7 @@ package gpu
 // matrix-vector kernels, whose rows are bit-identical to one-row products;
 // this serves only what went to the GEMM: MatMulPrompt's pieces of
 // promptGEMMMinN rows on and MatMul's of more than kernels.MaxBatchRows.
-// EnvNoMMQ turns both off with the other mmq kernels.
+// Options.MMQ "off" turns both off with the other mmq kernels.
 
 import (
 	"strconv"
@@ -66,7 +66,7 @@ func (b *Backend) q8GEMM(w *kernels.Weight) bool {
 // device with mma.sync on 8-bit integers (sm_80 on), 32-lane warps, a Q4_0
 // or Q8_0 weight of whole blocks, 2-byte aligned (the kernels read the
 // blocks as 16-bit halves), of at most 65535 tiles of 64 rows (the grid's
-// y). EnvNoMMQ turns it off with the other mmq kernels.
+// y). Options.MMQ "off" turns it off with the other mmq kernels.
 func (b *Backend) mmq32Fits(w *kernels.Weight, wp rocm.DevPtr) bool {
 	if b.mmqOff || !q8Prompt || b.warp != 32 {
 		return false

@@ -103,12 +103,9 @@ func openBLASLib() (uintptr, string, error) {
 	return 0, "", fmt.Errorf("gpu: cuBLAS not found (%d places tried, last: %v)", len(cands), lastErr)
 }
 
-// blasFlags are the dlopen flags of cuBLAS (FORGE_BLAS_NOW=1 binds every
-// symbol at once, for comparisons).
+// blasFlags are the dlopen flags of cuBLAS: lazy binding, so that opening
+// it does not resolve the thousands of symbols forge never calls.
 func blasFlags() int {
-	if os.Getenv("FORGE_BLAS_NOW") == "1" {
-		return purego.RTLD_NOW | purego.RTLD_GLOBAL
-	}
 	return purego.RTLD_LAZY | purego.RTLD_GLOBAL
 }
 

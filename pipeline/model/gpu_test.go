@@ -20,7 +20,9 @@ const envRequireGPU = "FORGE_REQUIRE_GPU"
 // failing, with FORGE_REQUIRE_GPU=1) where there is none.
 func openGPU(t testing.TB) *gpu.Backend {
 	t.Helper()
-	b, err := gpu.Open(0, gpu.Options{CacheDir: os.Getenv("FORGE_CACHE_DIR")})
+	// FORGE_TEST_GPU_MMQ is gpu.Options.MMQ for these tests (bench/mmq-h100.sh
+	// compares the int8 kernels' settings in one build).
+	b, err := gpu.Open(0, gpu.Options{CacheDir: os.Getenv("FORGE_CACHE_DIR"), MMQ: os.Getenv("FORGE_TEST_GPU_MMQ")})
 	if err != nil {
 		if (errors.Is(err, rocm.ErrNoDevice) || errors.Is(err, rocm.ErrNoDriver)) && os.Getenv(envRequireGPU) != "1" {
 			t.Skipf("no GPU (set %s=1 to make this a failure): %v", envRequireGPU, err)
