@@ -7,6 +7,7 @@
 //                 a score soft-cap (Mistral, Gemma 2/3), over the same f16 or
 //                 f32 KV cache layout as attn.cu.
 #include "common.h"
+#include "softmax.h"
 
 // gelu_tanh is GELU in its tanh approximation, as ggml computes it:
 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
@@ -72,23 +73,7 @@ static __device__ void attn_ext(float* out, const float* q, const KT* kc, const 
       ps[j] = s;
     }
     __syncthreads();
-    float cm = -3.0e38f;
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
-    cm = block_max(cm, scratch);
-    float mn = fmaxf(m, cm);
-    float alpha = expf(m - mn);
-    float ls = 0.0f;
-    __syncthreads();
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
-      float p = expf(ps[j] - mn);
-      ps[j] = p;
-      ls += p;
-    }
-    ls = block_sum(ls, scratch);  // its barriers make every ps[j] visible
-    l = l * alpha + ls;
-    m = mn;
-    acc0 *= alpha;
-    acc1 *= alpha;
+    softmax_chunk(ps, cl, m, l, acc0, acc1, scratch);
     for (int j = 0; j < cl; j++) {
       const KT* vr = vb + (size_t)(c0 + j) * kvDim;
       float p = ps[j];

@@ -7,6 +7,7 @@
 // max m, running sum l, output rescaled by e^(m_old − m_new)), so shared
 // memory does not grow with the context.
 #include "common.h"
+#include "softmax.h"
 
 #define ATT_CH 256
 
@@ -152,23 +153,7 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     // (many independent loads in flight, unlike a warp reduction per key)
     for (int j = threadIdx.x; j < cl; j += blockDim.x) ps[j] = kdot(kb + (size_t)(c0 + j) * kvDim, qs, D) * scale;
     __syncthreads();
-    float cm = -3.0e38f;
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
-    cm = block_max(cm, scratch);
-    float mn = fmaxf(m, cm);
-    float alpha = expf(m - mn);
-    float ls = 0.0f;
-    __syncthreads();
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
-      float p = expf(ps[j] - mn);
-      ps[j] = p;
-      ls += p;
-    }
-    ls = block_sum(ls, scratch);  // its barriers make every ps[j] visible
-    l = l * alpha + ls;
-    m = mn;
-    acc0 *= alpha;
-    acc1 *= alpha;
+    softmax_chunk(ps, cl, m, l, acc0, acc1, scratch);
 #pragma unroll 8
     for (int j = 0; j < cl; j++) {
       const KT* vr = vb + (size_t)(c0 + j) * kvDim;

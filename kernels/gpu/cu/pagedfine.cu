@@ -17,6 +17,7 @@
 //   part [n][heads][PF_SPLITS][D+2]; q [n][heads][D]; kc, vc: one layer of
 //   the pool; pos, seq, toff, tabs: the step's layout (see attn.cu).
 #include "common.h"
+#include "softmax.h"
 
 #define PF_SPLITS 16
 #define PF_MIN 16
@@ -116,23 +117,7 @@ static __device__ void attn_paged_fine(float* part, const float* q, const KT* kc
     __syncthreads();
     for (int j = threadIdx.x; j < cl; j += blockDim.x) ps[j] = pf_dot(kb + (size_t)rowi[j] * kvDim, qs, D) * scale;
     __syncthreads();
-    float cm = -3.0e38f;
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
-    cm = block_max(cm, scratch);
-    float mn = fmaxf(m, cm);
-    float alpha = expf(m - mn);
-    float ls = 0.0f;
-    __syncthreads();
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
-      float p = expf(ps[j] - mn);
-      ps[j] = p;
-      ls += p;
-    }
-    ls = block_sum(ls, scratch);  // its barriers make every ps[j] visible
-    l = l * alpha + ls;
-    m = mn;
-    acc0 *= alpha;
-    acc1 *= alpha;
+    softmax_chunk(ps, cl, m, l, acc0, acc1, scratch);
 #pragma unroll 8
     for (int j = 0; j < cl; j++) {
       const KT* vr = vb + (size_t)rowi[j] * kvDim;

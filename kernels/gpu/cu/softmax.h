@@ -1,0 +1,31 @@
+// The online softmax step shared by the attention kernels (attn.cu,
+// pagedfine.cu, archops.cu): one chunk of scores at a time, so a block
+// attends over any number of positions with a fixed shared buffer.
+#pragma once
+#include "common.h"
+
+// softmax_chunk takes the cl scores in ps (shared), replaces each s with
+// exp(s − m′), m′ the larger of the running maximum m and the chunk's,
+// folds their sum into l, and rescales the value accumulators by
+// exp(m − m′). Every thread of the block calls it; on return ps holds the
+// weights, visible to all (block_sum's barriers), and the caller adds
+// Σ ps[j]·v[j] into acc0/acc1.
+DEV void softmax_chunk(float* ps, int cl, float& m, float& l, float& acc0, float& acc1, float* scratch) {
+  float cm = -3.0e38f;
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) cm = fmaxf(cm, ps[j]);
+  cm = block_max(cm, scratch);
+  float mn = fmaxf(m, cm);
+  float alpha = expf(m - mn);
+  float ls = 0.0f;
+  __syncthreads();
+  for (int j = threadIdx.x; j < cl; j += blockDim.x) {
+    float p = expf(ps[j] - mn);
+    ps[j] = p;
+    ls += p;
+  }
+  ls = block_sum(ls, scratch);  // its barriers make every ps[j] visible
+  l = l * alpha + ls;
+  m = mn;
+  acc0 *= alpha;
+  acc1 *= alpha;
+}
