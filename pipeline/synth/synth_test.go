@@ -514,19 +514,7 @@ func TestBlocksForward(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := model.ConfigFromFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := model.NewFileWeights(f, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		be := cpu.New(2)
-		m, err := model.New(be, cfg, w, model.Options{Ctx: 32})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, closeModel := cpuModel(t, f, 32)
 		next, sum := int32(1), 0.0
 		for pos := range 8 {
 			logits, err := m.Forward(context.Background(), []int32{next}, pos)
@@ -538,17 +526,10 @@ func TestBlocksForward(t *testing.T) {
 				t.Fatalf("%s: position %d: logits finite %v, std %g", fill, pos, s.finite, s.std)
 			}
 			sum += s.std
-			best := 0
-			for i, x := range logits {
-				if x > logits[best] {
-					best = i
-				}
-			}
-			next = int32(best)
+			next = int32(argmax(logits))
 		}
 		spread[fill] = sum / 8
-		m.Close()
-		be.Close()
+		closeModel()
 		f.Close()
 	}
 	t.Logf("mean logit std: %.3g with block fill, %.3g with quantize fill", spread[FillBlocks], spread[FillQuantize])
@@ -623,19 +604,7 @@ func TestValidUTF8(t *testing.T) {
 				t.Errorf("%s: %s row %d (%q) zero = %v", fill, name, r, tm.Tokens[r], zero)
 			}
 		}
-		cfg, err := model.ConfigFromFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := model.NewFileWeights(f, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		be := cpu.New(2)
-		m, err := model.New(be, cfg, w, model.Options{Ctx: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, closeModel := cpuModel(t, f, 64)
 		for start := range partial {
 			next := int32(start)
 			for pos := range 16 {
@@ -643,20 +612,46 @@ func TestValidUTF8(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				best := 0
-				for i, x := range logits {
-					if x > logits[best] {
-						best = i
-					}
-				}
+				best := argmax(logits)
 				if partial[best] {
 					t.Fatalf("%s: greedy picked byte token %q after %d steps from %q", fill, tm.Tokens[best], pos, tm.Tokens[start])
 				}
 				next = int32(best)
 			}
 		}
-		m.Close()
-		be.Close()
+		closeModel()
 		f.Close()
 	}
+}
+
+// cpuModel makes a model of f's weights on a two-thread CPU backend with
+// ctx positions; close frees both.
+func cpuModel(t *testing.T, f *gguf.File, ctx int) (m *model.Model, close func()) {
+	t.Helper()
+	cfg, err := model.ConfigFromFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := model.NewFileWeights(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(2)
+	m, err = model.New(be, cfg, w, model.Options{Ctx: ctx})
+	if err != nil {
+		be.Close()
+		t.Fatal(err)
+	}
+	return m, func() { m.Close(); be.Close() }
+}
+
+// argmax is the index of the largest logit (the first of equals).
+func argmax(logits []float32) int {
+	best := 0
+	for i, x := range logits {
+		if x > logits[best] {
+			best = i
+		}
+	}
+	return best
 }
