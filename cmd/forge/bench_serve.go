@@ -123,6 +123,9 @@ func benchServeCmd(c *cli.Context) error {
 	if c.IsSet("duration") && c.IsSet("requests-per-client") {
 		return errors.New("bench serve: --duration and --requests-per-client exclude each other")
 	}
+	if n := c.Int("requests-per-client"); n <= 0 {
+		return fmt.Errorf("--requests-per-client %d: must be positive", n)
+	}
 	for _, f := range []string{"prompt-tokens", "max-tokens", "history-tokens", "turn-tokens"} {
 		if c.Int(f) <= 0 {
 			return fmt.Errorf("--%s %d: must be positive", f, c.Int(f))

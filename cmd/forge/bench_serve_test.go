@@ -224,6 +224,7 @@ func TestBenchServeErrors(t *testing.T) {
 		{[]string{"-m", model, "--swap"}, "--swap needs two -m models, 1 given"},
 		{[]string{"-m", model, "--duration", "1s", "--requests-per-client", "2"}, "exclude each other"},
 		{[]string{"-m", model, "--max-tokens", "0"}, "--max-tokens 0: must be positive"},
+		{[]string{"-m", model, "--turns", "2", "--requests-per-client", "0"}, "--requests-per-client 0: must be positive"},
 		{[]string{"-m", model, "--peer-api", "grpc"}, `--peer-api "grpc": want openai or llama`},
 		{[]string{"--url", "localhost:8080"}, "--url: \"localhost:8080\" is not an http(s) URL"},
 		{[]string{"-m", model, "--peer-url", "x=ftp://h"}, "--peer-url: \"ftp://h\" is not an http(s) URL"},
