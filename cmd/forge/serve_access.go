@@ -200,7 +200,12 @@ func (s *server) wrap(a *access, next http.Handler) http.Handler {
 		defer s.inflight.Done()
 		sw, r, done := s.observe(w, r) // metrics and the access log
 		defer done()
-		w = &deadlineWriter{ResponseWriter: sw, rc: http.NewResponseController(sw), d: s.writeTimeout}
+		dw := &deadlineWriter{ResponseWriter: sw, rc: http.NewResponseController(sw), d: s.writeTimeout}
+		// The answer leaves before the handler counts as done: shutdown
+		// closes connections once every handler is done, and an answer
+		// still in the server's buffer then would be lost.
+		defer dw.FlushError()
+		w = dw
 		if !a.hostAllowed(r.Host) {
 			writeError(w, http.StatusForbidden, "forbidden_host", "Host not allowed (forge serve answers its --addr host and loopback names)")
 			return

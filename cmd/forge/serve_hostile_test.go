@@ -38,9 +38,19 @@ type answer struct {
 
 func (ts *testServer) do(t *testing.T, method, path, ctype, body string, hdr map[string]string) answer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, ts.url+path, strings.NewReader(body))
+	a, err := ts.tryDo(t.Context(), method, path, ctype, body, hdr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a
+}
+
+// tryDo is do for goroutines other than the test's, which must not call
+// t.Fatal: it returns the transport's error.
+func (ts *testServer) tryDo(ctx context.Context, method, path, ctype, body string, hdr map[string]string) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, method, ts.url+path, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
@@ -54,13 +64,13 @@ func (ts *testServer) do(t *testing.T, method, path, ctype, body string, hdr map
 	}
 	resp, err := ts.client.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	a := answer{status: resp.StatusCode, body: string(b)}
 	json.Unmarshal(b, &a.err)
-	return a
+	return a, err
 }
 
 // stillServing checks /health and a normal completion on model plain.
@@ -386,10 +396,19 @@ func TestServeShutdownQueued(t *testing.T) {
 		_, _, err := ts.streamChat(context.Background(), b, func(string) { once.Do(func() { close(first) }) })
 		streamed <- err
 	}()
-	<-first
-	queued := make(chan answer, 1)
+	select {
+	case <-first:
+	case err := <-streamed:
+		t.Fatalf("the stream ended before its first piece: %v", err)
+	}
+	type result struct {
+		a   answer
+		err error
+	}
+	queued := make(chan result, 1)
 	go func() {
-		queued <- ts.do(t, "POST", "/v1/chat/completions", "application/json", `{"model":"chat","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		a, err := ts.tryDo(context.Background(), "POST", "/v1/chat/completions", "application/json", `{"model":"chat","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		queued <- result{a, err}
 	}()
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		var st struct{ Models []pipeline.ModelStatus }
@@ -405,9 +424,9 @@ func TestServeShutdownQueued(t *testing.T) {
 	if err := ts.stop(); err != nil {
 		t.Fatal(err)
 	}
-	a := <-queued
-	if a.status != 503 || a.err.Error.Code != "shutting_down" {
-		t.Errorf("queued request at shutdown: %d %s", a.status, a.body)
+	r := <-queued
+	if a := r.a; r.err != nil || a.status != 503 || a.err.Error.Code != "shutting_down" {
+		t.Errorf("queued request at shutdown: %d %s (%v)", a.status, a.body, r.err)
 	}
 	if err := <-streamed; err == nil || !strings.Contains(err.Error(), "shutting down") {
 		t.Errorf("running stream at shutdown: %v", err)

@@ -277,7 +277,11 @@ func TestServeCancelMidStream(t *testing.T) {
 		_, _, err := ts.streamChat(ctxA, a, func(string) { aPieces++; once.Do(func() { close(firstA) }) })
 		aDone <- err
 	}()
-	<-firstA
+	select {
+	case <-firstA:
+	case err := <-aDone:
+		t.Fatalf("stream a ended before its first piece: %v", err)
+	}
 	bDone := make(chan string, 1)
 	bErr := make(chan error, 1)
 	go func() {
@@ -611,7 +615,11 @@ func TestServeShutdown(t *testing.T) {
 				_, _, err := ts.streamChat(context.Background(), b, func(string) { once.Do(func() { close(first) }) })
 				done <- err
 			}()
-			<-first
+			select {
+			case <-first:
+			case err := <-done:
+				t.Fatalf("the stream ended before its first piece: %v", err)
+			}
 			if err := ts.stop(); err != nil {
 				t.Errorf("serve: %v", err)
 			}
