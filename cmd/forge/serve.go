@@ -272,7 +272,7 @@ func serve(ctx context.Context, ln net.Listener, cfg serveConfig, log *slog.Logg
 	}
 
 	hs := &http.Server{
-		Handler:           ollamaShape(s.wrap(acc, s.handler())),
+		Handler:           s.counted(ollamaShape(s.wrap(acc, s.handler()))),
 		ReadHeaderTimeout: min(10*time.Second, cmpDur(cfg.readTimeout, time.Minute)),
 		ReadTimeout:       cmpDur(cfg.readTimeout, time.Minute),
 		IdleTimeout:       cmpDur(cfg.idleTimeout, 2*time.Minute),

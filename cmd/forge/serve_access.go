@@ -196,16 +196,9 @@ func (a *access) keyOK(r *http.Request) bool {
 // Content-Type on POST (415). Every response gets per-write deadlines.
 func (s *server) wrap(a *access, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.inflight.Add(1)
-		defer s.inflight.Done()
 		sw, r, done := s.observe(w, r) // metrics and the access log
 		defer done()
-		dw := &deadlineWriter{ResponseWriter: sw, rc: http.NewResponseController(sw), d: s.writeTimeout}
-		// The answer leaves before the handler counts as done: shutdown
-		// closes connections once every handler is done, and an answer
-		// still in the server's buffer then would be lost.
-		defer dw.FlushError()
-		w = dw
+		w = &deadlineWriter{ResponseWriter: sw, rc: http.NewResponseController(sw), d: s.writeTimeout}
 		if !a.hostAllowed(r.Host) {
 			writeError(w, http.StatusForbidden, "forbidden_host", "Host not allowed (forge serve answers its --addr host and loopback names)")
 			return
@@ -239,6 +232,25 @@ func (s *server) wrap(a *access, next http.Handler) http.Handler {
 			}
 		}
 		next.ServeHTTP(w, r)
+	})
+}
+
+// counted is the outermost handler: it counts running handlers for
+// shutdown (which closes the connections once none is left) and sends
+// each answer out of the server's buffer before it counts as done, so an
+// answer written just before shutdown's close is not lost. It sits outside
+// every wrapper that rewrites answers (ollamaShape), whose last writes
+// happen when the handler inside returns.
+func (s *server) counted(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inflight.Add(1)
+		defer s.inflight.Done()
+		next.ServeHTTP(w, r)
+		rc := http.NewResponseController(w)
+		if s.writeTimeout > 0 {
+			rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+		}
+		rc.Flush()
 	})
 }
 
