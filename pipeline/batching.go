@@ -110,7 +110,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	defer cancel()
 	defer context.AfterFunc(stop, cancel)()
 	f := m.sys.Ready()
-	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
+	if s := m.opts.Strategy; s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
 	t0 := time.Now()
@@ -152,7 +152,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem.acct}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
 	if err != nil {
 		return nil, err
 	}
@@ -161,13 +161,13 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		defer m.kvFrom.close() // a pool not taken now is not taken later
 	}
 	n := kvPoolBytes(be, m.cfg.Layers, blocks, bs, m.cfg.KVDim())
-	if err := m.mem.Alloc(n, "KV pool"); err != nil {
+	if err := m.mem.acct.Alloc(n, "KV pool"); err != nil {
 		mdl.Close()
 		return nil, err
 	}
 	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
-		m.mem.Free(n)
+		m.mem.acct.Free(n)
 		mdl.Close()
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func (m *Model) closeBatched() {
 	if b.sched != nil {
 		b.sched.Close()
 		b.mdl.Close()
-		m.mem.Free(b.charged)
+		m.mem.acct.Free(b.charged)
 		b.sched, b.mdl = nil, nil
 	}
 }

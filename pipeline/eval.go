@@ -140,7 +140,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		return fmt.Errorf("pipeline: evaluation context of %d positions", o.Ctx)
 	}
 	f := m.sys.Ready()
-	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
+	if s := m.opts.Strategy; s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
 	if err := f.Wait(ctx); err != nil {
@@ -155,7 +155,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		if err != nil {
 			return err
 		}
-		mdl, err := model.New(accounted{Backend: evalBackend(be, o), mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
+		mdl, err := model.New(accounted{Backend: evalBackend(be, o), mem: m.mem.acct}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
 		if err != nil {
 			return fmt.Errorf("pipeline: evaluator: %w", err)
 		}
