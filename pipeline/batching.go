@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/forge-llm/forge/kernels"
-	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline/batch"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
@@ -60,17 +59,10 @@ func (b Batching) poolShape(ctx int) (seqs, blocks, blockSize int) {
 	return seqs, blocks, blockSize
 }
 
-// kvPoolSizer is a backend that says what a KV pool of a shape takes on
-// its device (a GPU storing f16); without it the pool is counted as F32.
-type kvPoolSizer interface {
-	KVPoolBytes(layers, blocks, blockSize, kvDim int) int64
-}
-
+// kvPoolBytes is what be's KV pool of this shape is charged: what the
+// backend reports (kernels.KVSizer), F32 for one that reports nothing.
 func kvPoolBytes(be kernels.Backend, layers, blocks, blockSize, kvDim int) int64 {
-	if s, ok := kernels.As[kvPoolSizer](be); ok {
-		return s.KVPoolBytes(layers, blocks, blockSize, kvDim)
-	}
-	return kvBytes(layers, blocks*blockSize, kvDim)
+	return planOf(be).kv.KVPoolBytes(layers, blocks, blockSize, kvDim)
 }
 
 // batched is a model's continuous-batching engine, built on its first
@@ -286,10 +278,9 @@ func (batchedOnly) Close() {}
 // Gemma 2 and 3) keeps the single-sequence path on a GPU: the GPU's paged
 // attention has neither yet, and refusing every request of such a model
 // would be worse than serving them one at a time.
+//
+// The Engine's estimate follows the same rule before the model opens
+// (backendPlan.batches, device_plan.go).
 func canBatch(be kernels.Backend, b Batching, cfg model.Config) bool {
-	if _, ok := kernels.As[*gpu.Backend](be); ok && (!b.GPU || cfg.Window > 0 || cfg.AttnSoftcap > 0) {
-		return false
-	}
-	_, ok := kernels.As[kernels.Batcher](be)
-	return ok
+	return planOf(be).batches(b, cfg)
 }

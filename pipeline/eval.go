@@ -52,6 +52,13 @@ func (f f32KV) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) {
 // KVCacheBytes is what such a cache takes (the accounting asks it).
 func (f f32KV) KVCacheBytes(layers, ctx, kvDim int) int64 { return kvBytes(layers, ctx, kvDim) }
 
+// KVPoolBytes is what the backend's pools take (f32KV does not change
+// them); with KVCacheBytes it makes f32KV the kernels.KVSizer the
+// accounting finds before the backend's own.
+func (f f32KV) KVPoolBytes(layers, blocks, blockSize, kvDim int) int64 {
+	return kvPoolBytes(f.Backend, layers, blocks, blockSize, kvDim)
+}
+
 // Unwrap lets the model find the backend's optional capabilities.
 func (f f32KV) Unwrap() kernels.Backend { return f.Backend }
 

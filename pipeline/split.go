@@ -42,11 +42,10 @@ type splitModel struct {
 // ordinal may repeat: two contexts on one card, for tests), or nil for
 // any other device name.
 func splitDevice(name string) ([]int, error) {
-	t := strings.ToLower(strings.TrimSpace(name))
-	rest, ok := strings.CutPrefix(t, "gpu:")
-	if !ok || (rest != "all" && !strings.Contains(rest, ",")) {
+	if !splitName(name) {
 		return nil, nil
 	}
+	rest, _ := strings.CutPrefix(strings.ToLower(strings.TrimSpace(name)), "gpu:")
 	if rest == "all" {
 		rt, err := rocm.OpenAny()
 		if err != nil {
