@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
 )
@@ -68,7 +69,7 @@ func TestBusNeverBlocks(t *testing.T) {
 	go func() {
 		k := 0
 		for e := range reader.C {
-			if tok, ok := e.(Token); ok && tok.Req == 999 {
+			if tok, ok := e.(progress.Token); ok && tok.Req == 999 {
 				if tok.Index != k {
 					t.Errorf("event %d arrived as %d", tok.Index, k)
 				}
@@ -82,7 +83,7 @@ func TestBusNeverBlocks(t *testing.T) {
 	}()
 	start := time.Now()
 	for i := range n {
-		s.Bus().Publish(Token{Req: 999, Index: i})
+		s.Bus().Publish(progress.Token{Req: 999, Index: i})
 	}
 	t.Logf("published %d events in %v with one idle subscriber", n, time.Since(start))
 	if k := <-got; k != n {
@@ -121,9 +122,9 @@ func TestLoadOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	var reads []TensorRead
+	var reads []progress.TensorRead
 	for e := range sub.C {
-		if r, ok := e.(TensorRead); ok {
+		if r, ok := e.(progress.TensorRead); ok {
 			reads = append(reads, r)
 		}
 	}
@@ -315,7 +316,7 @@ func TestSplitFailureResolvesEverything(t *testing.T) {
 	defer s.Close()
 	err = s.Resident().Wait(context.Background())
 	var le *LoadError
-	if !errors.As(err, &le) || le.Layer != Globals || le.Tensor != "token_embd.weight" {
+	if !errors.As(err, &le) || le.Layer != progress.Globals || le.Tensor != "token_embd.weight" {
 		t.Fatalf("Resident: %v, want a LoadError of token_embd.weight", err)
 	}
 	for i := range 5 {
@@ -325,15 +326,15 @@ func TestSplitFailureResolvesEverything(t *testing.T) {
 	}
 }
 
-// TestBusBounded: an idle subscriber holds at most MaxQueued events; the
+// TestBusBounded: an idle subscriber holds at most progress.MaxQueued events; the
 // rest are counted as dropped.
 func TestBusBounded(t *testing.T) {
 	s := startSystem(t, "stories260K-F32.gguf", Config{})
 	defer s.Close()
 	idle := s.Bus().Subscribe()
 	defer idle.Close()
-	for i := range MaxQueued + 10 {
-		s.Bus().Publish(Token{Req: 999, Index: i})
+	for i := range progress.MaxQueued + 10 {
+		s.Bus().Publish(progress.Token{Req: 999, Index: i})
 	}
 	if d := idle.Dropped(); d < 10 {
 		t.Fatalf("dropped %d events, want at least 10", d)

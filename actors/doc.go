@@ -1,6 +1,7 @@
 // Package actors is forge's load pipeline: the loader, dequantizer,
-// uploader and executor actors (protoactor-go) and their messages, the
-// readiness futures, and the progress events.
+// uploader and executor actors (protoactor-go) and their messages, and
+// the readiness futures. The progress events they publish, and the bus
+// that carries them, are package progress (a leaf below this one).
 //
 // One System runs per model:
 //
@@ -30,8 +31,8 @@
 // LoadError naming the layer and tensor. A failure fails its unit and every
 // unit after it in load order; a cancelled load or Close fails everything
 // still pending, so no waiter hangs. Events are published on the actor
-// system's EventStream through a Bus whose subscribers only queue, so they
-// never slow the pipeline.
+// system's EventStream through a progress.Bus whose subscribers only
+// queue, so they never slow the pipeline.
 //
 // This package never imports pipeline: the executor runs a Generator that
 // pipeline builds from an architecture and hands over in StartExecutor.

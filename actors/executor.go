@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 )
 
@@ -266,14 +267,14 @@ func (e *executor[O]) run(gen Generator[O], r *runReq[O]) runRes {
 	ctx = context.WithValue(ctx, reqKey{}, &reqTrace{id: r.id, seen: make([]bool, s.plan.Layers())})
 
 	start := time.Now()
-	s.publish(RequestStarted{At: s.bus.Since(), Req: r.id, PromptTokens: len(r.req.Prompt)})
+	s.publish(progress.RequestStarted{At: s.bus.Since(), Req: r.id, PromptTokens: len(r.req.Prompt)})
 	var toks []int32
 	emit := func(id int32) error {
 		at := s.bus.Since()
 		if len(toks) == 0 {
-			s.publish(FirstToken{At: at, Req: r.id, Token: id, Latency: time.Since(start)})
+			s.publish(progress.FirstToken{At: at, Req: r.id, Token: id, Latency: time.Since(start)})
 		}
-		s.publish(Token{At: at, Req: r.id, Index: len(toks), Token: id})
+		s.publish(progress.Token{At: at, Req: r.id, Index: len(toks), Token: id})
 		toks = append(toks, id)
 		return r.guard.call(id)
 	}
@@ -292,7 +293,7 @@ func (e *executor[O]) run(gen Generator[O], r *runReq[O]) runRes {
 	}
 	res := Result{ID: r.id, Tokens: toks, Stop: stop}
 	if err != nil {
-		ev := Error{At: s.bus.Since(), Req: r.id, Layer: NoLayer, Err: err}
+		ev := progress.Error{At: s.bus.Since(), Req: r.id, Layer: progress.NoLayer, Err: err}
 		var le *LoadError
 		if errors.As(err, &le) {
 			ev.Layer, ev.Tensor = le.Layer, le.Tensor
@@ -300,7 +301,7 @@ func (e *executor[O]) run(gen Generator[O], r *runReq[O]) runRes {
 		s.publish(ev)
 		return runRes{Result: res, err: err}
 	}
-	s.publish(Done{At: s.bus.Since(), Req: r.id, Tokens: len(toks), Stop: stop})
+	s.publish(progress.Done{At: s.bus.Since(), Req: r.id, Tokens: len(toks), Stop: stop})
 	return runRes{Result: res}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
 )
@@ -132,7 +133,7 @@ func TestConverterFault(t *testing.T) {
 	if !errors.Is(err, gguf.ErrMappingFault) || !errors.As(err, &fe) || !errors.As(err, &le) {
 		t.Fatalf("Resident after a fault in the converter: %v", err)
 	}
-	if fe.File != path || fe.Offset < dataAt || le.Layer != Globals || !strings.Contains(err.Error(), "converting") {
+	if fe.File != path || fe.Offset < dataAt || le.Layer != progress.Globals || !strings.Contains(err.Error(), "converting") {
 		t.Errorf("fault of %v located at %q offset %d, want the globals' conversion in %s past %d", err, fe.File, fe.Offset, path, dataAt)
 	}
 	for i, err := range errs {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 )
 
@@ -98,7 +99,7 @@ func (l *loader) Receive(c actor.Context) {
 			return
 		}
 		if t.read++; t.read == t.chunks {
-			l.s.publish(TensorRead{At: l.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: int64(t.Info.Size)})
+			l.s.publish(progress.TensorRead{At: l.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: int64(t.Info.Size)})
 		}
 		c.Send(l.s.dequant, &toConvert{c: m.c}) // to the pool, which converts it
 		l.dispatch(c)
@@ -241,7 +242,7 @@ func (w *converter) Receive(c actor.Context) {
 			ch.data = dst
 		}
 		if ch.convertErr == nil && int(t.converted.Add(1)) == t.chunks {
-			w.s.publish(TensorConverted{At: w.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer,
+			w.s.publish(progress.TensorConverted{At: w.s.bus.Since(), Tensor: t.Name(), Layer: t.Layer,
 				From: t.Info.Type, To: t.To, InBytes: int64(t.Info.Size), OutBytes: t.OutBytes})
 		}
 	}
@@ -297,7 +298,7 @@ func (up *uploader) Receive(c actor.Context) {
 		if t.uploaded++; t.uploaded < t.chunks {
 			return
 		}
-		s.publish(TensorUploaded{At: s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: t.OutBytes})
+		s.publish(progress.TensorUploaded{At: s.bus.Since(), Tensor: t.Name(), Layer: t.Layer, Bytes: t.OutBytes})
 		u := t.unit
 		if u.uploaded++; u.uploaded < len(u.Tensors) {
 			return

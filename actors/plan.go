@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 )
 
@@ -15,7 +16,7 @@ import (
 // touched by the actor that owns that stage only (see the field comments).
 type Tensor struct {
 	Info  *gguf.TensorInfo
-	Layer int // Globals or block index
+	Layer int // progress.Globals or block index
 	unit  *Unit
 
 	// To is the type the backend consumes (Info.Type for a pass-through) and
@@ -43,7 +44,7 @@ func (t *Tensor) Name() string { return t.Info.Name }
 // output norm, LM head and other tensors outside the blocks) or one block.
 type Unit struct {
 	idx     int // position in Plan.Units (load priority)
-	Layer   int // Globals or block index
+	Layer   int // progress.Globals or block index
 	Tensors []*Tensor
 	Bytes   int64 // file bytes of its tensors
 	Future  *Future
@@ -54,7 +55,7 @@ type Unit struct {
 
 // Name is how errors and logs name the unit.
 func (u *Unit) Name() string {
-	if u.Layer == Globals {
+	if u.Layer == progress.Globals {
 		return "globals (embedding, output norm, LM head)"
 	}
 	return "layer " + strconv.Itoa(u.Layer)
@@ -80,13 +81,13 @@ func NewPlan(f *gguf.File, layers int) (*Plan, error) {
 		return nil, fmt.Errorf("actors: %s: %d layers", f.Path, layers)
 	}
 	p := &Plan{Units: make([]*Unit, layers+1), ByName: map[string]*Tensor{}}
-	p.Units[0] = &Unit{idx: 0, Layer: Globals, Future: newFuture("ready")}
+	p.Units[0] = &Unit{idx: 0, Layer: progress.Globals, Future: newFuture("ready")}
 	for i := range layers {
 		p.Units[1+i] = &Unit{idx: 1 + i, Layer: i, Future: newFuture("layer " + strconv.Itoa(i))}
 	}
 	for i := range f.Tensors {
 		ti := &f.Tensors[i]
-		layer := Globals
+		layer := progress.Globals
 		l, inBlock, err := gguf.BlockOf(ti.Name)
 		if err != nil {
 			return nil, fmt.Errorf("actors: %s: %w", f.Path, err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/forge-llm/forge/actors/progress"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 )
@@ -70,7 +71,7 @@ type System struct {
 	ctx    context.Context // the load; cancelled by the caller's ctx or Close
 	cancel context.CancelFunc
 	as     *actor.ActorSystem
-	bus    *Bus
+	bus    *progress.Bus
 	plan   *Plan
 	all    *Future
 
@@ -141,7 +142,7 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }),
 		actor.WithDeadLetterThrottleInterval(time.Millisecond),
 	)
-	s.bus = NewBus(s.as.EventStream, cfg.Start)
+	s.bus = progress.NewBus(s.as.EventStream, cfg.Start)
 	root := s.as.Root
 	s.uploader = root.Spawn(s.props(func() actor.Actor { return &uploader{s: s} }))
 	s.dequant = root.Spawn(s.props(func() actor.Actor { return &dequantizer{s: s} }))
@@ -174,8 +175,8 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 // Plan is the load plan.
 func (s *System) Plan() *Plan { return s.plan }
 
-// Bus is the event bus.
-func (s *System) Bus() *Bus { return s.bus }
+// Bus is the event bus (see package progress).
+func (s *System) Bus() *progress.Bus { return s.bus }
 
 // Strategy is the load strategy.
 func (s *System) Strategy() Strategy { return s.cfg.Strategy }
@@ -212,7 +213,8 @@ func (s *System) send(pid *actor.PID, msg any) {
 
 // WaitLayer blocks until block i is resident (loading it first under
 // Lazy), failed, or ctx is done. Called from a request (see Submit), it
-// publishes a LayerRun event the first time the request enters the layer.
+// publishes a progress.LayerRun event the first time the request enters
+// the layer.
 func (s *System) WaitLayer(ctx context.Context, i int) error {
 	_, err := s.waitLayer(ctx, i, false)
 	return err
@@ -249,24 +251,24 @@ func (s *System) waitLayer(ctx context.Context, i int, enqueued bool) (Fence, er
 	}
 	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && !rt.seen[i] {
 		rt.seen[i] = true
-		s.publish(LayerRun{At: s.bus.Since(), Req: rt.id, Layer: i, Waited: time.Since(start)})
+		s.publish(progress.LayerRun{At: s.bus.Since(), Req: rt.id, Layer: i, Waited: time.Since(start)})
 	}
 	return fence, nil
 }
 
-func (s *System) publish(e Event) { s.bus.Publish(e) }
+func (s *System) publish(e progress.Event) { s.bus.Publish(e) }
 
 // LoadError is the cause a unit's future fails with: it names the unit and,
 // where known, the tensor.
 type LoadError struct {
-	Layer  int    // Globals or block index
+	Layer  int    // progress.Globals or block index
 	Tensor string // "" when not about one tensor
 	Err    error
 }
 
 func (e *LoadError) Error() string {
 	where := "layer " + strconv.Itoa(e.Layer)
-	if e.Layer == Globals {
+	if e.Layer == progress.Globals {
 		where = "ready (embedding, output norm, LM head)"
 	}
 	if e.Tensor != "" {
@@ -291,7 +293,7 @@ func (s *System) fail(u *Unit, tensor string, err error) {
 	}
 	if u.Future.fail(cause) {
 		slog.Debug("actors: load failed", "err", cause)
-		s.publish(Error{At: s.bus.Since(), Layer: u.Layer, Tensor: tensor, Err: cause})
+		s.publish(progress.Error{At: s.bus.Since(), Layer: u.Layer, Tensor: tensor, Err: cause})
 	}
 	for _, o := range s.plan.Units[u.idx+1:] {
 		o.Future.fail(&LoadError{Layer: o.Layer, Err: fmt.Errorf("not loaded: %w", cause)})
@@ -316,7 +318,7 @@ func (s *System) failAll(err error) {
 		}
 	}
 	if s.all.fail(fmt.Errorf("load: %w", err)) || n > 0 {
-		s.publish(Error{At: s.bus.Since(), Layer: NoLayer, Err: err})
+		s.publish(progress.Error{At: s.bus.Since(), Layer: progress.NoLayer, Err: err})
 	}
 	s.send(s.loader, &abort{from: 0})
 }
@@ -327,13 +329,13 @@ func (s *System) landed(u *Unit) {
 		return
 	}
 	at := s.bus.Since()
-	if u.Layer == Globals {
-		s.publish(ModelReady{At: at, Bytes: u.Bytes})
+	if u.Layer == progress.Globals {
+		s.publish(progress.ModelReady{At: at, Bytes: u.Bytes})
 	} else {
-		s.publish(LayerReady{At: at, Layer: u.Layer, Bytes: u.Bytes})
+		s.publish(progress.LayerReady{At: at, Layer: u.Layer, Bytes: u.Bytes})
 	}
 	if int(s.resident.Add(1)) == len(s.plan.Units) && s.all.resolve() {
-		s.publish(AllResident{At: s.bus.Since(), Bytes: s.plan.Bytes})
+		s.publish(progress.AllResident{At: s.bus.Since(), Bytes: s.plan.Bytes})
 	}
 }
 

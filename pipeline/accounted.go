@@ -30,20 +30,13 @@ func (a accounted) Free(t kernels.Tensor) {
 }
 
 // kvBytes is what a KV cache of float32 keys and values takes.
-func kvBytes(layers, ctx, kvDim int) int64 { return 2 * 4 * int64(layers) * int64(ctx) * int64(kvDim) }
+func kvBytes(layers, ctx, kvDim int) int64 { return kernels.KVF32.KVCacheBytes(layers, ctx, kvDim) }
 
-// kvCacheSizer is a backend that says what a KV cache takes on its device
-// (a GPU storing f16 keys and values); without it a cache counts as F32.
-type kvCacheSizer interface {
-	KVCacheBytes(layers, ctx, kvDim int) int64
-}
-
-// cacheBytes is what be's KV cache of this shape is charged.
+// cacheBytes is what be's KV cache of this shape is charged: what the
+// backend reports (kernels.KVSizer; a GPU stores f16), F32 for one that
+// reports nothing.
 func cacheBytes(be kernels.Backend, layers, ctx, kvDim int) int64 {
-	if s, ok := kernels.As[kvCacheSizer](be); ok {
-		return s.KVCacheBytes(layers, ctx, kvDim)
-	}
-	return kvBytes(layers, ctx, kvDim)
+	return planOf(be).kv.KVCacheBytes(layers, ctx, kvDim)
 }
 
 func (a accounted) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) {

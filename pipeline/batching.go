@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/forge-llm/forge/kernels"
-	"github.com/forge-llm/forge/kernels/gpu"
 	"github.com/forge-llm/forge/pipeline/batch"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
@@ -60,17 +59,10 @@ func (b Batching) poolShape(ctx int) (seqs, blocks, blockSize int) {
 	return seqs, blocks, blockSize
 }
 
-// kvPoolSizer is a backend that says what a KV pool of a shape takes on
-// its device (a GPU storing f16); without it the pool is counted as F32.
-type kvPoolSizer interface {
-	KVPoolBytes(layers, blocks, blockSize, kvDim int) int64
-}
-
+// kvPoolBytes is what be's KV pool of this shape is charged: what the
+// backend reports (kernels.KVSizer), F32 for one that reports nothing.
 func kvPoolBytes(be kernels.Backend, layers, blocks, blockSize, kvDim int) int64 {
-	if s, ok := kernels.As[kvPoolSizer](be); ok {
-		return s.KVPoolBytes(layers, blocks, blockSize, kvDim)
-	}
-	return kvBytes(layers, blocks*blockSize, kvDim)
+	return planOf(be).kv.KVPoolBytes(layers, blocks, blockSize, kvDim)
 }
 
 // batched is a model's continuous-batching engine, built on its first
@@ -110,7 +102,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	defer cancel()
 	defer context.AfterFunc(stop, cancel)()
 	f := m.sys.Ready()
-	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
+	if s := m.opts.Strategy; s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
 	t0 := time.Now()
@@ -152,7 +144,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem.acct}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
 	if err != nil {
 		return nil, err
 	}
@@ -161,13 +153,13 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		defer m.kvFrom.close() // a pool not taken now is not taken later
 	}
 	n := kvPoolBytes(be, m.cfg.Layers, blocks, bs, m.cfg.KVDim())
-	if err := m.mem.Alloc(n, "KV pool"); err != nil {
+	if err := m.mem.acct.Alloc(n, "KV pool"); err != nil {
 		mdl.Close()
 		return nil, err
 	}
 	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
 	if err != nil {
-		m.mem.Free(n)
+		m.mem.acct.Free(n)
 		mdl.Close()
 		return nil, err
 	}
@@ -194,7 +186,7 @@ func (m *Model) closeBatched() {
 	if b.sched != nil {
 		b.sched.Close()
 		b.mdl.Close()
-		m.mem.Free(b.charged)
+		m.mem.acct.Free(b.charged)
 		b.sched, b.mdl = nil, nil
 	}
 }
@@ -286,10 +278,9 @@ func (batchedOnly) Close() {}
 // Gemma 2 and 3) keeps the single-sequence path on a GPU: the GPU's paged
 // attention has neither yet, and refusing every request of such a model
 // would be worse than serving them one at a time.
+//
+// The Engine's estimate follows the same rule before the model opens
+// (backendPlan.batches, device_plan.go).
 func canBatch(be kernels.Backend, b Batching, cfg model.Config) bool {
-	if _, ok := kernels.As[*gpu.Backend](be); ok && (!b.GPU || cfg.Window > 0 || cfg.AttnSoftcap > 0) {
-		return false
-	}
-	_, ok := kernels.As[kernels.Batcher](be)
-	return ok
+	return planOf(be).batches(b, cfg)
 }

@@ -78,7 +78,7 @@ func openNow(o Options, sel rocm.Selection) (*device, error) {
 		return nil, fmt.Errorf("pipeline: %s: %w", ch.Device, err)
 	}
 	ctxAt := time.Now()
-	b, err := gpu.New(w, gpu.Options{MMQ: o.MMQ})
+	b, err := gpu.New(w, gpuOptions(o))
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("pipeline: %s: %w", ch.Device, err)
@@ -361,7 +361,7 @@ func (p *device) run() {
 		p.err, p.closeFn = errAborted, closeWorkers
 		return
 	}
-	b, err := gpu.New(w, gpu.Options{MMQ: p.o.MMQ})
+	b, err := gpu.New(w, gpuOptions(p.o))
 	if err != nil {
 		p.err, p.closeFn = &DeviceError{Device: p.o.Device, Err: fmt.Errorf("%s: %w", ch.Device, err)}, closeWorkers
 		return

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -442,7 +441,9 @@ func (e *Engine) plan(id, name string) (*loadPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrUnknownModel, id, err)
 	}
-	est, weights, err := estimate(path, e.openOptions())
+	o := e.openOptions()
+	o.shared = e.gpu // "auto" is sized as what the shared device found (planBackend)
+	est, weights, err := estimate(path, o)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrInvalidModel, id, err)
 	}
@@ -537,24 +538,17 @@ func estimate(path string, o Options) (total, weights int64, err error) {
 	}
 	batch = min(batch, ctx)
 	rows, logitRows := int64(batch), int64(1)
-	// A GPU keeps keys and values in f16 (kernels/gpu KVCacheBytes), half
-	// of kvBytes' F32; "auto" may end on the CPU, so it counts F32. (The
-	// estimate stays the floor of what the model is charged, so an F32
-	// guess for a GPU model would hold twice its cache for good.)
-	onGPU := o.Device == "gpu" || strings.HasPrefix(o.Device, "gpu:")
-	cache := func(positions int) int64 {
-		if onGPU {
-			return kvBytes(cfg.Layers, positions, cfg.KVDim()) / 2
-		}
-		return kvBytes(cfg.Layers, positions, cfg.KVDim())
-	}
-	kv := cache(ctx)
-	// The pool and the batched model's scratch instead (see batching.go),
-	// unless the model will run on a GPU that keeps the single-sequence
-	// path (canBatch); "auto" may end on the CPU, so it counts the pool.
-	if o.Batching.On && (o.Batching.GPU || !onGPU) {
+	// The KV cache as the backend the model will open stores it (it
+	// reports its sizes, kernels.KVSizer: a GPU's f16 is half the CPU's
+	// F32), and the pool and the batched model's scratch instead where
+	// the model will batch there (canBatch's rule). The estimate stays the
+	// floor of what the model is charged, so a size too large would be
+	// held for good (see planBackend).
+	be := planBackend(o)
+	kv := be.kv.KVCacheBytes(cfg.Layers, ctx, cfg.KVDim())
+	if o.Batching.On && be.batches(o.Batching, cfg) {
 		seqs, blocks, bs := o.Batching.poolShape(ctx)
-		kv = cache(blocks * bs)
+		kv = be.kv.KVPoolBytes(cfg.Layers, blocks, bs, cfg.KVDim())
 		rows, logitRows = int64(batch+seqs), int64(seqs)
 	}
 	scratch := 4 * model.ScratchFloats(cfg, int(rows), int(logitRows))

@@ -458,7 +458,8 @@ func useModel(t *testing.T, e *Engine, p string) {
 
 // TestEstimateCountsGPUCacheAsF16: before a load measures it, a model
 // bound for a GPU is charged its KV cache (or batching pool) at f16, as
-// the GPU stores it, and a CPU (or "auto") one at F32.
+// the GPU stores it (gpu.KV), and a CPU one at F32 (cpu.KV); "auto",
+// outside an Engine that has opened its device, as the CPU (planBackend).
 func TestEstimateCountsGPUCacheAsF16(t *testing.T) {
 	path := testmodels.Path(t, "stories260K-F32.gguf")
 	f, err := gguf.Open(path)

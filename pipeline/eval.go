@@ -52,6 +52,13 @@ func (f f32KV) NewKVCache(layers, ctx, kvDim int) (*kernels.KVCache, error) {
 // KVCacheBytes is what such a cache takes (the accounting asks it).
 func (f f32KV) KVCacheBytes(layers, ctx, kvDim int) int64 { return kvBytes(layers, ctx, kvDim) }
 
+// KVPoolBytes is what the backend's pools take (f32KV does not change
+// them); with KVCacheBytes it makes f32KV the kernels.KVSizer the
+// accounting finds before the backend's own.
+func (f f32KV) KVPoolBytes(layers, blocks, blockSize, kvDim int) int64 {
+	return kvPoolBytes(f.Backend, layers, blocks, blockSize, kvDim)
+}
+
 // Unwrap lets the model find the backend's optional capabilities.
 func (f f32KV) Unwrap() kernels.Backend { return f.Backend }
 
@@ -140,7 +147,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		return fmt.Errorf("pipeline: evaluation context of %d positions", o.Ctx)
 	}
 	f := m.sys.Ready()
-	if s := m.sys.Strategy(); s == Eager || s == HostF32 {
+	if s := m.opts.Strategy; s == Eager || s == HostF32 {
 		f = m.sys.Resident()
 	}
 	if err := f.Wait(ctx); err != nil {
@@ -155,7 +162,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		if err != nil {
 			return err
 		}
-		mdl, err := model.New(accounted{Backend: evalBackend(be, o), mem: m.mem}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
+		mdl, err := model.New(accounted{Backend: evalBackend(be, o), mem: m.mem.acct}, m.cfg, w, model.Options{Ctx: o.Ctx, Batch: o.Batch, AllLogits: true, NoGraph: m.opts.NoGraph})
 		if err != nil {
 			return fmt.Errorf("pipeline: evaluator: %w", err)
 		}

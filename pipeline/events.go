@@ -4,39 +4,41 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/forge-llm/forge/actors"
+	"github.com/forge-llm/forge/actors/progress"
 )
 
 // Progress events: every stage of the pipeline publishes them, typed, with
 // byte counts and monotonic times since Open (At). They are defined in
-// package actors, which publishes them; these aliases are the names users
-// see.
+// package actors/progress, a leaf that both the actors (which publish
+// them) and this package import; these are the names users see, the same
+// types, so a type switch on pipeline.TensorRead matches what the actors
+// sent.
 type (
-	Event           = actors.Event
-	TensorRead      = actors.TensorRead
-	TensorConverted = actors.TensorConverted
-	TensorUploaded  = actors.TensorUploaded
-	LayerReady      = actors.LayerReady
-	ModelReady      = actors.ModelReady
-	AllResident     = actors.AllResident
-	RequestStarted  = actors.RequestStarted
-	LayerRun        = actors.LayerRun
-	FirstToken      = actors.FirstToken
-	TokenEvent      = actors.Token
-	Done            = actors.Done
-	ErrorEvent      = actors.Error
+	Event           = progress.Event
+	TensorRead      = progress.TensorRead
+	TensorConverted = progress.TensorConverted
+	TensorUploaded  = progress.TensorUploaded
+	LayerReady      = progress.LayerReady
+	ModelReady      = progress.ModelReady
+	AllResident     = progress.AllResident
+	RequestStarted  = progress.RequestStarted
+	LayerRun        = progress.LayerRun
+	FirstToken      = progress.FirstToken
+	TokenEvent      = progress.Token
+	Done            = progress.Done
+	ErrorEvent      = progress.Error
 	// Subscription is an ordered stream of events; read C until it closes
 	// (after Close of the model) or call its Close. At most
 	// MaxQueuedEvents wait for the reader; past that they are dropped and
 	// counted (Dropped).
-	Subscription = actors.Subscription
+	Subscription = progress.Subscription
 )
 
 // MaxQueuedEvents bounds the events a Subscription holds for its reader.
-const MaxQueuedEvents = actors.MaxQueued
+const MaxQueuedEvents = progress.MaxQueued
 
 // Globals is the Layer of events about the embedding, output norm and head.
-const Globals = actors.Globals
+const Globals = progress.Globals
 
 // EventJSON encodes an event as one JSON object for agents and logs:
 // {"event": kind, "at_ms": …, fields…}; durations are in milliseconds and

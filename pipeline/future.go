@@ -19,7 +19,7 @@ func (f *Future) Name() string { return f.f.Name() }
 // State is where the part stands, and the error once it failed.
 func (f *Future) State() (UnitState, error) {
 	st, err := f.f.State()
-	return UnitState(st), err
+	return unitState(st), err
 }
 
 // Done is closed once the part is resident or failed.
@@ -40,14 +40,38 @@ type UnitState int32
 // The states of a Future, in the order they are reached.
 const (
 	// UnitPending: nothing of the part is on its way to the device yet.
-	UnitPending = UnitState(actors.Pending)
+	UnitPending UnitState = iota
 	// UnitEnqueued: every copy is queued (on a GPU the kernels may run
 	// after them on the same stream).
-	UnitEnqueued = UnitState(actors.Enqueued)
+	UnitEnqueued
 	// UnitResident: the weights are usable.
-	UnitResident = UnitState(actors.Resident)
+	UnitResident
 	// UnitFailed: the part will never arrive; Err says why.
-	UnitFailed = UnitState(actors.Failed)
+	UnitFailed
 )
 
-func (s UnitState) String() string { return actors.State(s).String() }
+// actorsStates maps each UnitState onto the state package actors keeps,
+// by name, so the two lists cannot drift apart silently.
+var actorsStates = [...]actors.State{
+	UnitPending:  actors.Pending,
+	UnitEnqueued: actors.Enqueued,
+	UnitResident: actors.Resident,
+	UnitFailed:   actors.Failed,
+}
+
+// unitState is st as a UnitState.
+func unitState(st actors.State) UnitState {
+	for s, as := range actorsStates {
+		if as == st {
+			return UnitState(s)
+		}
+	}
+	return UnitState(st) // unknown: String names it State(N)
+}
+
+func (s UnitState) String() string {
+	if s >= 0 && int(s) < len(actorsStates) {
+		return actorsStates[s].String()
+	}
+	return actors.State(s).String()
+}

@@ -26,7 +26,7 @@ type Model struct {
 	start time.Time
 	sys   *actors.System
 	exec  *actors.Executor[job] // runs the model's requests in order
-	mem   *actors.Memory
+	mem   *Memory
 	dev   *device         // the model's device, open or opening (device_open.go)
 	up    actors.Uploader // what places the weights (nil: the host's)
 	// released is closed once the uploader has freed the device weights
@@ -121,7 +121,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	start := time.Now()
 	mem := o.Memory
 	if mem == nil {
-		mem = actors.NewMemory(0)
+		mem = NewMemory(0)
 	}
 	// An explicit GPU starts its driver before the file is parsed: the
 	// driver's start-up is the longest step of a fresh process.
@@ -156,15 +156,15 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		return nil, err
 	}
 	m.dev = dev
-	up, released, reads, gpuReads := dev.placement(ctx, o, mem)
+	up, released, reads, gpuReads := dev.placement(ctx, o, mem.acct)
 	m.released = released
 	conv := actors.Conversion{AllF32: o.Strategy == HostF32, Reads: reads}
 	if gpuReads && o.Readers <= 0 {
 		o.Readers = gpuReaders
 	}
 	sys, err := actors.Start(ctx, actors.Config{
-		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mem, Converter: conv, Uploader: up,
-		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks, Start: start,
+		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy.toActors(), Memory: mem.acct, Converter: conv, Uploader: up,
+		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks.toActors(), Start: start,
 	})
 	if err != nil {
 		<-m.prefetched
@@ -197,7 +197,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		if err != nil {
 			return nil, err
 		}
-		mdl, err := model.New(accounted{Backend: be, mem: mem}, cfg, w, mo)
+		mdl, err := model.New(accounted{Backend: be, mem: mem.acct}, cfg, w, mo)
 		if err != nil {
 			return nil, err
 		}
@@ -239,7 +239,7 @@ func (m *Model) Config() model.Config { return m.cfg }
 func (m *Model) Started() time.Time { return m.start }
 
 // Strategy is the load strategy.
-func (m *Model) Strategy() Strategy { return m.sys.Strategy() }
+func (m *Model) Strategy() Strategy { return m.opts.Strategy }
 
 // Ready resolves when the embedding, output norm and LM head are resident:
 // from then on requests run.
@@ -321,5 +321,5 @@ func (m *Model) String() string {
 	if m.split != nil {
 		name = strings.Join(m.split.names, "+")
 	}
-	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.sys.Strategy())
+	return fmt.Sprintf("%s (%s, %d layers, %s, %s)", m.path, m.cfg.Arch, m.cfg.Layers, name, m.opts.Strategy)
 }

@@ -1,34 +1,107 @@
 package pipeline
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/kernels"
 )
 
 // Strategy is how weights get to the device: Prefetch (the default),
-// Eager, Lazy or HostF32. See package actors for what each does.
-type Strategy = actors.Strategy
+// Eager, Lazy or HostF32. It is pipeline's own type (Open hands package
+// actors its equivalent), so a caller needs no other package to choose
+// one.
+type Strategy int
 
-// The load strategies.
+// The load strategies. They change when units are loaded and whether they
+// are converted, not the path the bytes take.
 const (
-	Prefetch = actors.Prefetch
-	Eager    = actors.Eager
-	Lazy     = actors.Lazy
-	HostF32  = actors.HostF32
+	// Prefetch streams every unit in priority order and runs requests as
+	// soon as the model is ready, each layer waiting on its own future.
+	Prefetch Strategy = iota
+	// Eager streams every unit the same way but starts requests only once
+	// all are resident.
+	Eager
+	// Lazy loads the globals, then a layer only when a request first needs
+	// it (no prefetch); concurrent first uses load it once.
+	Lazy
+	// HostF32 dequantizes every tensor to F32 on the host, one allocation
+	// per tensor, and starts once all are resident: the design forge
+	// replaces, kept for comparison.
+	HostF32
 )
 
-// ParseStrategy reads "prefetch", "eager", "lazy" or "host-f32".
-func ParseStrategy(name string) (Strategy, error) { return actors.ParseStrategy(name) }
+// actorsStrategies maps each Strategy onto the one package actors runs,
+// by name, so the two lists cannot drift apart silently.
+var actorsStrategies = [...]actors.Strategy{
+	Prefetch: actors.Prefetch,
+	Eager:    actors.Eager,
+	Lazy:     actors.Lazy,
+	HostF32:  actors.HostF32,
+}
+
+// toActors is s as package actors runs it (an unknown value stays
+// unknown: actors names it Strategy(N)).
+func (s Strategy) toActors() actors.Strategy {
+	if s >= 0 && int(s) < len(actorsStrategies) {
+		return actorsStrategies[s]
+	}
+	return actors.Strategy(s)
+}
+
+// String is the strategy's name: "prefetch", "eager", "lazy" or
+// "host-f32".
+func (s Strategy) String() string { return s.toActors().String() }
+
+// ParseStrategy reads "prefetch", "eager", "lazy" or "host-f32" ("" is
+// Prefetch).
+func ParseStrategy(name string) (Strategy, error) {
+	a, err := actors.ParseStrategy(name)
+	if err != nil {
+		return 0, err
+	}
+	for s, as := range actorsStrategies {
+		if as == a {
+			return Strategy(s), nil
+		}
+	}
+	return 0, fmt.Errorf("pipeline: load strategy %q has no pipeline.Strategy", name)
+}
 
 // Memory accounts (and optionally caps) the memory a device gives models:
-// weights, KV cache and scratch.
-type Memory = actors.Memory
+// weights, KV cache and scratch. With a limit, asking past it fails like a
+// device out of memory. One Memory may be shared by several models on the
+// same device. Make it with NewMemory; it wraps package actors' accountant,
+// which the loader and uploaders charge.
+type Memory struct{ acct *actors.Memory }
 
 // NewMemory returns an accountant with a limit in bytes (≤ 0: none).
-func NewMemory(limit int64) *Memory { return actors.NewMemory(limit) }
+func NewMemory(limit int64) *Memory { return &Memory{acct: actors.NewMemory(limit)} }
 
-// Hooks slow the pipeline down or inject faults (tests, benchmarks).
-type Hooks = actors.Hooks
+// Limit is the cap given to NewMemory (≤ 0: none).
+func (m *Memory) Limit() int64 { return m.acct.Limit() }
+
+// InUse is the number of bytes held now.
+func (m *Memory) InUse() int64 { return m.acct.InUse() }
+
+// Peak is the most bytes ever held at once.
+func (m *Memory) Peak() int64 { return m.acct.Peak() }
+
+// Hooks slow the pipeline down or inject faults at the stages where real
+// ones happen (tests, benchmarks). Nil hooks cost nothing.
+type Hooks struct {
+	// Read runs on a reader before it reads bytes [off, off+n) of a
+	// tensor; it may sleep (a slow disk; it must return when ctx is done)
+	// or return an error (an unreadable range).
+	Read func(ctx context.Context, tensor string, off, n int64) error
+	// Upload runs on the uploader before each chunk of a tensor is
+	// uploaded; an error is a failed upload.
+	Upload func(tensor string) error
+}
+
+// toActors is h as Open hands it to package actors.
+func (h Hooks) toActors() actors.Hooks { return actors.Hooks{Read: h.Read, Upload: h.Upload} }
 
 // Options configure Open.
 type Options struct {

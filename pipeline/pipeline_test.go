@@ -205,7 +205,7 @@ func TestStreamUploader(t *testing.T) {
 		ref := refs[file]
 		for _, s := range []Strategy{Prefetch, Eager, Lazy, HostF32} {
 			mem := NewMemory(0)
-			up := &actors.StreamUploader{Mem: mem}
+			up := &actors.StreamUploader{Mem: mem.acct}
 			got := generateWith(t, testmodels.Path(t, file), Options{Strategy: s, uploader: up, ChunkBytes: 4096}, ref)
 			if !slices.Equal(got, ref.Generated) {
 				t.Errorf("%s %s: got %v\nwant %v", file, s, got, ref.Generated)
@@ -222,7 +222,7 @@ func TestStreamUploader(t *testing.T) {
 func TestStreamUploaderCopyFault(t *testing.T) {
 	path := testmodels.Path(t, "stories260K-Q4_0.gguf")
 	mem := NewMemory(0)
-	up := &actors.StreamUploader{Mem: mem, Copy: func(tensor string) error {
+	up := &actors.StreamUploader{Mem: mem.acct, Copy: func(tensor string) error {
 		if tensor == "blk.2.ffn_gate.weight" {
 			return errors.New("injected device fault")
 		}

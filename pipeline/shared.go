@@ -186,7 +186,7 @@ func openSharedDev(o Options, sel rocm.Selection, mem *actors.Memory, d *sharedD
 		}
 		w.Close()
 	}
-	b, err := gpu.New(w, gpu.Options{MMQ: o.MMQ})
+	b, err := gpu.New(w, gpuOptions(o))
 	if err != nil {
 		closeWorkers()
 		fail(fmt.Errorf("%s: %w", ch.Device, err))

@@ -34,7 +34,7 @@ import (
 type splitModel struct {
 	bes    []kernels.Backend // one per device, in layer order
 	bounds []int             // device k runs layers [bounds[k], bounds[k+1])
-	mems   []*actors.Memory  // per device
+	mems   []*Memory         // per device
 	names  []string
 }
 
@@ -42,11 +42,10 @@ type splitModel struct {
 // ordinal may repeat: two contexts on one card, for tests), or nil for
 // any other device name.
 func splitDevice(name string) ([]int, error) {
-	t := strings.ToLower(strings.TrimSpace(name))
-	rest, ok := strings.CutPrefix(t, "gpu:")
-	if !ok || (rest != "all" && !strings.Contains(rest, ",")) {
+	if !splitName(name) {
 		return nil, nil
 	}
+	rest, _ := strings.CutPrefix(strings.ToLower(strings.TrimSpace(name)), "gpu:")
 	if rest == "all" {
 		rt, err := rocm.OpenAny()
 		if err != nil {
@@ -230,7 +229,7 @@ func assignLayers(layers int, shares []float64, free []uint64, globals, perLayer
 // deviceOf is the device of a unit: the globals on the first, block i on
 // the one whose run holds it.
 func deviceOf(bounds []int, layer int) int {
-	if layer == actors.Globals {
+	if layer == Globals {
 		return 0
 	}
 	for k := len(bounds) - 2; k > 0; k-- {
@@ -403,7 +402,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		closeDevs()
 		return nil, err
 	}
-	mems := make([]*actors.Memory, len(devs))
+	mems := make([]*Memory, len(devs))
 	for k := range mems {
 		if k == 0 && o.Memory != nil {
 			mems[k] = o.Memory
@@ -412,7 +411,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 			if o.Memory != nil {
 				limit = o.Memory.Limit()
 			}
-			mems[k] = actors.NewMemory(limit)
+			mems[k] = NewMemory(limit)
 		}
 	}
 	ups := make([]actors.Uploader, len(devs))
@@ -420,9 +419,9 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 	var readers []func(gguf.Type) bool
 	for k, d := range devs {
 		if d.upW != nil {
-			ups[k] = deviceUploader(d.upW, o.Upload, o.Strategy, mems[k])
+			ups[k] = deviceUploader(d.upW, o.Upload, o.Strategy, mems[k].acct)
 		} else {
-			ups[k] = &actors.HostUploader{Mem: mems[k], PerTensor: o.Strategy == HostF32}
+			ups[k] = &actors.HostUploader{Mem: mems[k].acct, PerTensor: o.Strategy == HostF32}
 		}
 		if r, ok := kernels.As[typeReader](d.be); ok {
 			readers = append(readers, r.Reads)
@@ -454,8 +453,8 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 	go func() { defer close(m.prefetched); prefetchFile(f) }()
 	su := &splitUploader{bounds: bounds, ups: ups}
 	sys, err := actors.Start(ctx, actors.Config{
-		File: f, Layers: cfg.Layers, Strategy: o.Strategy, Memory: mems[0], Converter: conv, Uploader: su,
-		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks, Start: start, Order: interleave(bounds),
+		File: f, Layers: cfg.Layers, Strategy: o.Strategy.toActors(), Memory: mems[0].acct, Converter: conv, Uploader: su,
+		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks.toActors(), Start: start, Order: interleave(bounds),
 	})
 	if err != nil {
 		<-m.prefetched
@@ -489,7 +488,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 					return nil, fmt.Errorf("pipeline: device %s: %w", d.name, err)
 				}
 			}
-			parts[k] = model.Part{Backend: accounted{Backend: d.be, mem: mems[k]}, Weights: w, Lo: bounds[k], Hi: bounds[k+1]}
+			parts[k] = model.Part{Backend: accounted{Backend: d.be, mem: mems[k].acct}, Weights: w, Lo: bounds[k], Hi: bounds[k+1]}
 		}
 		mdl, err := model.NewSplit(cfg, parts, mo)
 		if err != nil {

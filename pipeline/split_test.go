@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/cpu"
@@ -170,7 +169,7 @@ func TestInterleave(t *testing.T) {
 		layers = append(layers, u.Layer)
 	}
 	// Five equal blocks, two on the first device and three on the second.
-	if want := []int{actors.Globals, 0, 2, 3, 1, 4}; !slices.Equal(layers, want) {
+	if want := []int{Globals, 0, 2, 3, 1, 4}; !slices.Equal(layers, want) {
 		t.Fatalf("load order %v, want %v", layers, want)
 	}
 }

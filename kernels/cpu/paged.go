@@ -37,13 +37,6 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 	}
 }
 
-// KVPoolBytes reports the bytes a pool of this shape holds on the CPU
-// (keys and values in F32): what NewKVPool allocates, for the engine's
-// memory accounting.
-func (b *Backend) KVPoolBytes(layers, blocks, blockSize, kvDim int) int64 {
-	return 2 * 4 * int64(layers) * int64(blocks) * int64(blockSize) * int64(kvDim)
-}
-
 // SetLayout copies l as the layout of the RoPEAt and PagedAttention calls
 // that follow. Block ids are checked against a pool when PagedAttention
 // runs (the layout does not name one).

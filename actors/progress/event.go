@@ -1,4 +1,4 @@
-package actors
+package progress
 
 import (
 	"time"
@@ -8,7 +8,7 @@ import (
 
 // Event is one progress event. Every stage publishes typed events on the
 // system's event stream; At is the monotonic time since the pipeline
-// started (System.Start), so a trace orders exactly and turns into a
+// started (actors.Start), so a trace orders exactly and turns into a
 // timeline without clock skew.
 type Event interface {
 	// Kind is the event's name in JSON lines ("tensor_read", "token", …).
