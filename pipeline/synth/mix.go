@@ -83,8 +83,8 @@ func useMoreBits(i, n int) bool {
 //   - a type whose block does not divide the row falls back as llama.cpp
 //     does (Q4_K→Q5_0, Q5_K→Q5_1, Q6_K→Q8_0), then to F16.
 func TensorType(m Mix, s Shape, name string, cols, rows, layer int) gguf.Type {
-	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") {
-		return gguf.TypeF32 // a mixture's router too, as llama.cpp's converter keeps it
+	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") || strings.HasSuffix(name, ".bias") {
+		return gguf.TypeF32 // a mixture's router and stacked biases too, as llama.cpp's converter keeps them
 	}
 	t := m.base()
 	isOutput := name == "output.weight" || (s.Tied && name == "token_embd.weight")
