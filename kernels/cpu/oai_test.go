@@ -40,7 +40,9 @@ func TestAttentionSinks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ten := func(x []float32) kernels.Tensor { return kernels.Tensor{Len: len(x), Host: append([]float32(nil), x...)} }
+		ten := func(x []float32) kernels.Tensor {
+			return kernels.Tensor{Len: len(x), Host: append([]float32(nil), x...)}
+		}
 		out := ten(make([]float32, n*heads*hd))
 		if err := be.Attention(out, ten(q), ten(k), ten(v), c, 0, 0, n, a); err != nil {
 			t.Fatal(err)
