@@ -125,37 +125,46 @@ func TestGptOssRefusesBackendWithoutSinks(t *testing.T) {
 	m.Close()
 }
 
-// TestGptOssMXFP4Experts: in a quantized mix the experts are MXFP4 (as
-// gpt-oss was published), the biases and router F32, and the model runs
-// on the CPU backend. (Its tokens are not compared with llama.cpp's: see
-// the report of issue 21; the F32 preset's are, in TestArchGreedy.)
+// TestGptOssMXFP4Experts: in every mix the experts are MXFP4 (as gpt-oss
+// was published and llama.cpp's converter keeps them), the biases, norms
+// and router F32, the rest the mix's type; a Q8_0 file runs on the CPU
+// backend. (The F32 file's greedy tokens are llama.cpp's: TestArchGreedy.)
 func TestGptOssMXFP4Experts(t *testing.T) {
 	dir := t.TempDir()
-	p := tinyGptOss(t, dir, synth.MixQ8_0)
-	f, err := gguf.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ti := range f.Tensors {
-		want := gguf.TypeQ8_0
-		switch {
-		case strings.HasSuffix(ti.Name, "_exps.weight"):
-			want = gguf.TypeMXFP4
-		case strings.HasSuffix(ti.Name, ".bias") || ti.Rows() == 1 || strings.HasSuffix(ti.Name, "ffn_gate_inp.weight"):
-			want = gguf.TypeF32
+	for _, mix := range []synth.Mix{synth.MixF32, synth.MixQ8_0} {
+		p := tinyGptOss(t, dir, mix)
+		f, err := gguf.Open(p)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if ti.Type != want {
-			t.Errorf("%s is %v, want %v", ti.Name, ti.Type, want)
+		base := gguf.TypeF32
+		if mix == synth.MixQ8_0 {
+			base = gguf.TypeQ8_0
 		}
-	}
-	f.Close()
-	be := cpu.New(2)
-	defer be.Close()
-	m := model.OpenModel(t, p, be, model.Options{Ctx: 64})
-	ids, _ := greedyMargins(t, m, []int32{1, 403, 407, 261, 378}, 4)
-	for _, id := range ids {
-		if id < 0 || id >= 512 {
-			t.Fatalf("greedy ids %v outside the vocabulary", ids)
+		for _, ti := range f.Tensors {
+			want := base
+			switch {
+			case strings.HasSuffix(ti.Name, "_exps.weight"):
+				want = gguf.TypeMXFP4
+			case strings.HasSuffix(ti.Name, ".bias") || ti.Rows() == 1 || strings.HasSuffix(ti.Name, "ffn_gate_inp.weight"):
+				want = gguf.TypeF32
+			}
+			if ti.Type != want {
+				t.Errorf("%s: %s is %v, want %v", mix, ti.Name, ti.Type, want)
+			}
+		}
+		f.Close()
+		if mix != synth.MixQ8_0 {
+			continue
+		}
+		be := cpu.New(2)
+		t.Cleanup(be.Close) // after the model's own cleanup (LIFO)
+		m := model.OpenModel(t, p, be, model.Options{Ctx: 64})
+		ids, _ := greedyMargins(t, m, []int32{1, 403, 407, 261, 378}, 4)
+		for _, id := range ids {
+			if id < 0 || id >= 512 {
+				t.Fatalf("greedy ids %v outside the vocabulary", ids)
+			}
 		}
 	}
 }

@@ -75,7 +75,7 @@ func useMoreBits(i, n int) bool {
 //
 //   - vectors (norms, biases, rope_freqs) and a mixture of experts'
 //     router (ffn_gate_inp) and stacked biases stay F32;
-//   - gpt-oss's expert matrices are MXFP4 in every quantized mix, as published;
+//   - gpt-oss's expert matrices are MXFP4 in every mix, as published;
 //   - the output head (token_embd when the head is tied) gets Q6_K, or Q8_0
 //     when its rows are not whole blocks of the base type, except in F32,
 //     F16 and Q8_0 files;
@@ -87,9 +87,10 @@ func TensorType(m Mix, s Shape, name string, cols, rows, layer int) gguf.Type {
 	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") || strings.HasSuffix(name, ".bias") {
 		return gguf.TypeF32 // a mixture's router and stacked biases too, as llama.cpp's converter keeps them
 	}
-	if s.Arch == "gpt-oss" && m != MixF32 && m != MixF16 && strings.HasSuffix(name, "_exps.weight") && cols%gguf.TypeMXFP4.BlockSize() == 0 {
-		// gpt-oss's experts were published in MXFP4, which its quantized
-		// files keep whatever the other tensors become.
+	if s.Arch == "gpt-oss" && strings.HasSuffix(name, "_exps.weight") && cols%gguf.TypeMXFP4.BlockSize() == 0 {
+		// gpt-oss's experts were published in MXFP4, which llama.cpp's
+		// converter keeps whatever the other tensors become (its F16 and
+		// F32 files too).
 		return gguf.TypeMXFP4
 	}
 	t := m.base()
