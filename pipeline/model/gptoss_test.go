@@ -11,6 +11,7 @@ import (
 	"github.com/forge-llm/forge/gguf/ggufedit"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/chat"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -183,5 +184,27 @@ func TestGptOssPresetShape(t *testing.T) {
 	}
 	if p := float64(s.Params()) / 1e9; p < 20.8 || p > 21.0 {
 		t.Errorf("%.2f B parameters, want gpt-oss-20b's 20.9 B", p)
+	}
+}
+
+// TestGptOssTemplate: the presets' conversation format is Harmony to
+// pipeline/chat (its tool calls parsed as gpt-oss writes them), and it
+// renders a turn as gpt-oss reads it.
+func TestGptOssTemplate(t *testing.T) {
+	tpl, err := chat.Parse(synth.Presets["gpt-oss-20b"].ChatTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.Family != chat.Harmony {
+		t.Fatalf("family %q, want %q", tpl.Family, chat.Harmony)
+	}
+	got, err := tpl.Render([]chat.Message{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "Hello"}, {Role: "user", Content: "Bye"}},
+		chat.Options{AddGenerationPrompt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello<|end|><|start|>user<|message|>Bye<|end|><|start|>assistant"
+	if got != want {
+		t.Fatalf("rendered\n%q\nwant\n%q", got, want)
 	}
 }
