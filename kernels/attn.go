@@ -21,6 +21,6 @@ func (a Attn) Cap(s float32) float32 {
 }
 
 // Plain reports whether the attention is the causal one over every earlier
-// position, with no window and no soft-cap (what every backend's fast
-// kernels compute).
-func (a Attn) Plain() bool { return a.Window <= 0 && a.Softcap <= 0 }
+// position, with no window, no soft-cap and no sinks (what every backend's
+// fast kernels compute).
+func (a Attn) Plain() bool { return a.Window <= 0 && a.Softcap <= 0 && a.Sinks == nil }

@@ -80,6 +80,11 @@ type Attn struct {
 	// Softcap, when > 0, caps each scaled score s to Softcap·tanh(s/Softcap)
 	// before the softmax (Gemma 2).
 	Softcap float32
+	// Sinks, when set, holds one logit per query head (F32, Heads values)
+	// that joins that head's softmax as one more score with no value
+	// (gpt-oss's attention sinks): only backends that are SinkAttenders
+	// honour it.
+	Sinks *Weight
 }
 
 // KVCache holds the keys and values of every layer for up to Ctx positions,

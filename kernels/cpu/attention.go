@@ -32,6 +32,10 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, lay
 	if pos0 < 0 || n < 0 || pos0+n > c.Ctx {
 		return fmt.Errorf("cpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, c.Ctx)
 	}
+	sinks, err := sinkLogits("attention", a)
+	if err != nil {
+		return err
+	}
 	kvDim := a.KVHeads * a.HeadDim
 	copy(s.k[layer][pos0*kvDim:(pos0+n)*kvDim], k.Host[:n*kvDim])
 	copy(s.v[layer][pos0*kvDim:(pos0+n)*kvDim], v.Host[:n*kvDim])
@@ -41,7 +45,7 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, lay
 			b.scratch[w].scores = make([]float32, c.Ctx)
 		}
 	}
-	b.att = attnTask{b: b, out: out.Host, q: q.Host, kc: s.k[layer], vc: s.v[layer], pos0: pos0, a: a}
+	b.att = attnTask{b: b, out: out.Host, q: q.Host, kc: s.k[layer], vc: s.v[layer], pos0: pos0, a: a, sinks: sinks}
 	err = b.pool.parallel(&b.att, n*a.Heads, 1)
 	b.att = attnTask{}
 	if err != nil {
@@ -111,6 +115,7 @@ type attnTask struct {
 	kc, vc []float32 // this layer's cache, [ctx][kvDim]
 	pos0   int
 	a      kernels.Attn
+	sinks  []float32 // per query head, or nil (kernels.SinkAttender)
 }
 
 func (t *attnTask) run(w, lo, hi int) {
@@ -130,7 +135,7 @@ func (t *attnTask) run(w, lo, hi int) {
 			sum = softmaxScores(sc, a.Scale)
 			clear(o)
 			axpyRowsF32(o, t.vc[g*hd:], kvDim, sc)
-		} else { // a sliding window or a score soft-cap
+		} else { // a sliding window, a score soft-cap or sinks
 			first := a.First(npos - 1) // 0 unless a sliding window hides older positions
 			sc := t.b.scratch[w].scores[:npos-first]
 			mx := float32(math.Inf(-1))
@@ -140,11 +145,17 @@ func (t *attnTask) run(w, lo, hi int) {
 				sc[j] = s
 				mx = max(mx, s)
 			}
+			if t.sinks != nil {
+				mx = max(mx, t.sinks[h])
+			}
 			sum = 0
 			for j, s := range sc {
 				e := float32(math.Exp(float64(s - mx)))
 				sc[j] = e
 				sum += e
+			}
+			if t.sinks != nil { // one more score in the softmax, with no value
+				sum += float32(math.Exp(float64(t.sinks[h] - mx)))
 			}
 			clear(o)
 			for j, e := range sc {

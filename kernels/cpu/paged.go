@@ -127,6 +127,10 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	if err := b.layoutRows("paged attention", n); err != nil {
 		return err
 	}
+	sinks, err := sinkLogits("paged attention", a)
+	if err != nil {
+		return err
+	}
 	kvDim := a.KVHeads * a.HeadDim
 	lay := &b.layout
 	bs := p.BlockSize
@@ -155,7 +159,7 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 			b.scratch[w].scores = make([]float32, maxPos+1)
 		}
 	}
-	b.patt = pagedTask{b: b, out: out.Host, q: q.Host, kc: kc, vc: vc, bs: bs, a: a}
+	b.patt = pagedTask{b: b, out: out.Host, q: q.Host, kc: kc, vc: vc, bs: bs, a: a, sinks: sinks}
 	b.pool.parallel(&b.patt, n*a.Heads, 1)
 	b.patt = pagedTask{}
 	return nil
@@ -169,6 +173,7 @@ type pagedTask struct {
 	kc, vc []float32 // this layer's pool, [block][slot][kvDim]
 	bs     int
 	a      kernels.Attn
+	sinks  []float32 // per query head, or nil (kernels.SinkAttender)
 }
 
 func (t *pagedTask) run(w, lo, hi int) {
@@ -198,7 +203,7 @@ func (t *pagedTask) run(w, lo, hi int) {
 				r := int(tab[p/t.bs])*t.bs*kvDim + g*hd
 				axpyRowsF32(o, t.vc[r:], kvDim, sc[p:min(p+t.bs, npos)])
 			}
-		} else { // a sliding window or a score soft-cap
+		} else { // a sliding window, a score soft-cap or sinks
 			first := a.First(npos - 1)
 			sc := t.b.scratch[w].scores[:npos-first]
 			mx := float32(math.Inf(-1))
@@ -209,10 +214,16 @@ func (t *pagedTask) run(w, lo, hi int) {
 				sc[j] = s
 				mx = max(mx, s)
 			}
+			if t.sinks != nil {
+				mx = max(mx, t.sinks[h])
+			}
 			for j, s := range sc {
 				e := float32(math.Exp(float64(s - mx)))
 				sc[j] = e
 				sum += e
+			}
+			if t.sinks != nil { // one more score in the softmax, with no value
+				sum += float32(math.Exp(float64(t.sinks[h] - mx)))
 			}
 			clear(o)
 			for j, e := range sc {

@@ -535,6 +535,9 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
 		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
 	}
+	if at.Sinks != nil {
+		return fmt.Errorf("gpu: %s: attention sinks (gpt-oss) are not supported on the GPU", op)
+	}
 	if store == "pool" && !at.Plain() {
 		return fmt.Errorf("gpu: %s: a sliding window or score soft-cap is not supported on the paged pool (continuous batching) yet", op)
 	}

@@ -23,6 +23,7 @@ var archs = map[string]*Arch{
 	"phi3":     &phi3Arch,
 	"gemma2":   &gemma2Arch,
 	"gemma3":   &gemma3Arch,
+	"gpt-oss":  &gptossArch,
 }
 
 // Arch is one architecture: how its hyper-parameters come from a GGUF
@@ -49,6 +50,10 @@ type Arch struct {
 	// Presets are real models' shapes of this architecture, and small ones
 	// for tests, by the name `forge gen --preset` takes.
 	Presets map[string]Shape
+	// Requires, when set, refuses a backend that lacks an op the
+	// architecture needs (one beyond kernels.Backend), before anything is
+	// allocated; nil: every backend runs it.
+	Requires func(be kernels.Backend) error
 }
 
 // Lookup returns the registered architecture called name.
@@ -258,7 +263,7 @@ func checkTensor(f *gguf.File, s TensorSpec) (*gguf.TensorInfo, error) {
 	if len(ti.Dims) == 0 || int(ti.Dims[0]) != s.Cols || int(ti.Rows()) != s.Rows {
 		return nil, fmt.Errorf("model: %s: tensor %q has shape %v, want [%d %d]", f.Path, s.Name, ti.Dims, s.Cols, s.Rows)
 	}
-	if s.Rows == 1 && ti.Type != gguf.TypeF32 {
+	if (s.Rows == 1 || s.Kind == KindBias || s.Kind == KindNorm) && ti.Type != gguf.TypeF32 {
 		return nil, fmt.Errorf("model: %s: tensor %q is %v, want F32", f.Path, s.Name, ti.Type)
 	}
 	return ti, nil

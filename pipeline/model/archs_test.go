@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/pipeline/internal/archtest"
@@ -93,6 +94,14 @@ func checkArchGreedy(t *testing.T, be kernels.Backend, how int) {
 			c := exp.Case(t, preset)
 			path := archtest.WriteFile(t, dir, preset, c)
 			m := model.OpenModel(t, path, be, model.Options{Ctx: 64})
+			how := how
+			if how == viaLogits && be.Name() == "host" && quantizedFile(t, path) {
+				// The host reference multiplies quantized weights by float32
+				// activations; llama.cpp and the CPU backend quantize the
+				// activations (Q8_0 for MXFP4), which moves the margins by
+				// more than the tolerance. Its ids must still match.
+				how = viaIDs
+			}
 			var got []int32
 			if how == viaDevice {
 				got = greedyDevice(t, m, c.PromptIDs, archtest.Tokens)
@@ -113,6 +122,23 @@ func checkArchGreedy(t *testing.T, be kernels.Backend, how int) {
 			}
 		})
 	}
+}
+
+// quantizedFile reports whether the file at path holds a tensor of a
+// quantized type (gpt-oss's MXFP4 experts).
+func quantizedFile(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, ti := range f.Tensors {
+		if ti.Type != gguf.TypeF32 && ti.Type != gguf.TypeF16 {
+			return true
+		}
+	}
+	return false
 }
 
 // greedyDevice runs n greedy steps through Model.Greedy (the backend's own
@@ -176,7 +202,7 @@ func llamaCpp() string {
 // checks its ids against the committed ones. With
 // FORGE_UPDATE_ARCH_EXPECTED=1 it writes the file instead: for a preset
 // without a case it first picks the seed (the first of 1…256 whose
-// 16-token greedy run, with weights of standard deviation 0.25, on
+// 16-token greedy run, with weights of standard deviation 0.25 (gpt-oss: 0.1), on
 // forge's host reference, has every top-2 margin at least 0.15, no
 // end-of-text and at least 8 distinct tokens; a model that scales its
 // embeddings up gets embeddings of deviation 0.06 and norm weights near 8).
@@ -241,7 +267,15 @@ func pickSeed(t *testing.T, dir, preset string) *archtest.Case {
 	if err != nil {
 		t.Fatal(err)
 	}
-	embedStd, normMean := 0.0, 0.0
+	std, embedStd, normMean := 0.25, 0.0, 0.0
+	if cfg.SwiGLULimit > 0 {
+		// gpt-oss's clamped SwiGLU multiplies the gate by up+1: with
+		// weights of deviation 0.25 the random model is chaotic, and the
+		// last-bit differences of any two implementations (the experts'
+		// inputs quantized to Q8_0 for MXFP4) move its logits by more
+		// than their margins.
+		std = 0.1
+	}
 	if cfg.EmbedScale > 0 {
 		// A tied head and embeddings scaled by √Embd: with weights like the
 		// others', each token's own embedding outweighs what the blocks add
@@ -249,7 +283,7 @@ func pickSeed(t *testing.T, dir, preset string) *archtest.Case {
 		embedStd, normMean = 0.06, 8
 	}
 	for seed := uint64(1); seed <= 256; seed++ {
-		c := &archtest.Case{Seed: seed, Std: 0.25, EmbedStd: embedStd, NormMean: normMean, Mix: "F32", PromptIDs: archtest.Prompt}
+		c := &archtest.Case{Seed: seed, Std: std, EmbedStd: embedStd, NormMean: normMean, Mix: "F32", PromptIDs: archtest.Prompt}
 		path := archtest.WriteFile(t, dir, preset, c)
 		m := model.OpenModel(t, path, model.Backends(t)[0].Backend, model.Options{Ctx: 64})
 		ids, margins := greedyMargins(t, m, c.PromptIDs, archtest.Tokens)

@@ -68,6 +68,18 @@ type Config struct {
 	// that many experts (expert_count), ExpertsUsed of them (the router's
 	// top-k, expert_used_count) run per token, each ExpertFF wide (moe.go).
 	Experts, ExpertsUsed, ExpertFF int
+	// YaRNFactor, when > 0, is YaRN's context extension factor over
+	// YaRNOrigCtx positions (gpt-oss): per-frequency divisors blend
+	// interpolation and extrapolation (yarn.go), and the attention scale
+	// carries YaRN's magnitude correction.
+	YaRNFactor  float32
+	YaRNOrigCtx int
+	// Sinks: each block has one attention sink logit per query head
+	// (attn_sinks.weight, kernels.Attn.Sinks; gpt-oss).
+	Sinks bool
+	// SwiGLUAlpha and SwiGLULimit, when > 0, make the experts' activation
+	// gpt-oss's clamped SwiGLU (kernels.SwiGLUOAIer).
+	SwiGLUAlpha, SwiGLULimit float32
 }
 
 // QDim is the width of the query projection, Heads·HeadDim.
@@ -205,12 +217,15 @@ func configFromMeta(gc gguf.Config, md Metadata) (Config, error) {
 	c.Rope.Dim = gc.RopeDim
 	c.Rope.Base = gc.RopeFreqBase
 	c.Rope.Scale = 1
+	yarn := false
 	switch gc.RopeScalingType {
 	case "", "none":
 	case "linear":
 		if gc.RopeScalingFactor > 0 {
 			c.Rope.Scale = 1 / gc.RopeScalingFactor
 		}
+	case "yarn":
+		yarn = true // the architecture reads its keys (Configure), or it is refused below
 	default:
 		// YaRN and LongRoPE change the attention math, not just positions.
 		return Config{}, fmt.Errorf("rope scaling %q is not supported (none, linear, rope_freqs)", gc.RopeScalingType)
@@ -230,6 +245,9 @@ func configFromMeta(gc gguf.Config, md Metadata) (Config, error) {
 		if err := a.Configure(&c, md); err != nil {
 			return Config{}, fmt.Errorf("%s: %w", a.Name, err)
 		}
+	}
+	if yarn && c.YaRNFactor == 0 {
+		return Config{}, fmt.Errorf("rope scaling \"yarn\" is not supported for %s", a.Name)
 	}
 	return c, nil
 }
@@ -259,6 +277,11 @@ func (c Config) check() error {
 		math.IsInf(float64(c.AttnSoftcap+c.FinalSoftcap+c.EmbedScale+c.AttnScale+c.RopeBaseLocal+c.RopeAttnFactor), 0):
 		return fmt.Errorf("model: window %d, pattern %d, soft-caps %v/%v, scales %v/%v, local rope base %v: must be finite and ≥ 0",
 			c.Window, c.SWAPattern, c.AttnSoftcap, c.FinalSoftcap, c.EmbedScale, c.AttnScale, c.RopeBaseLocal)
+	case !(c.YaRNFactor >= 0) || math.IsInf(float64(c.YaRNFactor), 0) || c.YaRNOrigCtx < 0 || c.YaRNOrigCtx > gguf.MaxContext ||
+		(c.YaRNFactor > 0 && c.YaRNOrigCtx == 0):
+		return fmt.Errorf("model: yarn factor %v over %d positions: must be finite, ≥ 0, with an original context", c.YaRNFactor, c.YaRNOrigCtx)
+	case !(c.SwiGLUAlpha >= 0) || !(c.SwiGLULimit >= 0) || math.IsInf(float64(c.SwiGLUAlpha+c.SwiGLULimit), 0):
+		return fmt.Errorf("model: swiglu alpha %v and limit %v must be finite and ≥ 0", c.SwiGLUAlpha, c.SwiGLULimit)
 	case c.Rope.Dim <= 0 || c.Rope.Dim > c.HeadDim || c.Rope.Dim%2 != 0:
 		return fmt.Errorf("model: rope dimension %d does not fit head size %d", c.Rope.Dim, c.HeadDim)
 	}

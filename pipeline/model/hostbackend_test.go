@@ -162,10 +162,22 @@ func (hostBackend) Attention(out, q, k, v kernels.Tensor, c *kernels.KVCache, la
 				scores[t] = a.Cap(s * a.Scale)
 				mx = max(mx, scores[t])
 			}
+			var sink float32
+			if a.Sinks != nil {
+				sv := make([]float32, a.Sinks.Cols)
+				if err := row(a.Sinks, 0, sv); err != nil {
+					return err
+				}
+				sink = sv[h]
+				mx = max(mx, sink)
+			}
 			sum := float32(0)
 			for t := first; t <= last; t++ {
 				scores[t] = float32(math.Exp(float64(scores[t] - mx)))
 				sum += scores[t]
+			}
+			if a.Sinks != nil { // a score with no value
+				sum += float32(math.Exp(float64(sink - mx)))
 			}
 			oh := out.Host[(i*a.Heads+h)*hd : (i*a.Heads+h+1)*hd]
 			clear(oh)
@@ -213,6 +225,19 @@ func (hostBackend) Scale(dst, x kernels.Tensor, s float32, n int) error {
 func (hostBackend) Softcap(x kernels.Tensor, c float32, n int) error {
 	for i := range n {
 		x.Host[i] = c * float32(math.Tanh(float64(x.Host[i]/c)))
+	}
+	return nil
+}
+
+// AttentionSinks: Attention honours kernels.Attn.Sinks.
+func (hostBackend) AttentionSinks() bool { return true }
+
+// SwiGLUOAI is gpt-oss's clamped SwiGLU.
+func (hostBackend) SwiGLUOAI(dst, gate, up kernels.Tensor, n int, alpha, limit float32) error {
+	for i := range n {
+		g := min(gate.Host[i], limit)
+		u := min(max(up.Host[i], -limit), limit)
+		dst.Host[i] = g / (1 + float32(math.Exp(float64(-alpha*g)))) * (u + 1)
 	}
 	return nil
 }

@@ -132,6 +132,11 @@ func newPart(be kernels.Backend, cfg Config, w Weights, head bool) (*Model, erro
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	m.layer = a.Layer
+	if a.Requires != nil {
+		if err := a.Requires(be); err != nil {
+			return nil, fmt.Errorf("model: %s on backend %s: %w", a.Name, be.Name(), err)
+		}
+	}
 	if head && (m.g.Embed == nil || m.g.OutputNorm == nil || m.g.Output == nil) {
 		return nil, fmt.Errorf("model: embedding, output norm or output weights missing")
 	}
@@ -143,6 +148,11 @@ func newPart(be kernels.Backend, cfg Config, w Weights, head bool) (*Model, erro
 		m.attns[l] = cfg.LayerAttn(l)
 		m.ropes[l] = cfg.LayerRope(l)
 		m.ropes[l].Freqs = m.g.RopeFreqs
+	}
+	if f := yarnFreqs(cfg); f != nil {
+		for l := range m.ropes {
+			m.ropes[l].Freqs = f
+		}
 	}
 	return m, nil
 }

@@ -114,6 +114,9 @@ type ExpertWeights struct {
 	Gate *kernels.Weight // [ExpertFF][Embd]
 	Up   *kernels.Weight // [ExpertFF][Embd]
 	Down *kernels.Weight // [Embd][ExpertFF]
+	// The expert's biases where the layer has them (gpt-oss), else nil:
+	// rows of the layer's stacked bias tensors.
+	GateB, UpB, DownB *kernels.Weight // [ExpertFF], [ExpertFF], [Embd]
 }
 
 // finishExperts makes l.Experts, one row view per expert of each stacked
@@ -139,6 +142,28 @@ func finishExperts(c Config, l *LayerWeights) error {
 		if x.Down, err = rowView(l.DownExps, part, e*c.Embd, c.Embd); err != nil {
 			return err
 		}
+		if err := expertBiases(l, x, e, part); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expertBiases views expert e's rows of the layer's stacked expert biases,
+// those it has (gpt-oss).
+func expertBiases(l *LayerWeights, x *ExpertWeights, e int, part string) error {
+	for _, b := range []struct {
+		all *kernels.Weight
+		dst **kernels.Weight
+	}{{l.GateExpsBias, &x.GateB}, {l.UpExpsBias, &x.UpB}, {l.DownExpsBias, &x.DownB}} {
+		if b.all == nil {
+			continue
+		}
+		v, err := rowView(b.all, part, e, 1)
+		if err != nil {
+			return err
+		}
+		*b.dst = v
 	}
 	return nil
 }

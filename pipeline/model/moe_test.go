@@ -255,14 +255,15 @@ func argmaxOf(v []float32) int32 {
 	return int32(best)
 }
 
-// TestMoEStepBatchMatchesForward: both mixtures through the batched steps
+// TestMoEStepBatchMatchesForward: the mixtures through the batched steps
 // of serving (several sequences' rows in one step, so an expert's rows
 // come from several sequences, prompts in pieces, merged or not) give
 // each sequence's logits as it alone would get them, bit for bit, on the
-// CPU (where a row's product does not depend on the others').
+// CPU (where a row's product does not depend on the others'); gpt-oss's
+// sinks and windows through the paged pool too.
 func TestMoEStepBatchMatchesForward(t *testing.T) {
 	dir := t.TempDir()
-	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"} {
 		path := filepath.Join(dir, preset+".gguf")
 		if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets[preset], Mix: synth.MixQ4_KM, Seed: 5}); err != nil {
 			t.Fatal(err)

@@ -58,6 +58,10 @@ type Shape struct {
 	// (expert_used_count); ExpertFF, when > 0, is an expert's width
 	// (expert_feed_forward_length; Qwen3-MoE), else FF.
 	Experts, ExpertsUsed, ExpertFF int
+	// YaRNFactor, when > 1, extends the context by YaRN (rope.scaling.type
+	// "yarn") from YaRNOrigCtx positions (gpt-oss).
+	YaRNFactor  float32
+	YaRNOrigCtx int
 }
 
 // HeadSize is the attention head size: HeadDim, or Embd/Heads.
@@ -100,6 +104,11 @@ func (s Shape) Meta() ([]gguf.KV, error) {
 		add(p+"rope.scaling.type", gguf.Str("linear"))
 		add(p+"rope.scaling.factor", gguf.Float32(s.RopeLinear))
 	}
+	if s.YaRNFactor > 1 {
+		add(p+"rope.scaling.type", gguf.Str("yarn"))
+		add(p+"rope.scaling.factor", gguf.Float32(s.YaRNFactor))
+		add(p+"rope.scaling.original_context_length", gguf.Uint32(uint32(s.YaRNOrigCtx)))
+	}
 	if s.RopeOrigCtx > 0 {
 		add(p+"rope.scaling.original_context_length", gguf.Uint32(uint32(s.RopeOrigCtx)))
 		scale := float64(s.Ctx) / float64(s.RopeOrigCtx)
@@ -134,6 +143,9 @@ func (s Shape) Config() (Config, error) {
 		VocabSize: s.Vocab, ContextLength: s.Ctx, NormEps: s.NormEps}
 	if s.RopeLinear > 1 {
 		gc.RopeScalingType, gc.RopeScalingFactor = "linear", s.RopeLinear
+	}
+	if s.YaRNFactor > 1 {
+		gc.RopeScalingType, gc.RopeScalingFactor = "yarn", s.YaRNFactor
 	}
 	c, err := configFromMeta(gc, md)
 	if err != nil {

@@ -54,6 +54,14 @@ type LayerWeights struct {
 	UpExps   *kernels.Weight // [Experts·ExpertFF][Embd]
 	DownExps *kernels.Weight // [Experts·Embd][ExpertFF]
 	Experts  []ExpertWeights
+	// gpt-oss's biases and attention sinks: the attention output's bias,
+	// the router's, and the experts' (one row per expert, which
+	// FinishLayer views per expert), and one sink logit per query head.
+	OBias                    *kernels.Weight // [Embd]
+	GateInpBias              *kernels.Weight // [Experts]
+	GateExpsBias, UpExpsBias *kernels.Weight // [Experts][ExpertFF]
+	DownExpsBias             *kernels.Weight // [Experts][Embd]
+	AttnSinks                *kernels.Weight // [Heads]
 }
 
 // FinishLayer completes a block's weights once its table's tensors are

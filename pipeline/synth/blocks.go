@@ -61,7 +61,7 @@ func ParseFill(s string) (Fill, error) {
 func blockFillable(t gguf.Type) bool {
 	switch t {
 	case gguf.TypeF32, gguf.TypeF16, gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1,
-		gguf.TypeQ8_0, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K:
+		gguf.TypeQ8_0, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K, gguf.TypeMXFP4:
 		return true
 	}
 	return false
@@ -228,6 +228,15 @@ func newBlockScales(t gguf.Type, std float64) *blockScales {
 		s.tab32 = &tab
 		return s
 	}
+	if t == gguf.TypeMXFP4 {
+		// The block scale is a power of two (E8M0, halved): the nearest
+		// one to std over the codes' root mean square, √34.25 (the 16
+		// E2M1 values, doubled, equally likely), so the deviation is
+		// std's within a factor √2.
+		e := math.Round(math.Log2(std/math.Sqrt(34.25))) + 128
+		s.d = uint16(min(max(e, 0), 255))
+		return s
+	}
 	d := dequant.F16ToF32(dequant.F32ToF16(float32(std / math.Sqrt(unitMoment(t)))))
 	s.d = dequant.F32ToF16(d)
 	switch t {
@@ -276,6 +285,10 @@ func fillBlocks(t gguf.Type, b []byte, s *blockScales, r *rng) {
 	bb := int(t.BlockBytes())
 	d0, d1, m0, m1 := byte(s.d), byte(s.d>>8), byte(s.m), byte(s.m>>8)
 	switch t {
+	case gguf.TypeMXFP4:
+		for o := 0; o+bb <= len(b); o += bb {
+			b[o] = d0 // the shared exponent; the codes stay random
+		}
 	case gguf.TypeQ4_0, gguf.TypeQ5_0, gguf.TypeQ8_0:
 		// d is the first field; keep the random top bit as its sign.
 		for o := 0; o+bb <= len(b); o += bb {

@@ -74,7 +74,8 @@ func useMoreBits(i, n int) bool {
 // mixes here, without an importance matrix:
 //
 //   - vectors (norms, biases, rope_freqs) and a mixture of experts'
-//     router (ffn_gate_inp) stay F32;
+//     router (ffn_gate_inp) and stacked biases stay F32;
+//   - gpt-oss's expert matrices are MXFP4 in every mix, as published;
 //   - the output head (token_embd when the head is tied) gets Q6_K, or Q8_0
 //     when its rows are not whole blocks of the base type, except in F32,
 //     F16 and Q8_0 files;
@@ -83,8 +84,14 @@ func useMoreBits(i, n int) bool {
 //   - a type whose block does not divide the row falls back as llama.cpp
 //     does (Q4_K→Q5_0, Q5_K→Q5_1, Q6_K→Q8_0), then to F16.
 func TensorType(m Mix, s Shape, name string, cols, rows, layer int) gguf.Type {
-	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") {
-		return gguf.TypeF32 // a mixture's router too, as llama.cpp's converter keeps it
+	if rows == 1 || strings.HasSuffix(name, "ffn_gate_inp.weight") || strings.HasSuffix(name, ".bias") {
+		return gguf.TypeF32 // a mixture's router and stacked biases too, as llama.cpp's converter keeps them
+	}
+	if s.Arch == "gpt-oss" && strings.HasSuffix(name, "_exps.weight") && cols%gguf.TypeMXFP4.BlockSize() == 0 {
+		// gpt-oss's experts were published in MXFP4, which llama.cpp's
+		// converter keeps whatever the other tensors become (its F16 and
+		// F32 files too).
+		return gguf.TypeMXFP4
 	}
 	t := m.base()
 	isOutput := name == "output.weight" || (s.Tied && name == "token_embd.weight")

@@ -19,7 +19,7 @@ import (
 
 // Presets are the tiny presets checked against llama.cpp, one (or more)
 // per architecture or variant.
-var Presets = []string{"tiny-qwen3", "tiny-llama3.1", "tiny-mistral", "tiny-phi3", "tiny-gemma2", "tiny-gemma3", "tiny-qwen3moe", "tiny-mixtral"}
+var Presets = []string{"tiny-qwen3", "tiny-llama3.1", "tiny-mistral", "tiny-phi3", "tiny-gemma2", "tiny-gemma3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"}
 
 // Tokens is how many greedy tokens are compared.
 const Tokens = 16
