@@ -168,8 +168,9 @@ func (g *guard) abandon() {
 type reqKey struct{}
 
 type reqTrace struct {
-	id   uint64
-	seen []bool
+	id      uint64
+	seen    []bool
+	experts map[[2]int]bool // (layer, expert) used, made on first use
 }
 
 // executor owns the Generator (the backend, KV cache and scratch). Its

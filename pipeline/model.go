@@ -251,6 +251,22 @@ func (m *Model) Resident() *Future { return &Future{m.sys.Resident()} }
 // Layer is block i's readiness future.
 func (m *Model) Layer(i int) *Future { return &Future{m.sys.LayerFuture(i)} }
 
+// Experts is the number of experts of block i that load one by one, each
+// on its own future (Expert): a mixture's block (0 for a dense one). Its
+// Layer future then stands for the rest of the block (attention, norms,
+// router).
+func (m *Model) Experts(i int) int { return m.sys.Experts(i) }
+
+// Expert is the readiness of expert e of block i (its rows of the block's
+// stacked expert tensors), or nil where Experts(i) ≤ e. A request waits
+// only for the experts its router picks.
+func (m *Model) Expert(i, e int) *Future {
+	if f := m.sys.ExpertFuture(i, e); f != nil {
+		return &Future{f}
+	}
+	return nil
+}
+
 // Subscribe returns a stream of the load's events so far (a subscriber
 // that arrives after Open still sees the whole load), then of every event
 // published from now on. Read its C until it closes (after Close) or call
