@@ -259,15 +259,8 @@ func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence
 		}
 		return nil, err
 	}
-	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok {
-		k := [2]int{i, e}
-		if !rt.experts[k] {
-			if rt.experts == nil {
-				rt.experts = map[[2]int]bool{}
-			}
-			rt.experts[k] = true
-			s.publish(progress.ExpertRun{At: s.bus.Since(), Req: rt.id, Layer: i, Expert: e, Waited: time.Since(start)})
-		}
+	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && rt.firstUse(i, e) {
+		s.publish(progress.ExpertRun{At: s.bus.Since(), Req: rt.id, Layer: i, Expert: e, Waited: time.Since(start)})
 	}
 	return fence, nil
 }
