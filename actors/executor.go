@@ -168,8 +168,8 @@ func (g *guard) abandon() {
 type reqKey struct{}
 
 type reqTrace struct {
-	id      uint64
-	seen    []bool
+	id   uint64
+	seen []bool
 	// experts are the (layer, expert) used so far, made on first use;
 	// under mu: a split model's segments may wait for experts at once.
 	mu      sync.Mutex
