@@ -86,6 +86,8 @@ type Unit struct {
 	// dead: an expert unit failed (it alone: see System.fail); demanded:
 	// a request asked for it first (System.demand).
 	dead, demanded atomic.Bool
+	// uses counts the requests that used an expert unit (System.ExpertUses).
+	uses atomic.Int64
 }
 
 // Name is how errors and logs name the unit.

@@ -221,6 +221,15 @@ func (s *System) ExpertsResident(i int) int {
 	return int(s.expertsIn[i].Load())
 }
 
+// ExpertUses is how many requests (run through the executor) used expert
+// e of block i so far: what a usage profile records.
+func (s *System) ExpertUses(i, e int) int64 {
+	if u := s.plan.Expert(i, e); u != nil {
+		return u.uses.Load()
+	}
+	return 0
+}
+
 // WaitExpert blocks until expert e of block i is resident, failed, or ctx
 // is done. An expert still pending is loaded first: under Lazy it is
 // queued only now, under the other strategies it moves to the front of
@@ -260,6 +269,7 @@ func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence
 		return nil, err
 	}
 	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && rt.firstUse(i, e) {
+		u.uses.Add(1)
 		s.publish(progress.ExpertRun{At: s.bus.Since(), Req: rt.id, Layer: i, Expert: e, Waited: time.Since(start)})
 	}
 	return fence, nil

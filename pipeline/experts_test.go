@@ -450,3 +450,97 @@ func TestCancelResolvesEveryExpertFuture(t *testing.T) {
 		})
 	}
 }
+
+// TestExpertProfileOrder: a model opened with ExpertProfiles records,
+// at Close, which experts its requests routed to under the file's
+// identity; the next open of the same file loads those experts before
+// the others (read order, one reader); a file with other weights has
+// another identity, so the profile does not apply to it.
+func TestExpertProfileOrder(t *testing.T) {
+	path := writeMoE(t, "tiny-qwen3moe", synth.MixQ4_KM)
+	prompt := []int32{1, 5, 9}
+	dir := t.TempDir()
+
+	m, err := Open(context.Background(), path, Options{Threads: 2, ExpertProfiles: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := m.Subscribe()
+	res, err := m.Generate(context.Background(), "", GenerateOptions{PromptIDs: prompt, MaxTokens: 1, IgnoreEOG: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	routed := map[expertKey]bool{}
+	for ev := range sub.C {
+		if r, ok := ev.(ExpertRun); ok && r.Req == res.ID {
+			routed[expertKey{r.Layer, r.Expert}] = true
+		}
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	id, err := fileIdentity(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := loadProfile(dir, id)
+	if err != nil || prof == nil {
+		t.Fatalf("profile after Close: %v, %v", prof, err)
+	}
+	for l := range synth.Presets["tiny-qwen3moe"].Layers {
+		for e := range synth.Presets["tiny-qwen3moe"].Experts {
+			if want := map[bool]int64{true: 1}[routed[expertKey{l, e}]]; prof.uses(l, e) != want {
+				t.Fatalf("layer %d expert %d: %d uses recorded, want %d", l, e, prof.uses(l, e), want)
+			}
+		}
+	}
+
+	var mu sync.Mutex
+	var order []expertKey
+	hooks := Hooks{Read: func(ctx context.Context, tensor string, off, n int64) error {
+		if k, ok := expertOfRead(t, f, tensor, off); ok {
+			mu.Lock()
+			if len(order) == 0 || order[len(order)-1] != k {
+				order = append(order, k)
+			}
+			mu.Unlock()
+		}
+		return nil
+	}}
+	m2, err := Open(context.Background(), path, Options{Threads: 2, Readers: 1, Hooks: hooks, ExpertProfiles: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Resident().Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m2.Close()
+	if len(order) != 2*16 {
+		t.Fatalf("experts read in %d runs, want one run of pieces per expert: %v", len(order), order)
+	}
+	for i, k := range order {
+		if (i < len(routed)) != routed[k] {
+			t.Fatalf("read order %v: the %d routed experts %v do not come first", order, len(routed), routed)
+		}
+	}
+
+	// The same shapes and types, other weights (another seed): only the
+	// routers' bytes tell the files apart.
+	other := filepath.Join(t.TempDir(), "other.gguf")
+	if err := synth.WriteFile(context.Background(), other, synth.Options{Shape: synth.Presets["tiny-qwen3moe"], Mix: synth.MixQ4_KM, Seed: 22}); err != nil {
+		t.Fatal(err)
+	}
+	fo, err := gguf.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fo.Close()
+	if oid, err := fileIdentity(fo); err != nil || oid == id {
+		t.Fatalf("another file's identity %q (%v), this one's %q", oid, err, id)
+	}
+}

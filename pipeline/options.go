@@ -147,6 +147,13 @@ type Options struct {
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
 	Hooks Hooks
+	// ExpertProfiles is a folder of expert usage profiles (a mixture of
+	// experts only; "" none): the experts load most used first, as the
+	// profile of this file (by its identity: size, tensor index, router
+	// bytes) recorded in earlier runs, instead of by index, and this
+	// model's requests add their routing to it at Close. Requests of the
+	// batching scheduler are not recorded. Not for a split model.
+	ExpertProfiles string
 	// Batching runs requests together (continuous batching, see
 	// Batching); off by default here, on in the Engine.
 	Batching Batching
