@@ -274,12 +274,18 @@ func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 		t.Fatalf("%d experts pending at the first token, want the %d not routed to", pending, want)
 	}
 	var readyBefore, readyAfter int
+	var bytesIn, bytesAtFirst, bytesAll int64
 	firstSeen, allSeen := false, false
 	for ev := range sub.C {
 		switch e := ev.(type) {
+		case ModelReady:
+			bytesIn += e.Bytes
+		case LayerReady:
+			bytesIn += e.Bytes
 		case FirstToken:
-			firstSeen = true
+			firstSeen, bytesAtFirst = true, bytesIn
 		case ExpertReady:
+			bytesIn += e.Bytes
 			k := expertKey{e.Layer, e.Expert}
 			switch {
 			case !firstSeen && !routed[k]:
@@ -293,7 +299,7 @@ func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 			if !firstSeen {
 				t.Error("all resident before the first token")
 			}
-			allSeen = true
+			allSeen, bytesAll = true, e.Bytes
 		}
 	}
 	if !firstSeen || !allSeen {
@@ -307,8 +313,11 @@ func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 	if n != total-len(routed) {
 		t.Fatalf("%d experts' reads were held back, want %d", n, total-len(routed))
 	}
-	t.Logf("tiny-qwen3moe: %d of %d experts resident at the first token (the %d distinct experts the prompt routed to)",
-		readyBefore, total, len(routed))
+	if bytesIn != bytesAll {
+		t.Fatalf("the ready events add up to %d bytes, all resident is %d", bytesIn, bytesAll)
+	}
+	t.Logf("tiny-qwen3moe: %d of %d experts resident at the first token (the %d distinct experts the prompt routed to), %.1f%% of the weights' bytes",
+		readyBefore, total, len(routed), 100*float64(bytesAtFirst)/float64(bytesAll))
 }
 
 // TestExpertReadErrorFailsOnlyItsRequests: one expert's bytes can not be
