@@ -553,3 +553,95 @@ func TestExpertProfileOrder(t *testing.T) {
 		t.Fatalf("another file's identity %q (%v), this one's %q", oid, err, id)
 	}
 }
+
+// TestExpertCopyFailureOnTheStream: the copies of one stacked tensor of
+// block 1 fail on the asynchronous uploader's stream (as a GPU reports a
+// failed copy at its event): every expert of block 1 fails with an error
+// naming the block, the expert and the cause, the blocks themselves are
+// resident, every future resolves, and a request, which needs experts of
+// block 1 whatever it routes, fails with that error instead of hanging.
+func TestExpertCopyFailureOnTheStream(t *testing.T) {
+	path := writeMoE(t, "tiny-qwen3moe", synth.MixQ4_KM)
+	errCopy := errors.New("injected: device out of memory")
+	up := &actors.StreamUploader{Copy: func(tensor string) error {
+		if tensor == "blk.1.ffn_down_exps.weight" {
+			return errCopy
+		}
+		return nil
+	}}
+	m, err := Open(context.Background(), path, Options{Threads: 2, uploader: up})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for l := range m.Config().Layers {
+		if err := m.Layer(l).Wait(context.Background()); err != nil {
+			t.Fatalf("layer %d: %v", l, err)
+		}
+		for e := range m.Experts(l) {
+			err := m.Expert(l, e).Wait(context.Background())
+			var le *actors.LoadError
+			switch {
+			case l == 0 && err != nil:
+				t.Fatalf("layer 0 expert %d: %v", e, err)
+			case l == 1 && (!errors.Is(err, errCopy) || !errors.As(err, &le) || le.Layer != 1 || le.Expert != e):
+				t.Fatalf("layer 1 expert %d: %v, want the copy's failure", e, err)
+			}
+		}
+	}
+	_, err = m.Generate(context.Background(), "", GenerateOptions{PromptIDs: []int32{1, 5}, MaxTokens: 2, IgnoreEOG: true})
+	if !errors.Is(err, errCopy) || !strings.Contains(err.Error(), "layer 1 expert ") {
+		t.Fatalf("request: %v", err)
+	}
+}
+
+// TestExpertUnitsBatched: the batching scheduler's steps wait for experts
+// the same way (its requests give the model package's tokens while the
+// experts still load, held back until the requests are queued).
+func TestExpertUnitsBatched(t *testing.T) {
+	path := writeMoE(t, "tiny-mixtral", synth.MixQ4_KM)
+	prompts := [][]int32{{1, 5, 9}, {2, 7}, {3}}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gate := make(chan struct{})
+	hooks := Hooks{Read: func(ctx context.Context, tensor string, off, n int64) error {
+		if _, ok := expertOfRead(t, f, tensor, off); ok {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}}
+	m, err := Open(context.Background(), path, Options{Threads: 2, Hooks: hooks, Batching: Batching{On: true, Deterministic: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var wg sync.WaitGroup
+	got := make([][]int32, len(prompts))
+	errs := make([]error, len(prompts))
+	for i, p := range prompts {
+		wg.Go(func() {
+			res, err := m.Generate(context.Background(), "", GenerateOptions{PromptIDs: p, MaxTokens: 4, IgnoreEOG: true})
+			got[i], errs[i] = res.Tokens, err
+		})
+	}
+	if st, _ := m.Expert(0, 0).State(); st == UnitResident {
+		t.Fatal("an expert resident while its reads are held back")
+	}
+	close(gate)
+	wg.Wait()
+	for i, p := range prompts {
+		if errs[i] != nil {
+			t.Fatalf("prompt %v: %v", p, errs[i])
+		}
+		if want := referenceGreedy(t, path, p, 4); fmt.Sprint(got[i]) != fmt.Sprint(want) {
+			t.Fatalf("prompt %v: tokens %v, want %v", p, got[i], want)
+		}
+	}
+}
