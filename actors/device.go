@@ -176,7 +176,7 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 	var n int64
 	for _, u := range p.Units {
 		d.units[u] = &unitState{u: u, recorded: make(chan struct{})}
-		for _, t := range u.Tensors {
+		for _, t := range u.Placed() {
 			if d.PerTensor {
 				t.ArenaOff = -1
 				continue
@@ -316,11 +316,12 @@ func (d *DeviceUploader) Upload(t *Tensor, off int64, data []byte) error {
 	if us == nil {
 		return fmt.Errorf("%s: not reserved", t.unit.Name())
 	}
-	base, err := d.dst(t)
+	root, rootOff := t.Placement() // a piece lands inside its stacked tensor
+	base, err := d.dst(root)
 	if err != nil {
 		return err
 	}
-	j := &job{us: us, dst: base + rocm.DevPtr(off), data: data}
+	j := &job{us: us, dst: base + rocm.DevPtr(rootOff+off), data: data}
 	if d.stats.first.CompareAndSwap(false, true) {
 		now := time.Since(d.reserveAt)
 		d.stats.add(func(s *DeviceStats) { s.FirstUpload = now })
@@ -365,13 +366,21 @@ func (d *DeviceUploader) Flush(u *Unit) (Fence, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no event (not reserved)", u.Name())
 	}
-	for _, t := range u.Tensors {
+	for i, t := range u.Placed() {
 		var p rocm.DevPtr
-		if d.PerTensor {
+		switch {
+		case d.PerTensor && i >= len(u.Tensors):
+			// A stacked tensor: its buffer is made now if no piece came
+			// yet, so the block's view exists before its experts land.
+			var err error
+			if p, err = d.dst(t); err != nil {
+				return nil, fmt.Errorf("tensor %q: %w", t.Name(), err)
+			}
+		case d.PerTensor:
 			if p = d.perT[t]; p == 0 {
 				return nil, fmt.Errorf("tensor %q: never uploaded", t.Name())
 			}
-		} else {
+		default:
 			p = d.arena + rocm.DevPtr(t.ArenaOff)
 		}
 		var host []byte

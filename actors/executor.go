@@ -170,6 +170,26 @@ type reqKey struct{}
 type reqTrace struct {
 	id   uint64
 	seen []bool
+	// experts are the (layer, expert) used so far, made on first use;
+	// under mu: a split model's segments may wait for experts at once.
+	mu      sync.Mutex
+	experts map[[2]int]bool
+}
+
+// firstUse records that the request used expert e of layer i and reports
+// whether it is the first time.
+func (rt *reqTrace) firstUse(i, e int) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	k := [2]int{i, e}
+	if rt.experts[k] {
+		return false
+	}
+	if rt.experts == nil {
+		rt.experts = map[[2]int]bool{}
+	}
+	rt.experts[k] = true
+	return true
 }
 
 // executor owns the Generator (the backend, KV cache and scratch). Its

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -16,8 +17,14 @@ import (
 type (
 	// loadUnits asks the loader to load units (in the given order, after
 	// what is already queued). Units already queued are skipped, so
-	// concurrent first uses of a lazy layer load it once.
-	loadUnits struct{ units []*Unit }
+	// concurrent first uses of a lazy layer load it once. With front the
+	// units go before everything queued instead, and the queued chunks of
+	// those already queued move there: a request waits on them (an
+	// expert its router chose).
+	loadUnits struct {
+		units []*Unit
+		front bool
+	}
 	// chunk is rows [row0, row0+rows) of one tensor.
 	chunk struct {
 		t          *Tensor
@@ -33,8 +40,12 @@ type (
 	chunkRead struct{ c *chunk }
 	// chunkDone: a chunk has left the pipeline (uploaded or dropped).
 	chunkDone struct{}
-	// abort: drop the queued chunks of units from index from on.
-	abort struct{ from int }
+	// abort: drop the queued chunks of units from index from on, or with
+	// unit set, of that unit only (a failed expert: the others load on).
+	abort struct {
+		from int
+		unit *Unit
+	}
 	// reserve: make the arena (sent by Start once every actor exists).
 	reserve struct{}
 	// reserved: the uploader's arena exists; conversion may start.
@@ -69,20 +80,42 @@ func (l *loader) Receive(c actor.Context) {
 			l.idle = append(l.idle, i)
 		}
 	case *loadUnits:
+		var tail []*chunk
+		if m.front {
+			tail, l.queue = l.queue, nil
+			for _, u := range m.units {
+				if u.queued { // move what it still has queued to the front
+					tail = slices.DeleteFunc(tail, func(ch *chunk) bool {
+						if ch.t.unit == u {
+							l.queue = append(l.queue, ch)
+							return true
+						}
+						return false
+					})
+				}
+			}
+		}
 	units:
 		for _, u := range m.units {
 			if u.queued || l.s.dropped(u) {
 				continue
 			}
 			u.queued = true
+			if err := l.stacked(u); err != nil {
+				break units
+			}
 			for _, t := range u.Tensors {
 				if err := l.split(t); err != nil {
-					// Units after u fail with it; those before still load.
 					l.s.fail(u, t.Name(), err)
+					if u.IsExpert() {
+						continue units // an expert fails alone
+					}
+					// Units after u fail with it; those before still load.
 					break units
 				}
 			}
 		}
+		l.queue = append(l.queue, tail...)
 		l.dispatch(c)
 	case *chunkRead:
 		l.idle = append(l.idle, m.c.reader)
@@ -94,7 +127,8 @@ func (l *loader) Receive(c actor.Context) {
 		}
 		if m.c.readErr != nil {
 			l.inflight--
-			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", m.c.off, m.c.off+m.c.n, m.c.readErr))
+			off := t.FileBase + m.c.off // a piece's bytes, counted in its stacked tensor
+			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", off, off+m.c.n, m.c.readErr))
 			l.dispatch(c)
 			return
 		}
@@ -109,12 +143,29 @@ func (l *loader) Receive(c actor.Context) {
 	case *abort:
 		keep := l.queue[:0]
 		for _, ch := range l.queue {
-			if ch.t.unit.idx < m.from {
+			if m.unit != nil && ch.t.unit != m.unit || m.unit == nil && ch.t.unit.idx < m.from {
 				keep = append(keep, ch)
 			}
 		}
 		l.queue = keep
 	}
+}
+
+// stacked maps a block unit's stacked expert tensors: their bytes come
+// with the expert units, but the uploader's Flush of this unit makes their
+// Weight (a view of the mapping, for a pass-through) visible. An error
+// fails the unit (and those after it).
+func (l *loader) stacked(u *Unit) error {
+	for _, t := range u.Stacked {
+		src, err := l.s.cfg.File.TensorData(t.Info)
+		if err != nil {
+			err = fmt.Errorf("unreadable range: %w", err)
+			l.s.fail(u, t.Name(), err)
+			return err
+		}
+		t.src = src
+	}
+	return nil
 }
 
 // split queues t's chunks: whole rows, about ChunkBytes each.
@@ -169,7 +220,7 @@ func (r *reader) Receive(c actor.Context) {
 	}
 	if !r.s.dropped(ch.t.unit) {
 		if h := r.s.cfg.Hooks.Read; h != nil {
-			ch.readErr = h(r.s.ctx, ch.t.Name(), ch.off, ch.n)
+			ch.readErr = h(r.s.ctx, ch.t.Name(), ch.t.FileBase+ch.off, ch.n)
 		}
 		// A file truncated or rewritten since it was mapped is caught
 		// here, before its pages are touched; one that changes between
@@ -274,6 +325,7 @@ func (up *uploader) Receive(c actor.Context) {
 			s.failAll(err)
 			return
 		}
+		s.plan.settle()
 		c.Send(s.dequant, &reserved{})
 	case *converted:
 		c.Send(s.loader, &chunkDone{})

@@ -40,7 +40,7 @@ func (su *StreamUploader) Reserve(p *Plan) error {
 	}
 	var n int64
 	for _, u := range p.Units {
-		for _, t := range u.Tensors {
+		for _, t := range u.Placed() {
 			n = (n + arenaAlign - 1) / arenaAlign * arenaAlign
 			t.ArenaOff = n
 			n += t.OutBytes
@@ -107,7 +107,7 @@ func (su *StreamUploader) Flush(u *Unit) (Fence, error) {
 		su.mu.Lock()
 		defer su.mu.Unlock()
 		if f.err = su.failed[u]; f.err == nil {
-			for _, t := range u.Tensors {
+			for _, t := range u.Placed() {
 				end := t.ArenaOff + t.OutBytes
 				su.weights[t.Name()] = placedWeight(t, 0, su.arena[t.ArenaOff:end:end])
 			}

@@ -78,11 +78,13 @@ type System struct {
 	loader, dequant, uploader, executor *actor.PID
 	exec                                *executorState
 
-	failed   atomic.Bool           // the whole load failed (failAll)
-	failFrom atomic.Int32          // units from this index on are failed (fail)
-	resident atomic.Int32          // units resident
-	broken   atomic.Pointer[error] // the file changed under the mapping (see usable)
-	wg       sync.WaitGroup
+	failed   atomic.Bool  // the whole load failed (failAll)
+	failFrom atomic.Int32 // units from this index on are failed (fail)
+	resident atomic.Int32 // units resident
+	// expertsIn counts each block's resident experts.
+	expertsIn []atomic.Int32
+	broken    atomic.Pointer[error] // the file changed under the mapping (see usable)
+	wg        sync.WaitGroup
 
 	closeMu sync.Mutex
 	closed  bool
@@ -135,7 +137,8 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 			return nil, fmt.Errorf("actors: %s: load order of %d units, the plan has %d", cfg.File.Path, len(first), len(plan.Units))
 		}
 	}
-	s := &System{cfg: cfg, plan: plan, all: newFuture("all resident"), closing: make(chan struct{})}
+	s := &System{cfg: cfg, plan: plan, all: newFuture("all resident"), closing: make(chan struct{}),
+		expertsIn: make([]atomic.Int32, plan.Layers())}
 	s.failFrom.Store(math.MaxInt32)
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.as = actor.NewActorSystem(
@@ -187,8 +190,90 @@ func (s *System) Ready() *Future { return s.plan.Units[0].Future }
 // Resident is the future of every unit.
 func (s *System) Resident() *Future { return s.all }
 
-// LayerFuture is block i's future.
+// LayerFuture is block i's future: of its tensors but the experts (the
+// attention, norms and router of a mixture's block).
 func (s *System) LayerFuture(i int) *Future { return s.plan.Layer(i).Future }
+
+// ExpertFuture is the future of expert e of block i (its rows of the
+// block's stacked expert tensors), or nil where the block has no such
+// expert.
+func (s *System) ExpertFuture(i, e int) *Future {
+	if u := s.plan.Expert(i, e); u != nil {
+		return u.Future
+	}
+	return nil
+}
+
+// Experts is the number of experts of block i the plan loads one by one
+// (0 for a dense block).
+func (s *System) Experts(i int) int {
+	if i < 0 || i >= s.plan.Layers() {
+		return 0
+	}
+	return len(s.plan.Experts(i))
+}
+
+// ExpertsResident is how many of block i's experts are resident.
+func (s *System) ExpertsResident(i int) int {
+	if i < 0 || i >= len(s.expertsIn) {
+		return 0
+	}
+	return int(s.expertsIn[i].Load())
+}
+
+// ExpertUses is how many requests (run through the executor) used expert
+// e of block i so far: what a usage profile records.
+func (s *System) ExpertUses(i, e int) int64 {
+	if u := s.plan.Expert(i, e); u != nil {
+		return u.uses.Load()
+	}
+	return 0
+}
+
+// WaitExpert blocks until expert e of block i is resident, failed, or ctx
+// is done. An expert still pending is loaded first: under Lazy it is
+// queued only now, under the other strategies it moves to the front of
+// the loader's queue (a request waits on it; the rest of the order can
+// wait). Called from a request, it publishes a progress.ExpertRun event
+// the first time the request uses the expert.
+func (s *System) WaitExpert(ctx context.Context, i, e int) error {
+	_, err := s.waitExpert(ctx, i, e, false)
+	return err
+}
+
+// ExpertFence is WaitExpert for a GPU executor (see LayerFence).
+func (s *System) ExpertFence(ctx context.Context, i, e int) (Fence, error) {
+	return s.waitExpert(ctx, i, e, true)
+}
+
+func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence, error) {
+	u := s.plan.Expert(i, e)
+	if u == nil {
+		return nil, fmt.Errorf("actors: layer %d has no expert %d loaded on its own", i, e)
+	}
+	start := time.Now()
+	if st, _ := u.Future.State(); st == Pending && u.demanded.CompareAndSwap(false, true) {
+		s.send(s.loader, &loadUnits{units: []*Unit{u}, front: true})
+	}
+	var fence Fence = doneFence{}
+	var err error
+	if enqueued {
+		fence, err = u.Future.WaitEnqueued(ctx)
+	} else {
+		err = u.Future.Wait(ctx)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("layer %d expert %d: %w", i, e, err)
+		}
+		return nil, err
+	}
+	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && rt.firstUse(i, e) {
+		u.uses.Add(1)
+		s.publish(progress.ExpertRun{At: s.bus.Since(), Req: rt.id, Layer: i, Expert: e, Waited: time.Since(start)})
+	}
+	return fence, nil
+}
 
 // Weight returns the backend's view of a tensor once its unit is resident.
 func (s *System) Weight(name string) (*kernels.Weight, bool) { return s.cfg.Uploader.Weight(name) }
@@ -262,14 +347,23 @@ func (s *System) publish(e progress.Event) { s.bus.Publish(e) }
 // where known, the tensor.
 type LoadError struct {
 	Layer  int    // progress.Globals or block index
+	Expert int    // the expert of an expert unit, else -1
 	Tensor string // "" when not about one tensor
 	Err    error
 }
 
+// loadError is the cause u fails with.
+func (u *Unit) loadError(tensor string, err error) *LoadError {
+	return &LoadError{Layer: u.Layer, Expert: u.Expert, Tensor: tensor, Err: err}
+}
+
 func (e *LoadError) Error() string {
 	where := "layer " + strconv.Itoa(e.Layer)
-	if e.Layer == progress.Globals {
+	switch {
+	case e.Layer == progress.Globals:
 		where = "ready (embedding, output norm, LM head)"
+	case e.Expert >= 0:
+		where += " expert " + strconv.Itoa(e.Expert)
 	}
 	if e.Tensor != "" {
 		return fmt.Sprintf("%s: tensor %q: %v", where, e.Tensor, e.Err)
@@ -283,8 +377,22 @@ func (e *LoadError) Unwrap() error { return e.Err }
 // unit after it in load order (they will not be loaded after a failure:
 // the model can not run past u anyway). Units before u that are in flight
 // finish loading. The loader drops what it has queued from u on.
+//
+// An expert unit fails alone: a request whose router picks it fails with
+// its cause, requests that do not need it run on, and the other experts
+// keep loading.
 func (s *System) fail(u *Unit, tensor string, err error) {
-	cause := &LoadError{Layer: u.Layer, Tensor: tensor, Err: err}
+	cause := u.loadError(tensor, err)
+	if u.IsExpert() {
+		u.dead.Store(true)
+		if u.Future.fail(cause) {
+			slog.Debug("actors: expert load failed", "err", cause)
+			s.publish(progress.Error{At: s.bus.Since(), Layer: u.Layer, Tensor: tensor, Err: cause})
+		}
+		s.all.fail(cause)
+		s.send(s.loader, &abort{unit: u})
+		return
+	}
 	for {
 		cur := s.failFrom.Load()
 		if int32(u.idx) >= cur || s.failFrom.CompareAndSwap(cur, int32(u.idx)) {
@@ -296,7 +404,7 @@ func (s *System) fail(u *Unit, tensor string, err error) {
 		s.publish(progress.Error{At: s.bus.Since(), Layer: u.Layer, Tensor: tensor, Err: cause})
 	}
 	for _, o := range s.plan.Units[u.idx+1:] {
-		o.Future.fail(&LoadError{Layer: o.Layer, Err: fmt.Errorf("not loaded: %w", cause)})
+		o.Future.fail(o.loadError("", fmt.Errorf("not loaded: %w", cause)))
 	}
 	s.all.fail(cause)
 	s.send(s.loader, &abort{from: u.idx})
@@ -304,7 +412,7 @@ func (s *System) fail(u *Unit, tensor string, err error) {
 
 // dropped reports whether u's work is moot (it or the load failed).
 func (s *System) dropped(u *Unit) bool {
-	return s.failed.Load() || int32(u.idx) >= s.failFrom.Load()
+	return s.failed.Load() || int32(u.idx) >= s.failFrom.Load() || u.dead.Load()
 }
 
 // failAll fails every unresolved unit with err (a failure of the whole
@@ -313,7 +421,7 @@ func (s *System) failAll(err error) {
 	s.failed.Store(true)
 	n := 0
 	for _, u := range s.plan.Units {
-		if u.Future.fail(&LoadError{Layer: u.Layer, Err: err}) {
+		if u.Future.fail(u.loadError("", err)) {
 			n++
 		}
 	}
@@ -331,6 +439,10 @@ func (s *System) landed(u *Unit) {
 	at := s.bus.Since()
 	if u.Layer == progress.Globals {
 		s.publish(progress.ModelReady{At: at, Bytes: u.Bytes})
+	} else if u.IsExpert() {
+		n := s.expertsIn[u.Layer].Add(1)
+		s.publish(progress.ExpertReady{At: at, Layer: u.Layer, Expert: u.Expert, Bytes: u.Bytes,
+			Resident: int(n), Of: len(s.plan.Experts(u.Layer))})
 	} else {
 		s.publish(progress.LayerReady{At: at, Layer: u.Layer, Bytes: u.Bytes})
 	}
@@ -381,7 +493,7 @@ func (s *System) Close() error {
 func (s *System) failAllQuiet(err error) {
 	s.failed.Store(true)
 	for _, u := range s.plan.Units {
-		u.Future.fail(&LoadError{Layer: u.Layer, Err: err})
+		u.Future.fail(u.loadError("", err))
 	}
 	s.all.fail(err)
 }

@@ -92,7 +92,7 @@ func (h *HostUploader) Reserve(p *Plan) error {
 	h.weights = map[string]*kernels.Weight{}
 	var mapped, arena int64
 	for _, u := range p.Units {
-		for _, t := range u.Tensors {
+		for _, t := range u.Placed() {
 			switch {
 			case t.PassThrough():
 				mapped += t.OutBytes
@@ -138,16 +138,28 @@ func (h *HostUploader) Dest(t *Tensor, off, n int64) ([]byte, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	b, ok := h.bufs[t]
-	if !ok {
-		if err := h.Mem.Alloc(t.OutBytes, "tensor "+t.Name()); err != nil {
-			return nil, err
-		}
-		h.bufSum += t.OutBytes
-		b = alignedBytes(t.OutBytes)
-		h.bufs[t] = b
+	root, base := t.Placement()
+	b, err := h.buf(root)
+	if err != nil {
+		return nil, err
 	}
-	return b[off : off+n : off+n], nil
+	return b[base+off : base+off+n : base+off+n], nil
+}
+
+// buf is t's own allocation under PerTensor, made on first use (by the
+// first chunk converted, or by Flush for a stacked tensor whose pieces
+// are still to come). Called with h.mu held.
+func (h *HostUploader) buf(t *Tensor) ([]byte, error) {
+	if b, ok := h.bufs[t]; ok {
+		return b, nil
+	}
+	if err := h.Mem.Alloc(t.OutBytes, "tensor "+t.Name()); err != nil {
+		return nil, err
+	}
+	h.bufSum += t.OutBytes
+	b := alignedBytes(t.OutBytes)
+	h.bufs[t] = b
+	return b, nil
 }
 
 // Upload implements Uploader: on the host the bytes are already in place.
@@ -158,17 +170,22 @@ func (h *HostUploader) Upload(t *Tensor, off int64, data []byte) error {
 	return nil
 }
 
-// Flush implements Uploader: the unit's Weights become visible.
+// Flush implements Uploader: the unit's Weights become visible (an
+// expert unit's pieces are rows of a Weight its block made visible).
 func (h *HostUploader) Flush(u *Unit) (Fence, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, t := range u.Tensors {
+	for _, t := range u.Placed() {
 		var data []byte
 		switch {
 		case t.PassThrough():
 			data = t.src
 		case h.PerTensor:
-			data = h.bufs[t]
+			b, err := h.buf(t)
+			if err != nil {
+				return nil, err
+			}
+			data = b
 		default:
 			data = h.arena[t.ArenaOff : t.ArenaOff+t.OutBytes : t.ArenaOff+t.OutBytes]
 		}

@@ -19,10 +19,12 @@ type (
 	TensorConverted = progress.TensorConverted
 	TensorUploaded  = progress.TensorUploaded
 	LayerReady      = progress.LayerReady
+	ExpertReady     = progress.ExpertReady
 	ModelReady      = progress.ModelReady
 	AllResident     = progress.AllResident
 	RequestStarted  = progress.RequestStarted
 	LayerRun        = progress.LayerRun
+	ExpertRun       = progress.ExpertRun
 	FirstToken      = progress.FirstToken
 	TokenEvent      = progress.Token
 	Done            = progress.Done
@@ -54,6 +56,8 @@ func EventJSON(e Event) ([]byte, error) {
 		m["tensor"], m["layer"], m["bytes"] = e.Tensor, e.Layer, e.Bytes
 	case LayerReady:
 		m["layer"], m["bytes"] = e.Layer, e.Bytes
+	case ExpertReady:
+		m["layer"], m["expert"], m["bytes"], m["resident"], m["of"] = e.Layer, e.Expert, e.Bytes, e.Resident, e.Of
 	case ModelReady:
 		m["bytes"] = e.Bytes
 	case AllResident:
@@ -62,6 +66,8 @@ func EventJSON(e Event) ([]byte, error) {
 		m["req"], m["prompt_tokens"] = e.Req, e.PromptTokens
 	case LayerRun:
 		m["req"], m["layer"], m["waited_ms"] = e.Req, e.Layer, ms(e.Waited)
+	case ExpertRun:
+		m["req"], m["layer"], m["expert"], m["waited_ms"] = e.Req, e.Layer, e.Expert, ms(e.Waited)
 	case FirstToken:
 		m["req"], m["token"], m["latency_ms"] = e.Req, e.Token, ms(e.Latency)
 	case TokenEvent:

@@ -29,6 +29,9 @@ type Model struct {
 	mem   *Memory
 	dev   *device         // the model's device, open or opening (device_open.go)
 	up    actors.Uploader // what places the weights (nil: the host's)
+	// profileID is the file's identity when its experts' use is recorded
+	// in Options.ExpertProfiles at Close ("" otherwise).
+	profileID string
 	// released is closed once the uploader has freed the device weights
 	// and given back the staging ring, in Close (nil where the uploader
 	// is not the pipeline's lazy one): an Engine starts the next model's
@@ -162,9 +165,10 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 	if gpuReads && o.Readers <= 0 {
 		o.Readers = gpuReaders
 	}
+	order, profileID := expertOrder(o, f, cfg.Experts)
 	sys, err := actors.Start(ctx, actors.Config{
 		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy.toActors(), Memory: mem.acct, Converter: conv, Uploader: up,
-		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks.toActors(), Start: start,
+		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks.toActors(), Start: start, Order: order,
 	})
 	if err != nil {
 		<-m.prefetched
@@ -174,6 +178,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		return nil, err
 	}
 	m.sys, m.up, m.f, m.fref = sys, up, f, fref
+	m.profileID = profileID
 	m.chatTemplate, _ = f.String("tokenizer.chat_template")
 	m.pooling = poolingOf(f, cfg.Arch)
 	go func() {
@@ -251,6 +256,22 @@ func (m *Model) Resident() *Future { return &Future{m.sys.Resident()} }
 // Layer is block i's readiness future.
 func (m *Model) Layer(i int) *Future { return &Future{m.sys.LayerFuture(i)} }
 
+// Experts is the number of experts of block i that load one by one, each
+// on its own future (Expert): a mixture's block (0 for a dense one). Its
+// Layer future then stands for the rest of the block (attention, norms,
+// router).
+func (m *Model) Experts(i int) int { return m.sys.Experts(i) }
+
+// Expert is the readiness of expert e of block i (its rows of the block's
+// stacked expert tensors), or nil where Experts(i) ≤ e. A request waits
+// only for the experts its router picks.
+func (m *Model) Expert(i, e int) *Future {
+	if f := m.sys.ExpertFuture(i, e); f != nil {
+		return &Future{f}
+	}
+	return nil
+}
+
 // Subscribe returns a stream of the load's events so far (a subscriber
 // that arrives after Open still sees the whole load), then of every event
 // published from now on. Read its C until it closes (after Close) or call
@@ -289,6 +310,11 @@ func (m *Model) Close() error {
 		<-m.prefetched
 		t0 := time.Now()
 		m.closeErr = m.sys.Close()
+		if m.profileID != "" {
+			if err := m.saveProfile(m.opts.ExpertProfiles, m.profileID); err != nil {
+				slog.Warn("pipeline: the expert usage profile was not saved", "model", m.path, "err", err)
+			}
+		}
 		tSys := time.Since(t0)
 		m.dev.close()
 		tDev := time.Since(t0) - tSys

@@ -94,6 +94,9 @@ type Hooks struct {
 	// Read runs on a reader before it reads bytes [off, off+n) of a
 	// tensor; it may sleep (a slow disk; it must return when ctx is done)
 	// or return an error (an unreadable range).
+	// A mixture's stacked expert tensor is read expert by expert: off
+	// counts from the tensor's start, so expert e's rows are the range
+	// [e·Size/Experts, (e+1)·Size/Experts).
 	Read func(ctx context.Context, tensor string, off, n int64) error
 	// Upload runs on the uploader before each chunk of a tensor is
 	// uploaded; an error is a failed upload.
@@ -144,6 +147,13 @@ type Options struct {
 	// Hooks are for tests and benchmarks: a slow disk, a failing read or
 	// upload.
 	Hooks Hooks
+	// ExpertProfiles is a folder of expert usage profiles (a mixture of
+	// experts only; "" none): the experts load most used first, as the
+	// profile of this file (by its identity: size, tensor index, router
+	// bytes) recorded in earlier runs, instead of by index, and this
+	// model's requests add their routing to it at Close. Requests of the
+	// batching scheduler are not recorded. Not for a split model.
+	ExpertProfiles string
 	// Batching runs requests together (continuous batching, see
 	// Batching); off by default here, on in the Engine.
 	Batching Batching

@@ -254,7 +254,7 @@ func interleave(bounds []int) func(p *actors.Plan) []*actors.Unit {
 		next := slices.Clone(bounds[:n])
 		done := make([]int64, n)
 		out := []*actors.Unit{p.Units[0]}
-		for len(out) < len(p.Units) {
+		for len(out) < 1+p.Layers() {
 			best := -1
 			for k := range n {
 				if next[k] >= bounds[k+1] {
@@ -269,7 +269,9 @@ func interleave(bounds []int) func(p *actors.Plan) []*actors.Unit {
 			done[best] += u.Bytes
 			out = append(out, u)
 		}
-		return out
+		// A mixture's experts come after every block, in the plan's
+		// order (each lands on its block's device).
+		return append(out, p.Units[1+p.Layers():]...)
 	}
 }
 
@@ -295,7 +297,7 @@ func (s *splitUploader) Reserve(p *actors.Plan) error {
 		sp := subs[deviceOf(s.bounds, u.Layer)]
 		sp.Units = append(sp.Units, u)
 		sp.Bytes += u.Bytes
-		for _, t := range u.Tensors {
+		for _, t := range u.Placed() {
 			sp.ByName[t.Name()] = t
 		}
 	}

@@ -81,6 +81,30 @@ func (w *weights) Layer(ctx context.Context, i int) (*model.LayerWeights, error)
 	if err := model.FinishLayer(w.cfg, lw); err != nil {
 		return nil, fmt.Errorf("pipeline: layer %d: %w", i, err)
 	}
+	if w.sys.Experts(i) > 0 {
+		lw.ExpertReady = func(ctx context.Context, e int) error { return w.expert(ctx, i, e) }
+	}
 	w.layers[i] = lw
 	return lw, nil
+}
+
+// expert waits for expert e of layer i as Layer waits for a layer: on a
+// GPU until its copies are queued (the stream waits on their event), on
+// the CPU until resident. The block's view of its stacked tensors exists
+// from the block's readiness on; this guards the expert's rows of it.
+func (w *weights) expert(ctx context.Context, i, e int) error {
+	sw, ok := w.be.(streamWaiter)
+	if !ok {
+		return w.sys.WaitExpert(ctx, i, e)
+	}
+	fence, err := w.sys.ExpertFence(ctx, i, e)
+	if err != nil {
+		return err
+	}
+	if ev := fence.Event(); ev != 0 {
+		if err := sw.WaitEvent(ev); err != nil {
+			return fmt.Errorf("pipeline: layer %d expert %d: waiting for its copies: %w", i, e, err)
+		}
+	}
+	return nil
 }

@@ -57,6 +57,18 @@ type LayerReady struct {
 	Bytes int64
 }
 
+// ExpertReady: expert Expert of block Layer is resident (its rows of the
+// block's stacked expert tensors); Resident of the block's Of experts are
+// now. A mixture's block is LayerReady once its attention, norms and
+// router are; its experts come one by one.
+type ExpertReady struct {
+	At           time.Duration
+	Layer        int
+	Expert       int
+	Bytes        int64
+	Resident, Of int
+}
+
 // ModelReady: the embedding, output norm and LM head are resident; requests
 // start from here.
 type ModelReady struct {
@@ -83,6 +95,18 @@ type LayerRun struct {
 	At     time.Duration
 	Req    uint64
 	Layer  int
+	Waited time.Duration
+}
+
+// ExpertRun: request Req used expert Expert of block Layer for the first
+// time (its router chose it). Waited is how long it waited for the
+// expert's weights. The distinct experts a prompt routed to are the
+// ExpertRun events of its request before its FirstToken.
+type ExpertRun struct {
+	At     time.Duration
+	Req    uint64
+	Layer  int
+	Expert int
 	Waited time.Duration
 }
 
@@ -129,6 +153,8 @@ func (e TensorRead) Kind() string      { return "tensor_read" }
 func (e TensorConverted) Kind() string { return "tensor_converted" }
 func (e TensorUploaded) Kind() string  { return "tensor_uploaded" }
 func (e LayerReady) Kind() string      { return "layer_ready" }
+func (e ExpertReady) Kind() string     { return "expert_ready" }
+func (e ExpertRun) Kind() string       { return "expert_run" }
 func (e ModelReady) Kind() string      { return "model_ready" }
 func (e AllResident) Kind() string     { return "all_resident" }
 func (e RequestStarted) Kind() string  { return "request_started" }
@@ -142,6 +168,8 @@ func (e TensorRead) When() time.Duration      { return e.At }
 func (e TensorConverted) When() time.Duration { return e.At }
 func (e TensorUploaded) When() time.Duration  { return e.At }
 func (e LayerReady) When() time.Duration      { return e.At }
+func (e ExpertReady) When() time.Duration     { return e.At }
+func (e ExpertRun) When() time.Duration       { return e.At }
 func (e ModelReady) When() time.Duration      { return e.At }
 func (e AllResident) When() time.Duration     { return e.At }
 func (e RequestStarted) When() time.Duration  { return e.At }

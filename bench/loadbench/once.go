@@ -137,6 +137,8 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	sub := m.Subscribe()
 	drained := make(chan struct{})
 	var readB, placedB int64
+	var residentB, firstB, totalB int64 // bytes resident; at the first token; planned
+	routed, first := 0, false
 	go func() {
 		defer close(drained)
 		for e := range sub.C {
@@ -146,11 +148,22 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 			switch e := e.(type) {
 			case pipeline.ModelReady:
 				r.ReadyMs = at(e.At)
+				residentB += e.Bytes
+			case pipeline.LayerReady:
+				residentB += e.Bytes
+			case pipeline.ExpertReady:
+				residentB += e.Bytes
+			case pipeline.ExpertRun:
+				if !first {
+					routed++
+				}
 			case pipeline.AllResident:
 				r.ResidentMs = at(e.At)
+				totalB = e.Bytes
 			case pipeline.FirstToken:
 				if r.FirstTokenMs == 0 {
 					r.FirstTokenMs = at(e.At)
+					first, firstB = true, residentB
 				}
 			case pipeline.TensorRead:
 				readB += e.Bytes
@@ -161,7 +174,10 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	}()
 
 	_, err = m.Generate(ctx, "", pipeline.GenerateOptions{MaxTokens: 1, PromptIDs: ids, IgnoreEOG: true})
-	if err == nil {
+	// A lazy mixture loads only the experts requests route to: it is
+	// never all resident, and its resident column stays empty.
+	lazyExperts := strategy == pipeline.Lazy && m.Experts(0) > 0
+	if err == nil && !lazyExperts {
 		err = m.Resident().Wait(ctx)
 	}
 	r.DevicePeak = m.Memory().Peak()
@@ -177,11 +193,21 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 		return fail(err)
 	}
 	r.ReadBytes, r.PlacedBytes = readB, placedB
+	r.ExpertsRouted = routed
+	for l := range m.Config().Layers {
+		r.Experts += m.Experts(l)
+	}
 	if fi, err := gguf.Open(c.Model); err == nil {
 		for i := range fi.Tensors {
 			r.FileBytes += int64(fi.Tensors[i].Size)
 		}
 		fi.Close()
+	}
+	if totalB == 0 { // no AllResident (a lazy mixture): the file's tensors
+		totalB = r.FileBytes
+	}
+	if totalB > 0 {
+		r.ResidentAtFirst = float64(firstB) / float64(totalB)
 	}
 	if d := r.ResidentMs - off; d > 0 {
 		r.LoadBps = float64(r.FileBytes) / (d / 1000)

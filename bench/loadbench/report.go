@@ -53,6 +53,15 @@ func WriteTable(w io.Writer, groups []Group) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		experts := 0
+		for _, g := range groups {
+			if g.Model == model {
+				experts = max(experts, g.Experts)
+			}
+		}
+		if experts > 0 {
+			fmt.Fprintf(w, "resident@1st: the file's weights resident at the first token; experts routed: the distinct (layer, expert) the prompt's router chose, of %d, the only experts the first token waited for\n", experts)
+		}
 	}
 	return nil
 }

@@ -30,6 +30,17 @@ type Result struct {
 	FirstTokenMs float64 `json:"first_token_ms"` // first token of the prompt's answer
 	ExitMs       float64 `json:"exit_ms"`        // the process ended (parent's clock)
 
+	// ResidentAtFirst is the fraction of the planned weights' file bytes
+	// resident when the first token came (globals, blocks and, for a
+	// mixture, experts: the units whose ready events came before it).
+	// ExpertsRouted is how many distinct (layer, expert) the prompt's
+	// router chose by then (its request's ExpertRun events), of Experts
+	// (every block's experts; 0 for a dense model): under prefetch a
+	// mixture's first token waits for those experts only.
+	ResidentAtFirst float64 `json:"resident_at_first_token"`
+	ExpertsRouted   int     `json:"experts_routed,omitempty"`
+	Experts         int     `json:"experts,omitempty"`
+
 	PromptTokens int     `json:"prompt_tokens"`
 	FileBytes    int64   `json:"file_bytes"`
 	ReadBytes    int64   `json:"read_bytes"`
@@ -103,6 +114,8 @@ var Metrics = []Metric{
 	{"resident", "ms", func(r *Result) float64 { return posOrNaN(r.ResidentMs) }},
 	{"first token", "ms", func(r *Result) float64 { return posOrNaN(r.FirstTokenMs) }},
 	{"exit", "ms", func(r *Result) float64 { return posOrNaN(r.ExitMs) }},
+	{"resident@1st", "%", func(r *Result) float64 { return posOrNaN(100 * r.ResidentAtFirst) }},
+	{"experts routed", "n", func(r *Result) float64 { return posOrNaN(float64(r.ExpertsRouted)) }},
 	{"load", "GB/s", func(r *Result) float64 { return posOrNaN(r.LoadBps / 1e9) }},
 	{"peak RSS", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRSS) / (1 << 20)) }},
 	{"RssAnon", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRssAnon) / (1 << 20)) }},
@@ -119,9 +132,12 @@ type Group struct {
 	Cache    string `json:"cache"`
 	Runs     int    `json:"runs"`
 	// FileBytes is the model file's size, for the first-token bound.
-	FileBytes int64           `json:"file_bytes"`
-	Failed    int             `json:"failed"`
-	Stats     map[string]Stat `json:"stats"`
+	FileBytes int64 `json:"file_bytes"`
+	// Experts is the model's experts over all blocks (0: dense), what
+	// the "experts routed" column counts against.
+	Experts int             `json:"experts,omitempty"`
+	Failed  int             `json:"failed"`
+	Stats   map[string]Stat `json:"stats"`
 	// BoundMs is what issue 19 allows the median first token on a GPU
 	// with the page cache warm: the median time the context became
 	// current, plus the file at 55 GB/s, plus 40 ms for the prompt. 0
@@ -156,6 +172,7 @@ func Summarize(rs []Result) []Group {
 		if r.FileBytes > groups[g].FileBytes {
 			groups[g].FileBytes = r.FileBytes
 		}
+		groups[g].Experts = max(groups[g].Experts, r.Experts)
 		groups[g].Runs++
 		if r.Err != "" {
 			groups[g].Failed++

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/pipeline"
 )
@@ -28,7 +29,11 @@ type loadInfo struct {
 	// bytes.
 	UnitTensors []int
 	UnitBytes   []int64
-	FileBytes   int64 // every planned tensor's bytes
+	// Experts[i] is block i's experts that load one by one (a mixture;
+	// 0 for a dense block): each stacked expert tensor is read, converted
+	// and uploaded as that many pieces, counted in UnitTensors.
+	Experts   []int
+	FileBytes int64 // every planned tensor's bytes
 	// F32Bytes is what the weights take as F32 (the host-f32 strategy's
 	// upload total).
 	F32Bytes int64
@@ -37,7 +42,7 @@ type loadInfo struct {
 // newLoadInfo reads the tensor index of an opened file the way the
 // pipeline's plan groups it.
 func newLoadInfo(f *gguf.File, layers int) loadInfo {
-	li := loadInfo{Layers: layers, UnitTensors: make([]int, layers+1), UnitBytes: make([]int64, layers+1)}
+	li := loadInfo{Layers: layers, UnitTensors: make([]int, layers+1), UnitBytes: make([]int64, layers+1), Experts: make([]int, layers)}
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		u := 0
@@ -47,7 +52,12 @@ func newLoadInfo(f *gguf.File, layers int) loadInfo {
 			}
 			u = 1 + l
 		}
-		li.UnitTensors[u]++
+		if u > 0 && actors.Stacked(t) { // loaded expert by expert
+			li.UnitTensors[u] += int(t.Dims[2])
+			li.Experts[u-1] = int(t.Dims[2])
+		} else {
+			li.UnitTensors[u]++
+		}
 		li.UnitBytes[u] += int64(t.Size)
 		li.FileBytes += int64(t.Size)
 		li.F32Bytes += 4 * int64(t.Rows()) * int64(t.Dims[0])
@@ -64,6 +74,7 @@ type stats struct {
 	readN, convertedN, uploadedN              int
 	unitRead, unitConverted, unitUploaded     []int // tensors per unit
 	unitReady                                 []bool
+	expertsIn                                 []int         // per block: experts resident
 	ready, resident                           time.Duration // 0: not yet
 	firstRead, lastRead, lastConv, lastUp     time.Duration
 
@@ -80,7 +91,8 @@ type stats struct {
 
 func newStats(li loadInfo) *stats {
 	n := len(li.UnitTensors)
-	return &stats{info: li, unitRead: make([]int, n), unitConverted: make([]int, n), unitUploaded: make([]int, n), unitReady: make([]bool, n)}
+	return &stats{info: li, unitRead: make([]int, n), unitConverted: make([]int, n), unitUploaded: make([]int, n), unitReady: make([]bool, n),
+		expertsIn: make([]int, max(n-1, 0))}
 }
 
 func unitOf(layer int) int { return layer + 1 } // Globals (-1) is unit 0
@@ -116,6 +128,10 @@ func (s *stats) add(e pipeline.Event) {
 	case pipeline.LayerReady:
 		if u := unitOf(e.Layer); u < len(s.unitReady) {
 			s.unitReady[u] = true
+		}
+	case pipeline.ExpertReady:
+		if e.Layer >= 0 && e.Layer < len(s.expertsIn) {
+			s.expertsIn[e.Layer] = e.Resident
 		}
 	case pipeline.ModelReady:
 		s.ready = e.At
@@ -157,6 +173,8 @@ func (s *stats) uploadTotal() int64 {
 // ▒ converted, ▓ uploading, █ resident.
 func (s *stats) unitState(u int) rune {
 	switch n := s.info.UnitTensors[u]; {
+	case s.unitReady[u] && u > 0 && s.expertsIn[u-1] < s.expertsOf(u-1):
+		return '▓' // a mixture's block: attention and router in, experts still coming
 	case s.unitReady[u]:
 		return '█'
 	case s.unitUploaded[u] > 0:
@@ -183,6 +201,39 @@ func (s *stats) strip() string {
 		b.WriteRune(s.unitState(u))
 	}
 	return b.String()
+}
+
+// expertsOf is block i's experts that load one by one (0: dense).
+func (s *stats) expertsOf(i int) int {
+	if i < 0 || i >= len(s.info.Experts) {
+		return 0
+	}
+	return s.info.Experts[i]
+}
+
+// expertLevels draw a block's fraction of experts resident.
+var expertLevels = []rune(" ▁▂▃▄▅▆▇█")
+
+// experts is the experts line of a mixture: one character per block, its
+// fraction of experts resident, then the total ("▂▅██ 40/64"); "" for a
+// dense model.
+func (s *stats) experts() string {
+	var b strings.Builder
+	in, of := 0, 0
+	for i := range s.info.Experts {
+		n := s.expertsOf(i)
+		if n == 0 {
+			b.WriteRune('·')
+			continue
+		}
+		k := s.expertsIn[i]
+		in, of = in+k, of+n
+		b.WriteRune(expertLevels[k*(len(expertLevels)-1)/n])
+	}
+	if of == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s %d/%d", b.String(), in, of)
 }
 
 // promptRate is prompt tokens per second: from the request's start to its

@@ -49,6 +49,10 @@ func (d *plainDisplay) event(w io.Writer, e pipeline.Event) {
 		fmt.Fprintf(w, "ready %s: embedding, output norm and head resident (%s)\n", fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
 	case pipeline.LayerReady:
 		fmt.Fprintf(w, "layer %d resident %s (%s)\n", e.Layer, fmtDur(e.At), humanize.Bytes(uint64(e.Bytes)))
+	case pipeline.ExpertReady:
+		if e.Resident == e.Of { // one line per block, not per expert
+			fmt.Fprintf(w, "layer %d experts resident %s (%d of %d; %s)\n", e.Layer, fmtDur(e.At), e.Resident, e.Of, d.s.experts())
+		}
 	case pipeline.AllResident:
 		fmt.Fprintf(w, "all resident %s: read %s at %s, placed %s\n", fmtDur(e.At),
 			humanize.Bytes(uint64(d.s.read)), bytesRate(d.s.read, d.s.lastRead), humanize.Bytes(uint64(e.Bytes)))

@@ -25,6 +25,7 @@ type ttyDisplay struct {
 	p                     *mpb.Progress
 	read, convert, upload *mpb.Bar
 	strip                 *mpb.Bar
+	experts               *mpb.Bar // a mixture's experts line (nil: dense)
 	finishOnce            sync.Once
 }
 
@@ -53,6 +54,14 @@ func newTTYDisplay(w io.Writer, s *stats) *ttyDisplay {
 			}
 			return "  loading the embedding and head…"
 		})))
+	if s.experts() != "" { // a mixture: its experts come after every block
+		d.experts = d.p.MustAdd(1, mpb.BarFillerFunc(func(w io.Writer, _ decor.Statistics) error {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			_, err := io.WriteString(w, d.s.experts())
+			return err
+		}), mpb.PrependDecorators(decor.Name("experts ", decor.WC{W: 9, C: decor.DindentRight})))
+	}
 	return d
 }
 
@@ -102,8 +111,11 @@ func (d *ttyDisplay) Event(e pipeline.Event) {
 // complete (a lazy load, an interrupted one) stay as they are.
 func (d *ttyDisplay) Finish() {
 	d.finishOnce.Do(func() {
-		for _, b := range []*mpb.Bar{d.read, d.convert, d.upload, d.strip} {
-			if b == d.strip {
+		for _, b := range []*mpb.Bar{d.read, d.convert, d.upload, d.strip, d.experts} {
+			if b == nil {
+				continue
+			}
+			if b == d.strip || b == d.experts {
 				b.SetCurrent(1)
 				continue
 			}

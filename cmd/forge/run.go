@@ -52,6 +52,7 @@ func init() {
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: deviceUsage + " (auto: a GPU if there is one, else cpu)"},
 			splitFlag(),
 			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32"},
+			&cli.StringFlag{Name: "expert-profiles", Usage: "`DIR` of expert usage profiles (a mixture of experts): its experts load most used first, as earlier runs of the same file routed, and this run's routing is added"},
 			&cli.StringFlag{Name: "progress", Value: "auto", Usage: "load display on stderr: auto (tty on a terminal, else plain), tty, plain or json"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.BoolFlag{Name: "echo", Usage: "print the prompt before the generated text"},
@@ -249,7 +250,8 @@ func runModel(ctx context.Context, c *cli.Context) error {
 		return err
 	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
-		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split, NoGraph: c.Bool("no-graph")}
+		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split, NoGraph: c.Bool("no-graph"),
+		ExpertProfiles: c.String("expert-profiles")}
 	if opts.Upload, err = gpuUpload(c); err != nil {
 		return err
 	}

@@ -172,6 +172,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 	}
 	st.pool = pool
 	defer func() { st.pool = nil; m.s = st.full }()
+	defer m.during(ctx)()
 	c := m.Cfg
 	if m.graphable() {
 		ok, err := m.decodeGraph(ctx)

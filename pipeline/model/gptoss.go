@@ -262,6 +262,9 @@ func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 			continue
 		}
 		ew := m.expert(lw, e)
+		if ew == nil { // it could not arrive (m.err says why)
+			return
+		}
 		if ew.GateB == nil || ew.UpB == nil || ew.DownB == nil {
 			m.err = fmt.Errorf("mixture of experts: expert %d has no biases", e)
 			return

@@ -110,6 +110,9 @@ type Model struct {
 	// moe is the host side of the mixture-of-experts op (moe.go): the
 	// router's logits read back and each step's routing, sized once.
 	moe *moeState
+	// wctx is the context of the step being run, for the waits inside a
+	// layer (an expert's weights: Model.expert); nil between steps.
+	wctx context.Context
 	// lo is the first layer of this model's KV cache (a segment of a model
 	// split over devices holds layers lo… only); split, on the first
 	// segment, runs the others (split.go).
@@ -450,6 +453,7 @@ func (m *Model) step(ctx context.Context, tokens []int32, pos0, nOut int) error 
 // of Weights just before its block (which may wait for them to arrive) and
 // kept in m.lws; without, the kept ones are used (a recorded step).
 func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch bool) error {
+	defer m.during(ctx)()
 	c, n := m.Cfg, len(tokens)
 	m.pending = false
 	// x [n][Embd] = token_embd[tokens]
@@ -489,6 +493,12 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
 	return nil
+}
+
+// during makes ctx the step's context (wctx) until the returned func runs.
+func (m *Model) during(ctx context.Context) func() {
+	m.wctx = ctx
+	return func() { m.wctx = nil }
 }
 
 // embed looks the tokens up into x [len(tokens)][Embd] and scales them

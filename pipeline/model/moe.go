@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
@@ -302,8 +303,25 @@ func moeFeedForward(m *Model, lw *LayerWeights, a act, n int) {
 }
 
 // expert is expert e of layer lw's weights: the one place the op asks for
-// an expert, after the router chose it.
-func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights { return &lw.Experts[e] }
+// an expert, after the router chose it. Where the weights arrive expert by
+// expert (LayerWeights.ExpertReady) it waits for that expert's only; a
+// failed one fails the step (m.err, naming the expert) and returns nil.
+func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
+	if m.err != nil {
+		return nil
+	}
+	if lw.ExpertReady != nil {
+		ctx := m.wctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		if err := lw.ExpertReady(ctx, e); err != nil {
+			m.err = fmt.Errorf("mixture of experts: expert %d: %w", e, err)
+			return nil
+		}
+	}
+	return &lw.Experts[e]
+}
 
 // mixture computes dst [n][Embd] = Σ over each token's chosen experts of their
 // weighted SwiGLU outputs on xb [n][Embd].
@@ -345,6 +363,9 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 			continue
 		}
 		ew := m.expert(lw, e)
+		if ew == nil {
+			return
+		}
 		in := xb
 		if cnt != n { // some tokens only: gather their rows
 			in = s.in.View(0, cnt*D)
@@ -374,6 +395,9 @@ func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	st.decodes++
 	for j, e := range st.sel[:K] {
 		ew := m.expert(lw, int(e))
+		if ew == nil {
+			return
+		}
 		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
 		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
 		st.row[j] = int32(j)
@@ -384,7 +408,7 @@ func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	}
 	m.siluMul(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
 	for j, e := range st.sel[:K] {
-		m.matmul(s.out.View(j*D, D), m.expert(lw, int(e)).Down, s.hb.View(j*F, F), 1)
+		m.matmul(s.out.View(j*D, D), lw.Experts[e].Down, s.hb.View(j*F, F), 1) // waited for above
 	}
 	m.weightedSum(dst, 1)
 }

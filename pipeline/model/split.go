@@ -263,6 +263,7 @@ func (m *Model) embedTokens(tokens []int32) error {
 // Weights, else the ones kept from an earlier step are used (a recorded
 // step).
 func (m *Model) runSpan(ctx context.Context, lo, hi, pos0, n, nOut int, fetch bool) error {
+	defer m.during(ctx)()
 	c := m.Cfg
 	for l := lo; l < hi; l++ {
 		if fetch {

@@ -62,6 +62,12 @@ type LayerWeights struct {
 	GateExpsBias, UpExpsBias *kernels.Weight // [Experts][ExpertFF]
 	DownExpsBias             *kernels.Weight // [Experts][Embd]
 	AttnSinks                *kernels.Weight // [Heads]
+	// ExpertReady, when set, blocks until expert e's rows of the stacked
+	// tensors are usable (a loader with per-expert readiness hands the
+	// block out before its experts arrive) and must return an error,
+	// never hang, when they can not arrive or ctx is done. nil: every
+	// expert is there with the block.
+	ExpertReady func(ctx context.Context, e int) error
 }
 
 // FinishLayer completes a block's weights once its table's tensors are

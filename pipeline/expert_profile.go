@@ -1,0 +1,199 @@
+package pipeline
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/forge-llm/forge/actors"
+	"github.com/forge-llm/forge/gguf"
+)
+
+// A mixture's experts load after every block (actors.Plan), by index
+// unless a usage profile of the same file says which experts requests
+// routed to in earlier runs: then the most used load first, so a first
+// token (which waits for the experts its prompt routes to) more often
+// finds them resident. Options.ExpertProfiles names the folder of
+// profiles; each is one file's, keyed by the file's identity, and every
+// model opened with it adds its own use at Close.
+
+// expertProfile is one file's record of use: Uses[l][e] is how many
+// requests routed to expert e of block l.
+type expertProfile struct {
+	Identity string    `json:"identity"`
+	Uses     [][]int64 `json:"uses"`
+}
+
+// profileSample is how many bytes of each block's router go into a file's
+// identity: the router decides where tokens go, so two files with the
+// same index and the same routers route alike.
+const profileSample = 4096
+
+// fileIdentity names a model file's routing for its profile: a SHA-256 of
+// the file's size, its tensor index (names, types, shapes, offsets) and
+// the first bytes of every router (ffn_gate_inp). Not the whole file: a
+// multi-GB hash would cost more than the load it orders. A copy or a
+// rename keeps the identity; a file with other routers gets another.
+func fileIdentity(f *gguf.File) (string, error) {
+	h := sha256.New()
+	var b [8]byte
+	put := func(v uint64) { binary.LittleEndian.PutUint64(b[:], v); h.Write(b[:]) }
+	put(uint64(f.Size))
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		h.Write([]byte(t.Name))
+		put(uint64(t.Type))
+		put(t.Offset)
+		for _, d := range t.Dims {
+			put(d)
+		}
+		if _, inBlock, _ := gguf.BlockOf(t.Name); inBlock && strings.HasSuffix(t.Name, ".ffn_gate_inp.weight") {
+			data, err := f.TensorData(t)
+			if err != nil {
+				return "", err
+			}
+			var sample []byte
+			if err := gguf.CatchFault(func() { sample = append(sample, data[:min(len(data), profileSample)]...) }); err != nil {
+				return "", err
+			}
+			h.Write(sample)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16]), nil
+}
+
+// profilePath is where the profile of identity id lives in dir.
+func profilePath(dir, id string) string { return filepath.Join(dir, "experts-"+id+".json") }
+
+// loadProfile reads the profile of id from dir: nil (no error) when there
+// is none yet.
+func loadProfile(dir, id string) (*expertProfile, error) {
+	b, err := os.ReadFile(profilePath(dir, id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: expert profile: %w", err)
+	}
+	var p expertProfile
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("pipeline: expert profile %s: %w", profilePath(dir, id), err)
+	}
+	if p.Identity != id {
+		return nil, fmt.Errorf("pipeline: expert profile %s is of file %s", profilePath(dir, id), p.Identity)
+	}
+	return &p, nil
+}
+
+// uses is how many requests routed to expert e of block l.
+func (p *expertProfile) uses(l, e int) int64 {
+	if p == nil || l < 0 || l >= len(p.Uses) || e < 0 || e >= len(p.Uses[l]) {
+		return 0
+	}
+	return p.Uses[l][e]
+}
+
+// profileOrder is the load order base (nil: the plan's) with the expert
+// units, which come after every block, sorted most used first (ties: the
+// base order, by block and index).
+func profileOrder(base func(*actors.Plan) []*actors.Unit, prof *expertProfile) func(*actors.Plan) []*actors.Unit {
+	return func(p *actors.Plan) []*actors.Unit {
+		units := p.Units
+		if base != nil {
+			units = base(p)
+		}
+		units = slices.Clone(units)
+		head := 0
+		for head < len(units) && !units[head].IsExpert() {
+			head++
+		}
+		slices.SortStableFunc(units[head:], func(a, b *actors.Unit) int {
+			return cmp.Compare(prof.uses(b.Layer, b.Expert), prof.uses(a.Layer, a.Expert))
+		})
+		return units
+	}
+}
+
+// saveProfile adds this model's use of its experts to the profile in dir
+// (made if new), written whole to a temporary file and renamed over the
+// old one, so a reader never sees half of it.
+func (m *Model) saveProfile(dir, id string) error {
+	prof, err := loadProfile(dir, id)
+	if err != nil {
+		prof = nil // a damaged profile is replaced
+	}
+	if prof == nil {
+		prof = &expertProfile{Identity: id}
+	}
+	layers := m.cfg.Layers
+	for len(prof.Uses) < layers {
+		prof.Uses = append(prof.Uses, nil)
+	}
+	used := false
+	for l := range layers {
+		n := m.sys.Experts(l)
+		for len(prof.Uses[l]) < n {
+			prof.Uses[l] = append(prof.Uses[l], 0)
+		}
+		for e := range n {
+			if k := m.sys.ExpertUses(l, e); k > 0 {
+				prof.Uses[l][e] += k
+				used = true
+			}
+		}
+	}
+	if !used {
+		return nil
+	}
+	b, err := json.Marshal(prof)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("pipeline: expert profile: %w", err)
+	}
+	tmp := profilePath(dir, id) + ".tmp" + strconv.Itoa(os.Getpid())
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("pipeline: expert profile: %w", err)
+	}
+	if err := os.Rename(tmp, profilePath(dir, id)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("pipeline: expert profile: %w", err)
+	}
+	return nil
+}
+
+// expertOrder is the load order Open gives the actors for a mixture of
+// experts opened with ExpertProfiles: its profile's, when one exists (nil:
+// the plan's, by index), and the file's identity to record the use under
+// (""  when not recording). A profile that can not be read is logged and
+// left out: it only orders the load.
+func expertOrder(o Options, f *gguf.File, experts int) (func(*actors.Plan) []*actors.Unit, string) {
+	if o.ExpertProfiles == "" || experts == 0 {
+		return nil, ""
+	}
+	id, err := fileIdentity(f)
+	if err != nil {
+		slog.Warn("pipeline: no expert usage profile", "model", f.Path, "err", err)
+		return nil, ""
+	}
+	prof, err := loadProfile(o.ExpertProfiles, id)
+	if err != nil {
+		slog.Warn("pipeline: expert usage profile ignored", "model", f.Path, "err", err)
+	}
+	if prof == nil {
+		return nil, id
+	}
+	return profileOrder(nil, prof), id
+}
