@@ -228,65 +228,27 @@ func gptossLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 // SwiGLU, and the weighted sum in the router's order (moe.go's buffers and
 // grouping).
 func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
-	if m.err != nil {
+	if lw.GateInpBias == nil && m.err == nil {
+		m.err = fmt.Errorf("mixture of experts: the layer has no router bias")
+	}
+	if m.routeTokens(lw, lw.GateInpBias, xb, n, routeTopK) == nil {
 		return
 	}
-	c := m.Cfg
-	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
-	if lw.GateInp == nil || lw.GateInpBias == nil || len(lw.Experts) != E {
-		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
-		return
-	}
-	if m.moe == nil {
-		m.moe = newMoeState(c, m.batch)
-	}
-	st, s := m.moe, &m.s.moe
-
-	router := s.router.View(0, n*E)
-	m.matmul(router, lw.GateInp, xb, n)
-	m.addBias(router, lw.GateInpBias, n)
-	if m.err != nil {
-		return
-	}
-	if err := m.be.Read(st.logits[:n*E], router, 0); err != nil {
-		m.err = fmt.Errorf("mixture of experts: reading the router's logits: %w", err)
-		return
-	}
-	routeTopK(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K])
-	st.group(n, E, K)
-
-	for e := range E {
-		lo, hi := int(st.start[e]), int(st.start[e+1])
-		cnt := hi - lo
-		if cnt == 0 {
-			continue
-		}
-		ew := m.expert(lw, e)
-		if ew == nil { // it could not arrive (m.err says why)
-			return
-		}
+	F := m.Cfg.ExpertFF
+	s := &m.s.moe
+	m.eachExpert(lw, dst, xb, n, func(ew *ExpertWeights, in, out kernels.Tensor, cnt int) {
 		if ew.GateB == nil || ew.UpB == nil || ew.DownB == nil {
-			m.err = fmt.Errorf("mixture of experts: expert %d has no biases", e)
+			m.err = fmt.Errorf("mixture of experts: an expert has no biases (%s)", ew.Gate.Name)
 			return
-		}
-		in := xb
-		if cnt != n { // some tokens only: gather their rows
-			in = s.in.View(0, cnt*D)
-			for j, pair := range st.order[lo:hi] {
-				t := int(pair) / K
-				m.copyRow(in.View(j*D, D), xb.View(t*D, D))
-			}
 		}
 		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
 		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
 		m.addBias(g, ew.GateB, cnt)
 		m.addBias(u, ew.UpB, cnt)
 		m.swigluOAI(h, g, u, cnt*F)
-		out := s.out.View(lo*D, cnt*D)
 		m.matmul(out, ew.Down, h, cnt)
 		m.addBias(out, ew.DownB, cnt)
-	}
-	m.weightedSum(dst, n)
+	})
 }
 
 // routeTopK is gpt-oss's router on the host: for each of n tokens, the k

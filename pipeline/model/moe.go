@@ -326,37 +326,71 @@ func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
 // mixture computes dst [n][Embd] = Σ over each token's chosen experts of their
 // weighted SwiGLU outputs on xb [n][Embd].
 func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
-	if m.err != nil {
+	st := m.routeTokens(lw, nil, xb, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
+		route(logits, n, E, K, sel, w, m.moe.probs)
+	})
+	if st == nil {
 		return
 	}
-	c := m.Cfg
-	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
-	if lw.GateInp == nil || len(lw.Experts) != E {
-		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
-		return
-	}
-	if m.moe == nil {
-		m.moe = newMoeState(c, m.batch)
-	}
-	st, s := m.moe, &m.s.moe
-
-	router := s.router.View(0, n*E)
-	m.matmul(router, lw.GateInp, xb, n)
-	if m.err != nil {
-		return
-	}
-	if err := m.be.Read(st.logits[:n*E], router, 0); err != nil {
-		m.err = fmt.Errorf("mixture of experts: reading the router's logits: %w", err)
-		return
-	}
-	route(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K], st.probs)
 	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
 		m.mixtureDecode(lw, dst, xb)
 		return
 	}
-	st.group(n, E, K)
+	F := m.Cfg.ExpertFF
+	s := &m.s.moe
+	m.eachExpert(lw, dst, xb, n, func(ew *ExpertWeights, in, out kernels.Tensor, cnt int) {
+		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
+		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
+		m.siluMul(h, g, u, cnt*F)
+		m.matmul(out, ew.Down, h, cnt)
+	})
+}
 
-	for e := range E {
+// routeTokens runs layer lw's router on xb [n][Embd] (adding bias when
+// there is one), reads its logits back and lets pick choose each token's
+// experts and weights into the mixture's state, which it returns; nil
+// when it failed (m.err says why).
+func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.Tensor, n int,
+	pick func(logits []float32, n, experts, k int, sel []int32, w []float32)) *moeState {
+	if m.err != nil {
+		return nil
+	}
+	c := m.Cfg
+	E, K := c.Experts, c.ExpertsUsed
+	if lw.GateInp == nil || len(lw.Experts) != E {
+		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
+		return nil
+	}
+	if m.moe == nil {
+		m.moe = newMoeState(c, m.batch)
+	}
+	st := m.moe
+	router := m.s.moe.router.View(0, n*E)
+	m.matmul(router, lw.GateInp, xb, n)
+	if bias != nil {
+		m.addBias(router, bias, n)
+	}
+	if m.err != nil {
+		return nil
+	}
+	if err := m.be.Read(st.logits[:n*E], router, 0); err != nil {
+		m.err = fmt.Errorf("mixture of experts: reading the router's logits: %w", err)
+		return nil
+	}
+	pick(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K])
+	return st
+}
+
+// eachExpert runs ffn once for every expert some of the n tokens chose,
+// over those tokens' rows of xb (xb itself when every token chose it,
+// else the rows gathered), into the expert's rows of the mixture's out;
+// then dst gets the weighted sum. It stops where an expert cannot arrive
+// or ffn fails (m.err).
+func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn func(ew *ExpertWeights, in, out kernels.Tensor, cnt int)) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, D := c.ExpertsUsed, c.Embd
+	st.group(n, c.Experts, K)
+	for e := range c.Experts {
 		lo, hi := int(st.start[e]), int(st.start[e+1])
 		cnt := hi - lo
 		if cnt == 0 {
@@ -374,12 +408,11 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 				m.copyRow(in.View(j*D, D), xb.View(t*D, D))
 			}
 		}
-		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
-		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
-		m.siluMul(h, g, u, cnt*F)
-		m.matmul(s.out.View(lo*D, cnt*D), ew.Down, h, cnt)
+		ffn(ew, in, s.out.View(lo*D, cnt*D), cnt)
+		if m.err != nil {
+			return
+		}
 	}
-
 	m.weightedSum(dst, n)
 }
 
