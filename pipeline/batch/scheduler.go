@@ -652,6 +652,10 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	}
 	logits, err := s.m.StepBatch(s.stepCtx, s.pool, rows)
 	s.steps.Add(1)
+	picks := s.m.Picks()
+	if err != nil && len(rows) > 1 && s.stepCtx.Err() == nil && errors.Is(err, model.ErrExpertUnavailable) {
+		rows, who, alive, logits, picks, err = s.stepEach(rows, who, alive)
+	}
 	if err != nil {
 		if s.stepCtx.Err() != nil {
 			err = ErrClosed
@@ -681,7 +685,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 		var id int32
 		var err error
 		if l == nil { // greedy, reduced on the device
-			id = s.m.Picks()[i]
+			id = picks[i]
 		} else {
 			id, err = q.smp.Sample(l)
 		}
@@ -720,6 +724,53 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 		}
 	}
 	return out, preempted
+}
+
+// stepEach runs a step again one sequence at a time after it failed on
+// an expert that cannot arrive (model.ErrExpertUnavailable): the
+// sequences routed to that expert end with the error, the others go on
+// with their rows, logits and picks as the whole step would have given
+// them (a row's numbers do not depend on the rows beside it). Their keys
+// and values at the step's positions are written again, to the same
+// values. err is non-nil only when the scheduler is closing.
+func (s *Scheduler) stepEach(rows []model.SeqRows, who, alive []*seq) (keptRows []model.SeqRows, keptWho, stillAlive []*seq, logits [][]float32, picks []int32, err error) {
+	failed := map[*seq]bool{}
+	notFailed := func() []*seq {
+		var out []*seq
+		for _, q := range alive {
+			if !failed[q] {
+				out = append(out, q)
+			}
+		}
+		return out
+	}
+	for i, r := range rows {
+		l, err := s.m.StepBatch(s.stepCtx, s.pool, rows[i:i+1])
+		s.steps.Add(1)
+		if err != nil {
+			if s.stepCtx.Err() != nil {
+				return nil, nil, notFailed(), nil, nil, ErrClosed
+			}
+			s.retire(who[i], "", fmt.Errorf("batch: step: %w", err))
+			failed[who[i]] = true
+			continue
+		}
+		keptRows = append(keptRows, r)
+		keptWho = append(keptWho, who[i])
+		var pick int32
+		if p := s.m.Picks(); len(p) > 0 {
+			pick = p[0]
+		}
+		picks = append(picks, pick)
+		if r.Logits { // copied: the next step reuses the model's buffers
+			var row []float32
+			if l[0] != nil {
+				row = slices.Clone(l[0])
+			}
+			logits = append(logits, row)
+		}
+	}
+	return keptRows, keptWho, notFailed(), logits, picks, nil
 }
 
 // argmaxOnly says that q's next token is the most likely one whatever

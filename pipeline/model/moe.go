@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -302,6 +303,12 @@ func moeFeedForward(m *Model, lw *LayerWeights, a act, n int) {
 	m.pending = true // x += xb2
 }
 
+// ErrExpertUnavailable marks a step that failed because an expert the
+// router chose cannot arrive (its load failed): only the sequences routed
+// to it need fail, and a batched step's caller can run the others again
+// without them (batch.Scheduler does).
+var ErrExpertUnavailable = errors.New("an expert's weights are unavailable")
+
 // expert is expert e of layer lw's weights: the one place the op asks for
 // an expert, after the router chose it. Where the weights arrive expert by
 // expert (LayerWeights.ExpertReady) it waits for that expert's only; a
@@ -316,7 +323,7 @@ func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
 			ctx = context.Background()
 		}
 		if err := lw.ExpertReady(ctx, e); err != nil {
-			m.err = fmt.Errorf("mixture of experts: expert %d: %w", e, err)
+			m.err = fmt.Errorf("mixture of experts: expert %d: %w: %w", e, ErrExpertUnavailable, err)
 			return nil
 		}
 	}
