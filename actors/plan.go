@@ -204,7 +204,7 @@ func NewPlan(f *gguf.File, layers int) (*Plan, error) {
 // parent's type (conversion is per tensor, not per expert).
 func (p *Plan) Convert(c Converter) error {
 	for _, u := range p.Units {
-		for _, t := range append(u.Placed(), u.Stacked...) {
+		for _, t := range u.Placed() { // a block's stacked tensors among them; pieces below
 			if len(t.Info.Dims) == 0 {
 				return fmt.Errorf("actors: tensor %q has no dimensions", t.Name())
 			}
