@@ -151,8 +151,10 @@ type Options struct {
 	// experts only; "" none): the experts load most used first, as the
 	// profile of this file (by its identity: size, tensor index, router
 	// bytes) recorded in earlier runs, instead of by index, and this
-	// model's requests add their routing to it at Close. Requests of the
-	// batching scheduler are not recorded. Not for a split model.
+	// model's requests add their routing to it at Close (the tokens
+	// routed to each expert, by single requests and batched steps
+	// alike; models closing at once merge their counts). Not for a split
+	// model.
 	ExpertProfiles string
 	// Batching runs requests together (continuous batching, see
 	// Batching); off by default here, on in the Engine.
