@@ -24,7 +24,10 @@ const (
 	// all are resident.
 	Eager
 	// Lazy loads the globals, then a layer only when a request first needs
-	// it (no prefetch); concurrent first uses load it once.
+	// it (no prefetch); concurrent first uses load it once. A mixture of
+	// experts' experts load only when a router picks them, so those no
+	// request routes to never load and Model.Resident does not resolve
+	// before Close (Model.LazyExperts says so).
 	Lazy
 	// HostF32 dequantizes every tensor to F32 on the host, one allocation
 	// per tensor, and starts once all are resident: the design forge
