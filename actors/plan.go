@@ -86,7 +86,7 @@ type Unit struct {
 	// dead: an expert unit failed (it alone: see System.fail); demanded:
 	// a request asked for it first (System.demand).
 	dead, demanded atomic.Bool
-	// uses counts the requests that used an expert unit (System.ExpertUses).
+	// uses counts the tokens routed to an expert unit (System.AddExpertUse).
 	uses atomic.Int64
 }
 

@@ -13,7 +13,10 @@ const (
 	// all are resident.
 	Eager
 	// Lazy loads the globals, then a layer only when the executor first
-	// needs it (no prefetch); concurrent first uses load it once.
+	// needs it (no prefetch); concurrent first uses load it once. An
+	// expert unit loads only when a request's router picks it
+	// (WaitExpert), so a mixture is never all resident: System.Resident
+	// resolves only when Close fails what never loaded.
 	Lazy
 	// HostF32 dequantizes every tensor to F32 on the host, one allocation
 	// per tensor, and starts once all are resident: the design forge

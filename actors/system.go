@@ -221,13 +221,23 @@ func (s *System) ExpertsResident(i int) int {
 	return int(s.expertsIn[i].Load())
 }
 
-// ExpertUses is how many requests (run through the executor) used expert
-// e of block i so far: what a usage profile records.
+// ExpertUses is how many tokens the router sent to expert e of block i
+// so far (AddExpertUse): what a usage profile records.
 func (s *System) ExpertUses(i, e int) int64 {
 	if u := s.plan.Expert(i, e); u != nil {
 		return u.uses.Load()
 	}
 	return 0
+}
+
+// AddExpertUse counts tokens routed to expert e of block i. The model's
+// mixture op calls it (LayerWeights.ExpertUsed) after each step, so a
+// single request's steps and the batching scheduler's count alike; an
+// expert the plan does not load on its own is not counted.
+func (s *System) AddExpertUse(i, e int, tokens int64) {
+	if u := s.plan.Expert(i, e); u != nil {
+		u.uses.Add(tokens)
+	}
 }
 
 // WaitExpert blocks until expert e of block i is resident, failed, or ctx
@@ -269,7 +279,6 @@ func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence
 		return nil, err
 	}
 	if rt, ok := ctx.Value(reqKey{}).(*reqTrace); ok && rt.firstUse(i, e) {
-		u.uses.Add(1)
 		s.publish(progress.ExpertRun{At: s.bus.Since(), Req: rt.id, Layer: i, Expert: e, Waited: time.Since(start)})
 	}
 	return fence, nil

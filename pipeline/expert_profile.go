@@ -13,8 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
@@ -26,10 +26,14 @@ import (
 // token (which waits for the experts its prompt routes to) more often
 // finds them resident. Options.ExpertProfiles names the folder of
 // profiles; each is one file's, keyed by the file's identity, and every
-// model opened with it adds its own use at Close.
+// model opened with it adds its own use at Close: how many tokens the
+// router sent to each expert (the mixture op counts them, so requests of
+// the single-request executor and of the batching scheduler both count).
 
 // expertProfile is one file's record of use: Uses[l][e] is how many
-// requests routed to expert e of block l.
+// tokens were routed to expert e of block l. (Profiles written before
+// the mixture op counted held requests instead; only their order is
+// used, so they still order a load.)
 type expertProfile struct {
 	Identity string    `json:"identity"`
 	Uses     [][]int64 `json:"uses"`
@@ -96,7 +100,7 @@ func loadProfile(dir, id string) (*expertProfile, error) {
 	return &p, nil
 }
 
-// uses is how many requests routed to expert e of block l.
+// uses is how many tokens were routed to expert e of block l.
 func (p *expertProfile) uses(l, e int) int64 {
 	if p == nil || l < 0 || l >= len(p.Uses) || e < 0 || e >= len(p.Uses[l]) {
 		return 0
@@ -125,50 +129,83 @@ func profileOrder(base func(*actors.Plan) []*actors.Unit, prof *expertProfile) f
 	}
 }
 
-// saveProfile adds this model's use of its experts to the profile in dir
-// (made if new), written whole to a temporary file and renamed over the
-// old one, so a reader never sees half of it.
+// saveProfile adds this model's routing (how many tokens the router sent
+// to each expert, single requests' and batched steps' alike) to the
+// profile of id in dir; nothing when no token was routed.
 func (m *Model) saveProfile(dir, id string) error {
-	prof, err := loadProfile(dir, id)
-	if err != nil {
-		prof = nil // a damaged profile is replaced
-	}
-	if prof == nil {
-		prof = &expertProfile{Identity: id}
-	}
-	layers := m.cfg.Layers
-	for len(prof.Uses) < layers {
-		prof.Uses = append(prof.Uses, nil)
-	}
+	add := make([][]int64, m.cfg.Layers)
 	used := false
-	for l := range layers {
-		n := m.sys.Experts(l)
-		for len(prof.Uses[l]) < n {
-			prof.Uses[l] = append(prof.Uses[l], 0)
-		}
-		for e := range n {
-			if k := m.sys.ExpertUses(l, e); k > 0 {
-				prof.Uses[l][e] += k
-				used = true
-			}
+	for l := range add {
+		add[l] = make([]int64, m.sys.Experts(l))
+		for e := range add[l] {
+			add[l][e] = m.sys.ExpertUses(l, e)
+			used = used || add[l][e] > 0
 		}
 	}
 	if !used {
 		return nil
 	}
+	return addToProfile(dir, id, add)
+}
+
+// profileMu serialises this process's profile writes; lockProfile (a lock
+// file) serialises processes'.
+var profileMu sync.Mutex
+
+// addToProfile adds add[l][e] to the uses of the profile of id in dir
+// (made if new). Two models may close at once on the same file, in one
+// process (an engine's) or two: each re-reads the profile under the lock,
+// merges its counts and writes the whole to a temporary file of its own,
+// renamed over the old one, so neither's counts are lost and a reader
+// never sees half a profile.
+func addToProfile(dir, id string, add [][]int64) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("pipeline: expert profile: %w", err)
+	}
+	path := profilePath(dir, id)
+	profileMu.Lock()
+	defer profileMu.Unlock()
+	unlock, err := lockProfile(path + ".lock")
+	if err != nil {
+		return fmt.Errorf("pipeline: expert profile %s: %w", path, err)
+	}
+	defer unlock()
+	prof, err := loadProfile(dir, id)
+	if err != nil {
+		slog.Warn("pipeline: a damaged expert usage profile is replaced", "path", path, "err", err)
+		prof = nil
+	}
+	if prof == nil {
+		prof = &expertProfile{Identity: id}
+	}
+	for len(prof.Uses) < len(add) {
+		prof.Uses = append(prof.Uses, nil)
+	}
+	for l, row := range add {
+		for len(prof.Uses[l]) < len(row) {
+			prof.Uses[l] = append(prof.Uses[l], 0)
+		}
+		for e, k := range row {
+			prof.Uses[l][e] += k
+		}
+	}
 	b, err := json.Marshal(prof)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	tmp, err := os.CreateTemp(dir, "experts-"+id+"-*.tmp")
+	if err != nil {
 		return fmt.Errorf("pipeline: expert profile: %w", err)
 	}
-	tmp := profilePath(dir, id) + ".tmp" + strconv.Itoa(os.Getpid())
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("pipeline: expert profile: %w", err)
+	_, err = tmp.Write(b)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := os.Rename(tmp, profilePath(dir, id)); err != nil {
-		os.Remove(tmp)
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
 		return fmt.Errorf("pipeline: expert profile: %w", err)
 	}
 	return nil

@@ -461,7 +461,7 @@ func TestCancelResolvesEveryExpertFuture(t *testing.T) {
 }
 
 // TestExpertProfileOrder: a model opened with ExpertProfiles records,
-// at Close, which experts its requests routed to under the file's
+// at Close, how many tokens its requests routed to each expert under the file's
 // identity; the next open of the same file loads those experts before
 // the others (read order, one reader); a file with other weights has
 // another identity, so the profile does not apply to it.
@@ -501,11 +501,19 @@ func TestExpertProfileOrder(t *testing.T) {
 	if err != nil || prof == nil {
 		t.Fatalf("profile after Close: %v, %v", prof, err)
 	}
-	for l := range synth.Presets["tiny-qwen3moe"].Layers {
-		for e := range synth.Presets["tiny-qwen3moe"].Experts {
-			if want := map[bool]int64{true: 1}[routed[expertKey{l, e}]]; prof.uses(l, e) != want {
-				t.Fatalf("layer %d expert %d: %d uses recorded, want %d", l, e, prof.uses(l, e), want)
+	shape := synth.Presets["tiny-qwen3moe"]
+	for l := range shape.Layers {
+		var sum int64
+		for e := range shape.Experts {
+			if used := prof.uses(l, e) > 0; used != routed[expertKey{l, e}] {
+				t.Fatalf("layer %d expert %d: %d tokens recorded, routed by the request: %v", l, e, prof.uses(l, e), routed[expertKey{l, e}])
 			}
+			sum += prof.uses(l, e)
+		}
+		// Every layer but the last runs its mixture on the prompt's 3
+		// tokens; the last on the one whose logits are read.
+		if want := int64(shape.ExpertsUsed * map[bool]int{true: 1, false: len(prompt)}[l == shape.Layers-1]); sum != want {
+			t.Fatalf("layer %d: %d (token, expert) uses recorded, want %d", l, sum, want)
 		}
 	}
 

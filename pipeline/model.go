@@ -250,8 +250,26 @@ func (m *Model) Strategy() Strategy { return m.opts.Strategy }
 // from then on requests run.
 func (m *Model) Ready() *Future { return &Future{m.sys.Ready()} }
 
-// Resident resolves when every weight is resident.
+// Resident resolves when every weight is resident. Not for a mixture of
+// experts opened with Lazy (LazyExperts): the experts no request routes
+// to never load, so it resolves only at Close, with an error. Wait on it
+// with a context that ends, or check LazyExperts first.
 func (m *Model) Resident() *Future { return &Future{m.sys.Resident()} }
+
+// LazyExperts reports whether the model is a mixture of experts opened
+// with Lazy: its experts load only when a request's router picks them, so
+// Resident does not resolve before Close.
+func (m *Model) LazyExperts() bool {
+	if m.opts.Strategy != Lazy {
+		return false
+	}
+	for l := range m.cfg.Layers {
+		if m.sys.Experts(l) > 0 {
+			return true
+		}
+	}
+	return false
+}
 
 // Layer is block i's readiness future.
 func (m *Model) Layer(i int) *Future { return &Future{m.sys.LayerFuture(i)} }

@@ -24,7 +24,10 @@ const (
 	// all are resident.
 	Eager
 	// Lazy loads the globals, then a layer only when a request first needs
-	// it (no prefetch); concurrent first uses load it once.
+	// it (no prefetch); concurrent first uses load it once. A mixture of
+	// experts' experts load only when a router picks them, so those no
+	// request routes to never load and Model.Resident does not resolve
+	// before Close (Model.LazyExperts says so).
 	Lazy
 	// HostF32 dequantizes every tensor to F32 on the host, one allocation
 	// per tensor, and starts once all are resident: the design forge
@@ -151,8 +154,10 @@ type Options struct {
 	// experts only; "" none): the experts load most used first, as the
 	// profile of this file (by its identity: size, tensor index, router
 	// bytes) recorded in earlier runs, instead of by index, and this
-	// model's requests add their routing to it at Close. Requests of the
-	// batching scheduler are not recorded. Not for a split model.
+	// model's requests add their routing to it at Close (the tokens
+	// routed to each expert, by single requests and batched steps
+	// alike; models closing at once merge their counts). Not for a split
+	// model.
 	ExpertProfiles string
 	// Batching runs requests together (continuous batching, see
 	// Batching); off by default here, on in the Engine.

@@ -83,6 +83,7 @@ func (w *weights) Layer(ctx context.Context, i int) (*model.LayerWeights, error)
 	}
 	if w.sys.Experts(i) > 0 {
 		lw.ExpertReady = func(ctx context.Context, e int) error { return w.expert(ctx, i, e) }
+		lw.ExpertUsed = func(e, tokens int) { w.sys.AddExpertUse(i, e, int64(tokens)) }
 	}
 	w.layers[i] = lw
 	return lw, nil

@@ -176,8 +176,7 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	_, err = m.Generate(ctx, "", pipeline.GenerateOptions{MaxTokens: 1, PromptIDs: ids, IgnoreEOG: true})
 	// A lazy mixture loads only the experts requests route to: it is
 	// never all resident, and its resident column stays empty.
-	lazyExperts := strategy == pipeline.Lazy && m.Experts(0) > 0
-	if err == nil && !lazyExperts {
+	if err == nil && !m.LazyExperts() {
 		err = m.Resident().Wait(ctx)
 	}
 	r.DevicePeak = m.Memory().Peak()

@@ -180,6 +180,9 @@ func benchGenModel(ctx context.Context, path string, cfg genConfig) ([]genRow, e
 	if err != nil {
 		return nil, err
 	}
+	// The default strategy (prefetch) loads every weight, a mixture's
+	// experts too, so Resident resolves (only a lazy mixture's never
+	// does: LazyExperts); the timings start once it has.
 	m, err := pipeline.Open(ctx, path, pipeline.Options{Device: cfg.device, Threads: cfg.threads, MMQ: cfg.mmq})
 	if err != nil {
 		return nil, err

@@ -56,6 +56,7 @@ a file path only under an --allow-paths directory. Listens on loopback unless
 			&cli.IntFlag{Name: "batch-seqs", Usage: "requests per model run together by continuous batching (0: 16; at most 64); on a GPU, batching is on only when this is given"},
 			&cli.IntFlag{Name: "kv-blocks", Usage: "KV pool blocks of 16 positions per model (0: enough for batch-seqs/4 full contexts, at least 2)"},
 			&cli.BoolFlag{Name: "single-sequence", Usage: "run each model's requests one at a time instead of batching them"},
+			&cli.StringFlag{Name: "expert-profiles", Usage: "`DIR` of expert usage profiles (a mixture of experts): its experts load most used first, as earlier runs of the same file routed, and each model adds its requests' routing (batched or not) when it is unloaded"},
 			gpuUploadFlag(),
 			gpuMMQFlag(),
 			&cli.StringSliceFlag{Name: "chat-template", Usage: "chat template: chatml, llama2, llama3, mistral, or a FILE holding a template, for every model, or ID=NAME|FILE for the -m model ID (repeatable; default: each model's own, else chatml)"},
@@ -148,7 +149,8 @@ func serveAction(c *cli.Context) error {
 	cfg.engine = pipeline.EngineOptions{
 		KeepAlive: &keep,
 		Open: pipeline.Options{Device: c.String("device"), Split: split, Threads: c.Int("threads"), Ctx: c.Int("ctx"),
-			Batching: pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks"), Deterministic: c.Bool("deterministic"), GPU: c.IsSet("batch-seqs")}},
+			Batching:       pipeline.Batching{Seqs: c.Int("batch-seqs"), Blocks: c.Int("kv-blocks"), Deterministic: c.Bool("deterministic"), GPU: c.IsSet("batch-seqs")},
+			ExpertProfiles: c.String("expert-profiles")},
 		SingleSequence: c.Bool("single-sequence"),
 	}
 	if cfg.engine.Open.Upload, err = gpuUpload(c); err != nil {

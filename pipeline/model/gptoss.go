@@ -226,19 +226,24 @@ func gptossLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 // weighted by the softmax over their k logits (routeTopK), each chosen
 // expert run once over its tokens' rows, with its biases and the clamped
 // SwiGLU, and the weighted sum in the router's order (moe.go's buffers and
-// grouping).
+// grouping); a decode step's experts share their input
+// (oaiMixtureDecode).
 func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 	if lw.GateInpBias == nil && m.err == nil {
 		m.err = fmt.Errorf("mixture of experts: the layer has no router bias")
 	}
-	if m.routeTokens(lw, lw.GateInpBias, xb, n, routeTopK) == nil {
+	st := m.routeTokens(lw, lw.GateInpBias, xb, n, routeTopK)
+	if st == nil {
+		return
+	}
+	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
+		m.oaiMixtureDecode(lw, dst, xb)
 		return
 	}
 	F := m.Cfg.ExpertFF
 	s := &m.s.moe
 	m.eachExpert(lw, dst, xb, n, func(ew *ExpertWeights, in, out kernels.Tensor, cnt int) {
-		if ew.GateB == nil || ew.UpB == nil || ew.DownB == nil {
-			m.err = fmt.Errorf("mixture of experts: an expert has no biases (%s)", ew.Gate.Name)
+		if !m.hasBiases(ew) {
 			return
 		}
 		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
@@ -249,6 +254,60 @@ func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
 		m.matmul(out, ew.Down, h, cnt)
 		m.addBias(out, ew.DownB, cnt)
 	})
+}
+
+// hasBiases checks that an expert has gpt-oss's three biases (m.err when
+// not).
+func (m *Model) hasBiases(ew *ExpertWeights) bool {
+	if ew.GateB == nil || ew.UpB == nil || ew.DownB == nil {
+		if m.err == nil {
+			m.err = fmt.Errorf("mixture of experts: an expert has no biases (%s)", ew.Gate.Name)
+		}
+		return false
+	}
+	return true
+}
+
+// oaiMixtureDecode is oaiMixture for one token, as mixtureDecode is the
+// SwiGLU mixture's: the chosen experts' gate and up products of the one
+// input as one MatMuls (on the CPU: the input quantized once, one
+// parallel loop over all their rows), side by side in the scratch; each
+// expert's gate and up biases on its slot's rows, one clamped SwiGLU over
+// all of them (it is elementwise), then each down product and its bias
+// into its slot's row of out, and the weighted sum in the router's
+// order. Every number is the per-expert path's, bit for bit: MatMuls is
+// MatMul's, and the bias adds and the activation are elementwise.
+func (m *Model) oaiMixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
+	st.decodes++
+	for j, e := range st.sel[:K] {
+		ew := m.expert(lw, int(e))
+		if ew == nil || !m.hasBiases(ew) {
+			return
+		}
+		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
+		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
+		st.row[j] = int32(j)
+	}
+	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
+		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+		return
+	}
+	for j, e := range st.sel[:K] {
+		ew := &lw.Experts[e] // waited for above
+		m.addBias(s.gate.View(j*F, F), ew.GateB, 1)
+		m.addBias(s.up.View(j*F, F), ew.UpB, 1)
+	}
+	m.swigluOAI(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
+	for j, e := range st.sel[:K] {
+		ew := &lw.Experts[e]
+		out := s.out.View(j*D, D)
+		m.matmul(out, ew.Down, s.hb.View(j*F, F), 1)
+		m.addBias(out, ew.DownB, 1)
+	}
+	m.weightedSum(dst, 1)
+	m.usedOne(lw)
 }
 
 // routeTopK is gpt-oss's router on the host: for each of n tokens, the k

@@ -421,6 +421,13 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 		}
 	}
 	m.weightedSum(dst, n)
+	if lw.ExpertUsed != nil && m.err == nil {
+		for e := range c.Experts {
+			if cnt := int(st.start[e+1] - st.start[e]); cnt > 0 {
+				lw.ExpertUsed(e, cnt)
+			}
+		}
+	}
 }
 
 // mixtureDecode is the mixture for one token: its experts' gate and up
@@ -451,6 +458,17 @@ func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 		m.matmul(s.out.View(j*D, D), lw.Experts[e].Down, s.hb.View(j*F, F), 1) // waited for above
 	}
 	m.weightedSum(dst, 1)
+	m.usedOne(lw)
+}
+
+// usedOne tells lw.ExpertUsed of a one-token step's experts (sel[:K]),
+// once the step's mixture succeeded.
+func (m *Model) usedOne(lw *LayerWeights) {
+	if lw.ExpertUsed != nil && m.err == nil {
+		for _, e := range m.moe.sel[:m.Cfg.ExpertsUsed] {
+			lw.ExpertUsed(int(e), 1)
+		}
+	}
 }
 
 // weightedSum is dst[t] = Σ_j w[t][j]·out[row(t, j)] for n tokens, the

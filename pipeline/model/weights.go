@@ -68,6 +68,13 @@ type LayerWeights struct {
 	// never hang, when they can not arrive or ctx is done. nil: every
 	// expert is there with the block.
 	ExpertReady func(ctx context.Context, e int) error
+	// ExpertUsed, when set, is told after each step's mixture that the
+	// router sent tokens of its rows to expert e: the one count of
+	// routing (usage profiles), whichever path ran the step (a single
+	// request's Forward or a batched step of several sequences). A step
+	// that fails in the mixture reports nothing (batch.Scheduler runs it
+	// again, so its rows would count twice).
+	ExpertUsed func(e, tokens int)
 }
 
 // FinishLayer completes a block's weights once its table's tensors are

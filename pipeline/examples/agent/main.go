@@ -123,9 +123,13 @@ func run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 	// The answers may come before the last layers do (the executor starts
 	// early): let the load finish, then close the model, which hands the
 	// subscription every event published so far before closing it, and
-	// wait for them to be written.
-	if err := m.Resident().Wait(ctx); err != nil {
-		return err
+	// wait for them to be written. A lazy mixture of experts is never all
+	// resident (the experts no request routed to never load): nothing
+	// more comes, so it closes at once.
+	if !m.LazyExperts() {
+		if err := m.Resident().Wait(ctx); err != nil {
+			return err
+		}
 	}
 	closed = true
 	m.Close()
