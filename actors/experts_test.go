@@ -150,10 +150,12 @@ func TestExpertPiecesLandInTheirTensor(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			sub := s.Bus().Subscribe()
 			if err := s.Resident().Wait(context.Background()); err != nil {
 				t.Fatal(err)
 			}
+			// Subscribed once everything is resident: the bus's history
+			// must hold the experts' events as it holds the blocks'.
+			sub := s.Bus().Subscribe()
 			for l := range 2 {
 				if s.Experts(l) != 4 || s.ExpertsResident(l) != 4 {
 					t.Fatalf("layer %d: %d of %d experts resident", l, s.ExpertsResident(l), s.Experts(l))

@@ -29,7 +29,7 @@ type Bus struct {
 // isLoad reports whether e is about the load rather than a request.
 func isLoad(e Event) bool {
 	switch e := e.(type) {
-	case TensorRead, TensorConverted, TensorUploaded, LayerReady, ModelReady, AllResident:
+	case TensorRead, TensorConverted, TensorUploaded, LayerReady, ExpertReady, ModelReady, AllResident:
 		return true
 	case Error:
 		return e.Req == 0
