@@ -127,7 +127,9 @@ func TestPlanSplitsExperts(t *testing.T) {
 // the pieces land where the stacked tensor's Weight expects them: its
 // bytes once every expert is resident are the file's (the F32 tensor
 // converted to F32 is a copy). The experts resolve after every block
-// (plan order, one reader).
+// (plan order, one reader) where units land as they are flushed; the
+// stream uploader's land as their fences' waiters report, in no set
+// order, so there only the counts are checked.
 func TestExpertPiecesLandInTheirTensor(t *testing.T) {
 	path := writeMixture(t)
 	cases := map[string]func() Config{
@@ -184,12 +186,15 @@ func TestExpertPiecesLandInTheirTensor(t *testing.T) {
 			for ev := range sub.C {
 				switch e := ev.(type) {
 				case progress.LayerReady:
-					if experts > 0 {
+					// An asynchronous uploader's units land as their fences'
+					// waiters report back, in no set order; the others land
+					// in load order.
+					if experts > 0 && name != "stream" {
 						t.Fatalf("layer %d ready after an expert", e.Layer)
 					}
 					blocks++
 				case progress.ExpertReady:
-					if blocks < 2 {
+					if blocks < 2 && name != "stream" {
 						t.Fatalf("layer %d expert %d ready before every block", e.Layer, e.Expert)
 					}
 					experts++
