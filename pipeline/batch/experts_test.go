@@ -114,15 +114,18 @@ func TestExpertFailureFailsOnlyItsSequences(t *testing.T) {
 	s := fx.scheduler(t, Config{Blocks: 64, BlockSize: 8, Ctx: 128})
 	var steps [][]model.SeqRows // written on the loop goroutine, read after both streams ended
 	s.onStep = func(rs []model.SeqRows) { steps = append(steps, slices.Clone(rs)) }
-	stA, err := s.Submit(context.Background(), Request{Prompt: promptA, MaxTokens: maxTokens, Sampler: sample.New(sample.Params{}, cfg.Vocab)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// B first: its first step waits at the gate while A queues, so A's
+	// prompt runs beside B (in B's first step or beside its first decode
+	// row), never alone before B starts.
 	stB, err := s.Submit(context.Background(), Request{Prompt: promptB, MaxTokens: maxTokens, Sampler: sample.New(sample.Params{}, cfg.Vocab)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	close(gate) // both are admitted before the first step gets its layers
+	stA, err := s.Submit(context.Background(), Request{Prompt: promptA, MaxTokens: maxTokens, Sampler: sample.New(sample.Params{}, cfg.Vocab)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
 	for _, st := range []*Stream{stA, stB} {
 		for {
 			if _, ok := st.Next(context.Background()); !ok {
@@ -138,16 +141,16 @@ func TestExpertFailureFailsOnlyItsSequences(t *testing.T) {
 	if errB != nil || !slices.Equal(resB.Tokens, wantB) {
 		t.Errorf("request B: %v %v, alone %v", resB.Tokens, errB, wantB)
 	}
-	// The two shared the failing step: B's success is the fallback's, not
-	// a schedule that kept them apart.
+	// A's prompt, where the expert fails, shared its step with a row of B
+	// (the only other sequence): B's success is the fallback's, not a
+	// schedule that kept them apart.
 	shared := false
 	for _, rs := range steps {
 		hasA := slices.ContainsFunc(rs, func(r model.SeqRows) bool { return r.Pos0 == 0 && slices.Equal(r.Tokens, promptA) })
-		hasB := slices.ContainsFunc(rs, func(r model.SeqRows) bool { return r.Pos0 == 0 && slices.Equal(r.Tokens, promptB) })
-		shared = shared || (hasA && hasB)
+		shared = shared || (hasA && len(rs) > 1)
 	}
 	if !shared {
-		t.Fatalf("A's and B's prompts never ran in one step: %d steps", len(steps))
+		t.Fatalf("A's prompt never ran beside B: %d steps", len(steps))
 	}
 	if st := s.Stats(); st.Held != 0 {
 		t.Errorf("%d blocks still held after both ended", st.Held)
