@@ -280,18 +280,7 @@ func (m *Model) hasBiases(ew *ExpertWeights) bool {
 func (m *Model) oaiMixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
-	st.decodes++
-	for j, e := range st.sel[:K] {
-		ew := m.expert(lw, int(e))
-		if ew == nil || !m.hasBiases(ew) {
-			return
-		}
-		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
-		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
-		st.row[j] = int32(j)
-	}
-	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
-		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+	if !m.decodeGateUp(lw, xb, m.hasBiases) {
 		return
 	}
 	for j, e := range st.sel[:K] {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -74,30 +73,5 @@ func BenchmarkGptOssDecode(b *testing.B) {
 	s := synth.Presets["tiny-gpt-oss"]
 	s.Embd, s.FF, s.Layers, s.Heads, s.KVHeads, s.HeadDim = 1024, 1024, 4, 16, 4, 64
 	s.Experts, s.ExpertsUsed, s.ExpertFF = 32, 4, 1024
-	path := filepath.Join(b.TempDir(), "gptoss.gguf")
-	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: s, Mix: synth.MixQ8_0, Seed: 1, Fill: synth.FillBlocks}); err != nil {
-		b.Fatal(err)
-	}
-	be := cpu.New(runtime.NumCPU())
-	defer be.Close()
-	for _, perExpert := range []bool{false, true} {
-		name := "shared"
-		if perExpert {
-			name = "per-expert"
-		}
-		b.Run(name, func(b *testing.B) {
-			m := model.OpenModel(b, path, be, model.Options{Ctx: 256})
-			if perExpert {
-				model.MoEPerExpert(m)
-			}
-			ctx := context.Background()
-			tok := int32(1)
-			b.ResetTimer()
-			for i := range b.N {
-				if _, err := m.Forward(ctx, []int32{tok}, i%250); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	benchMoEDecode(b, s, synth.MixQ8_0, 256)
 }

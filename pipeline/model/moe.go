@@ -439,18 +439,7 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
-	st.decodes++
-	for j, e := range st.sel[:K] {
-		ew := m.expert(lw, int(e))
-		if ew == nil {
-			return
-		}
-		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
-		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
-		st.row[j] = int32(j)
-	}
-	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
-		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+	if !m.decodeGateUp(lw, xb, nil) {
 		return
 	}
 	m.siluMul(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
@@ -459,6 +448,31 @@ func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	}
 	m.weightedSum(dst, 1)
 	m.usedOne(lw)
+}
+
+// decodeGateUp computes a one-token step's gate and up products of its
+// chosen experts (sel[:K]) as one MatMuls over their shared input xb,
+// expert slot j into row j of the mixture's gate and up. ok, when set,
+// checks each expert first (gpt-oss: its biases). false: an expert could
+// not arrive, was refused, or the product failed (m.err says why).
+func (m *Model) decodeGateUp(lw *LayerWeights, xb kernels.Tensor, ok func(*ExpertWeights) bool) bool {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	K, F := c.ExpertsUsed, c.ExpertFF
+	st.decodes++
+	for j, e := range st.sel[:K] {
+		ew := m.expert(lw, int(e))
+		if ew == nil || (ok != nil && !ok(ew)) {
+			return false
+		}
+		st.dsts[2*j], st.ws[2*j] = s.gate.View(j*F, F), ew.Gate
+		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
+		st.row[j] = int32(j)
+	}
+	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
+		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
+		return false
+	}
+	return true
 }
 
 // usedOne tells lw.ExpertUsed of a one-token step's experts (sel[:K]),
