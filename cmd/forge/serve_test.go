@@ -546,17 +546,35 @@ func (s *syncBuffer) String() string {
 func TestServeCommand(t *testing.T) {
 	leakCheck(t)
 	path := chatModel(t, "tiny")
+	ts, addr, stop := runServeCommand(t, "-m", "chat="+path, "--keep-alive", "1m", "--budget", "64MiB")
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Errorf("listening on %s, not loopback", addr)
+	}
+	text, finish, err := ts.streamChat(t.Context(), chatBody("", 5, "Hello", 6), nil) // no model: the -m one
+	if err != nil || text == "" || finish == "" {
+		t.Fatalf("chat through the command: %q %q %v", text, finish, err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("serve returned %v", err)
+	}
+}
+
+// runServeCommand runs `forge serve --addr 127.0.0.1:0 --threads 1` with
+// args through the CLI, as a user would, waits for its listening line and
+// returns a client for it, its address, and stop, which ends the command
+// and returns its error.
+func runServeCommand(t *testing.T, args ...string) (ts *testServer, addr string, stop func() error) {
+	t.Helper()
 	var stdout, stderr syncBuffer
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- newApp(&stdout, &stderr).RunContext(ctx, []string{"forge", "serve", "--addr", "127.0.0.1:0", "--threads", "1", "-m", "chat=" + path, "--keep-alive", "1m", "--budget", "64MiB"})
+		done <- newApp(&stdout, &stderr).RunContext(ctx, append([]string{"forge", "serve", "--addr", "127.0.0.1:0", "--threads", "1"}, args...))
 	}()
-	var addr string
 	for addr == "" {
 		select {
 		case err := <-done:
+			cancel()
 			t.Fatalf("serve exited: %v\n%s", err, stderr.String())
 		case <-time.After(5 * time.Millisecond):
 		}
@@ -568,20 +586,18 @@ func TestServeCommand(t *testing.T) {
 		}
 	}
 	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	ts := &testServer{url: "http://" + addr, client: &http.Client{Transport: tr}}
-	if !strings.HasPrefix(addr, "127.0.0.1:") {
-		t.Errorf("listening on %s, not loopback", addr)
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+			tr.CloseIdleConnections()
+		})
+		return err
 	}
-	text, finish, err := ts.streamChat(t.Context(), chatBody("", 5, "Hello", 6), nil) // no model: the -m one
-	if err != nil || text == "" || finish == "" {
-		t.Fatalf("chat through the command: %q %q %v", text, finish, err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("serve returned %v", err)
-	}
-	tr.CloseIdleConnections()
+	t.Cleanup(func() { stop() })
+	return &testServer{url: "http://" + addr, client: &http.Client{Transport: tr}}, addr, stop
 }
 
 // leakCheck fails the test if goroutines it started outlive it; as the
