@@ -212,8 +212,9 @@ type device struct {
 	// (resolvedDevice): ctxReady and done are closed from the start.
 	resolved bool
 
-	// Set before ctxReady closes.
+	// Set before ctxReady closes (setCtx, once).
 	ctxReady chan struct{}
+	ctxOnce  sync.Once
 	ctxErr   error        // no context (or CPU backend) could be had
 	cpu      bool         // "auto" found no usable GPU: the CPU runs it
 	w        *rocm.Worker // the backend's worker
@@ -304,16 +305,7 @@ func (p *device) run() {
 	// next to the driver, cuBLAS after the context and both after it).
 	preloads := &p.preloads
 	preloads.Go(rocm.PreloadCompiler)
-	ctxSet := false
-	setCtx := func(err error) {
-		p.ctxErr, ctxSet = err, true
-		close(p.ctxReady)
-	}
-	defer func() {
-		if !ctxSet {
-			setCtx(p.err)
-		}
-	}()
+	defer func() { p.setCtx(p.err) }() // if nothing said sooner
 	ch, err := rocm.Choose(p.sel)
 	if err != nil {
 		p.err = &DeviceError{Device: p.o.Device, Err: err}
@@ -322,7 +314,7 @@ func (p *device) run() {
 	if ch.CPU {
 		p.be, p.closeFn = cpuDevice(p.o, p.sel, ch.Reason)
 		p.cpu, p.beAt = true, time.Now()
-		setCtx(nil)
+		p.setCtx(nil)
 		return
 	}
 	if p.aborted() {
@@ -368,12 +360,21 @@ func (p *device) run() {
 	}
 	p.closeFn = func() { b.Close(); closeWorkers() }
 	tKernels := time.Since(t0)
-	setCtx(nil)
+	p.setCtx(nil)
 	if p.sel.Kind == rocm.SelectAuto {
 		slog.Info("pipeline: running on the GPU", "device", ch.Device.String())
 	}
 	p.be, p.beAt = b, time.Now()
 	slog.Debug("pipeline: device open", "device", ch.Device.String(), "context", tCtx, "kernels", tKernels)
+}
+
+// setCtx records whether a context could be had and wakes those waiting
+// for it; only its first call counts.
+func (p *device) setCtx(err error) {
+	p.ctxOnce.Do(func() {
+		p.ctxErr = err
+		close(p.ctxReady)
+	})
 }
 
 // runShared is run on an Engine's shared GPU (Options.shared): the
@@ -382,16 +383,7 @@ func (p *device) run() {
 // pool, and gives them back on close.
 func (p *device) runShared() {
 	defer close(p.done)
-	ctxSet := false
-	setCtx := func(err error) {
-		p.ctxErr, ctxSet = err, true
-		close(p.ctxReady)
-	}
-	defer func() {
-		if !ctxSet {
-			setCtx(p.err)
-		}
-	}()
+	defer func() { p.setCtx(p.err) }() // if nothing said sooner
 	sh := p.o.shared
 	d, err := sh.acquire(p.sel, p.abort)
 	if errors.Is(err, errAborted) {
@@ -406,7 +398,7 @@ func (p *device) runShared() {
 		sh.release()
 		p.be, p.closeFn = cpuDevice(p.o, p.sel, d.reason)
 		p.cpu, p.beAt = true, time.Now()
-		setCtx(nil)
+		p.setCtx(nil)
 		return
 	}
 	p.w, p.upW, p.rings, p.ctxAt = d.w, d.upW, d.rings, time.Now()
@@ -415,7 +407,7 @@ func (p *device) runShared() {
 		p.err = errAborted
 		return
 	}
-	setCtx(nil)
+	p.setCtx(nil)
 	b, err := d.base.Fork()
 	if err != nil {
 		p.err = &DeviceError{Device: p.o.Device, Err: err}
