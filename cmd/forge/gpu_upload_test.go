@@ -27,6 +27,10 @@ func TestRunTuningFlags(t *testing.T) {
 			t.Errorf("%s with a malformed --gpu-mmq: %v, want it refused naming the flag and the setting", cmd[0], err)
 		}
 	}
+	_, _, err = forgeCLI(t, nil, append(args, "--expert-profiles", m)...)
+	if err == nil || !strings.Contains(err.Error(), "--expert-profiles "+m+": not a directory") {
+		t.Errorf("--expert-profiles naming a file: %v, want it refused naming the flag", err)
+	}
 	_, _, err = forgeCLI(t, nil, append(args, "--gpu-upload", "st=4,zz=1")...)
 	if err == nil || !strings.Contains(err.Error(), `--gpu-upload "st=4,zz=1"`) || !strings.Contains(err.Error(), `unknown upload setting "zz=1"`) {
 		t.Errorf("malformed --gpu-upload: %v, want it refused naming the flag and the setting", err)

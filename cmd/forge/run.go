@@ -249,9 +249,13 @@ func runModel(ctx context.Context, c *cli.Context) error {
 	if gopts.Grammar, err = grammarFlags(c); err != nil {
 		return err
 	}
+	profiles, err := expertProfilesDir(c)
+	if err != nil {
+		return err
+	}
 	opts := pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"),
 		Ctx: c.Int("ctx"), Batch: c.Int("batch"), Readers: c.Int("readers"), Split: split, NoGraph: c.Bool("no-graph"),
-		ExpertProfiles: c.String("expert-profiles")}
+		ExpertProfiles: profiles}
 	if opts.Upload, err = gpuUpload(c); err != nil {
 		return err
 	}

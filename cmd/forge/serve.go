@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"regexp"
@@ -207,6 +208,9 @@ func checkServeFlags(c *cli.Context) error {
 	case c.Int("kv-blocks") < 0 || c.Int("kv-blocks") > 1<<24:
 		return fmt.Errorf("--kv-blocks %d: want 0 (sized from --batch-seqs) to %d", c.Int("kv-blocks"), 1<<24)
 	}
+	if _, err := expertProfilesDir(c); err != nil {
+		return err
+	}
 	for _, f := range []string{"read-timeout", "write-timeout", "idle-timeout"} {
 		if c.Duration(f) <= 0 {
 			return fmt.Errorf("--%s %s: must be positive", f, c.Duration(f))
@@ -329,4 +333,18 @@ func cmp(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// expertProfilesDir is --expert-profiles checked: a folder, or a path
+// where one can be made (its profiles are written when models close, so a
+// regular file there is refused now rather than logged then).
+func expertProfilesDir(c *cli.Context) (string, error) {
+	dir := c.String("expert-profiles")
+	if dir == "" {
+		return "", nil
+	}
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return "", fmt.Errorf("--expert-profiles %s: not a directory", dir)
+	}
+	return dir, nil
 }

@@ -453,6 +453,7 @@ func TestServeBadStart(t *testing.T) {
 		{[]string{"--allow-paths", "/no/such/dir"}, "--allow-paths"},
 		{[]string{"--batch-seqs", "-1"}, "--batch-seqs"}, {[]string{"--batch-seqs", "65"}, "--batch-seqs"},
 		{[]string{"--batch-seqs", "4", "--single-sequence"}, "exclude each other"}, {[]string{"--kv-blocks", "-3"}, "--kv-blocks"},
+		{[]string{"--expert-profiles", notGGUF}, "--expert-profiles " + notGGUF + ": not a directory"},
 	} {
 		var stdout, stderr syncBuffer
 		err := newApp(&stdout, &stderr).RunContext(t.Context(), append([]string{"forge", "serve", "--addr", "127.0.0.1:0"}, c.args...))
