@@ -10,24 +10,37 @@
 // attn_paged (attn.cu) gives every row its own blocks, which read the whole
 // prefix again for each row: right for decode rows, slow for a piece of a
 // few hundred rows over a few thousand cached positions (a conversation's
-// next turn). Here one block takes a tile of PF_ROWS rows of one head and
-// reads each chunk of PF_CH positions of the prefix once for the whole
-// tile, keys staged row-major and values transposed in shared memory, with
-// an online softmax (running max m, sum l, output rescaled by e^(m_old −
-// m_new)) so that shared memory does not grow with the prefix.
+// next turn). Here one block takes a tile of 64 rows of one head and reads
+// each chunk of the prefix once for the whole tile, with an online softmax
+// (running max m, sum l, output rescaled by e^(m_old − m_new)) so that
+// shared memory does not grow with the prefix.
 //
-// Batch invariance: chunks start at multiples of PF_CH in absolute
+// Batch invariance: chunks start at multiples of the chunk size in absolute
 // positions and each row keeps its own m, l and output, so a row's result
 // depends on its own query, its sequence's keys and values and its
 // position, never on which other rows share its tile or its piece. Chunks
-// past a row's end add exact zeros (p = 0, e^0 = 1).
+// past a row's end add exact zeros (p = 0, e^0 = 1), or are skipped.
 //
-// NVIDIA sm_80 and later: four warps of 16 rows, scores and p·V with
-// mma.sync m16n8k16 (f16 operands, f32 accumulation; the query and the
-// probabilities are rounded to f16 for the product). Elsewhere (HIP, older
-// NVIDIA) the same tiles feed a plain path of two threads per row.
-// attn_prefill_plain_* is that plain path on every device (for tests).
-//   grid (heads, ceil(n/PF_ROWS)), block 128, D = 64 or 128
+// NVIDIA sm_80 and later (attn_prefill_f16_*, prefill_pipe): four warps of
+// 16 rows, scores and p·V with mma.sync m16n8k16 (f16 operands, f32
+// accumulation; the query and the probabilities are rounded to f16 for the
+// product). Chunks of PP_CH positions go through two stages of shared
+// memory: while the warps multiply one chunk, cp.async brings the next
+// (and plain loads the block-table entries of the one after), so the
+// prefix streams at the speed of the products rather than at one memory
+// round trip per chunk. Keys and values are staged row-major, as the pool
+// holds them, and read with ldmatrix (values with .trans, which gives the
+// B fragment of p·V without a transposed copy).
+//
+// Elsewhere (HIP, older NVIDIA) the kernels run the plain path, two threads
+// per row (prefill_plain), over chunks of PF_CH positions staged by
+// pf_stage (values transposed). attn_prefill_plain_* is that plain path on
+// every device and attn_prefill_v1_* the first sm_80 path (prefill_mma:
+// chunks of PF_CH staged by pf_stage, synchronously), both for tests and
+// comparisons. Under the wavefront emulator at warp 32 (FORGE_EMU_TENSOR,
+// emu/wave.h) attn_prefill_emu_* runs prefill_pipe on the emulator's
+// mma.sync, ldmatrix and cp.async.
+//   grid (heads, ceil(n/64)), block 128, D = 64 or 128
 #include "common.h"
 
 #define PF_ROWS 64
@@ -36,6 +49,9 @@
 
 #if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define PREFILL_MMA 1
+#endif
+#if defined(PREFILL_MMA) || defined(FORGE_EMU_TENSOR)
+#define PREFILL_TENSOR 1  // the mma paths are compiled (on the device, or on the emulator's operations)
 #endif
 
 DEV size_t pf_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
@@ -87,6 +103,47 @@ DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+DEV u32 pp_smem(const void* p) {
+  u32 a;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// ldmatrix x4: lanes 8i … 8i+7 give the rows of 8×8 tile i; lane (g, t)
+// gets row g, elements 2t and 2t+1 of each (.trans: rows 2t and 2t+1 of
+// column g).
+DEV void pp_ldsm4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(pp_smem(p))
+               : "memory");
+}
+DEV void pp_ldsm4t(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(pp_smem(p))
+               : "memory");
+}
+
+// pp_cp16 copies 16 bytes from global to shared memory asynchronously,
+// reading src_bytes of them (0 or 16) and zero-filling the rest.
+DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(pp_smem(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+DEV void pp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+DEV void pp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+#elif defined(FORGE_EMU_TENSOR)
+DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) { emu_mma16816(c, a, b0, b1); }
+DEV void pp_ldsm4(u32* r, const u16* p) { emu_ldsm_x4(r, p, false); }
+DEV void pp_ldsm4t(u32* r, const u16* p) { emu_ldsm_x4(r, p, true); }
+DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
+DEV void pp_commit() { emu_cp_commit(); }
+DEV void pp_wait_all() { emu_cp_wait(0); }
+#endif
+
+#if defined(PREFILL_TENSOR)
 
 // The mma path: warp w owns rows 16w … 16w+15 of the tile; lane (g, t) =
 // (lane/4, lane%4) holds, in the fragment layout of m16n8k16, rows g and
@@ -155,10 +212,10 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
       cm0 = fmaxf(cm0, fmaxf(s[nt][0], s[nt][1]));
       cm1 = fmaxf(cm1, fmaxf(s[nt][2], s[nt][3]));
     }
-    cm0 = fmaxf(cm0, __shfl_xor_sync(0xffffffffu, cm0, 1));
-    cm0 = fmaxf(cm0, __shfl_xor_sync(0xffffffffu, cm0, 2));
-    cm1 = fmaxf(cm1, __shfl_xor_sync(0xffffffffu, cm1, 1));
-    cm1 = fmaxf(cm1, __shfl_xor_sync(0xffffffffu, cm1, 2));
+    cm0 = fmaxf(cm0, SHFL_XOR(cm0, 1));
+    cm0 = fmaxf(cm0, SHFL_XOR(cm0, 2));
+    cm1 = fmaxf(cm1, SHFL_XOR(cm1, 1));
+    cm1 = fmaxf(cm1, SHFL_XOR(cm1, 2));
     float mn0 = fmaxf(m0, cm0), mn1 = fmaxf(m1, cm1);
     float a0 = expf(m0 - mn0), a1 = expf(m1 - mn1);
     float ls0 = 0.0f, ls1 = 0.0f;
@@ -175,10 +232,10 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
       pa[nt / 2][(nt & 1) * 2 + 0] = pack_h2(p0, p1);
       pa[nt / 2][(nt & 1) * 2 + 1] = pack_h2(p2, p3);
     }
-    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-    ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-    ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+    ls0 += SHFL_XOR(ls0, 1);
+    ls0 += SHFL_XOR(ls0, 2);
+    ls1 += SHFL_XOR(ls1, 1);
+    ls1 += SHFL_XOR(ls1, 2);
     l0 = l0 * a0 + ls0;
     l1 = l1 * a1 + ls1;
     m0 = mn0;
@@ -193,6 +250,191 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
 #pragma unroll
       for (int kk = 0; kk < PF_CH / 16; kk++)
         mma16816(o[dt], pa[kk], *(const u32*)(vr + 16 * kk), *(const u32*)(vr + 16 * kk + 8));
+    }
+  }
+  float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; dt++) {
+    int c = dt * 8 + 2 * t;
+    if (r0 < n) *(float2*)(out + ((size_t)r0 * heads + h) * D + c) = pf_f2(o[dt][0] * i0, o[dt][1] * i0);
+    if (r1 < n) *(float2*)(out + ((size_t)r1 * heads + h) * D + c) = pf_f2(o[dt][2] * i1, o[dt][3] * i1);
+  }
+}
+
+#define PP_CH 32  // positions per chunk of prefill_pipe: two stages of keys and values, 34 KB at D = 128
+
+// pp_tab loads the block-table entries of the rows this thread copies in
+// chunk c (rows past L: none, 0).
+template <int D>
+DEV void pp_tab(i32* tb, const i32* tab, int bs, int c, int L) {
+  constexpr int U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
+  int cj = (int)threadIdx.x / U;
+#pragma unroll
+  for (int k = 0; k < CP; k++) {
+    int p = c * PP_CH + cj + k * RSTEP;
+    tb[k] = p < L ? tab[p / bs] : 0;
+  }
+}
+
+// pp_issue starts the copies of chunk c's keys and values into ks and vs
+// ([PP_CH][D+8] each, row-major), with the table entries tb from pp_tab;
+// rows past L are zero-filled. Thread x copies 16-byte unit x % (D/8) of
+// rows x / (D/8) + k·(128/(D/8)): a row's units are adjacent threads, so
+// the reads of a row are one contiguous 2·D-byte run.
+template <int D>
+DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb, int bs, int kvDim, int kvh, int c,
+                  int L) {
+  constexpr int S = D + 8, U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
+  int cu = (int)threadIdx.x % U, cj = (int)threadIdx.x / U;
+#pragma unroll
+  for (int k = 0; k < CP; k++) {
+    int j = cj + k * RSTEP, p = c * PP_CH + j;
+    bool v = p < L;
+    size_t o = v ? ((size_t)tb[k] * bs + p % bs) * kvDim + (size_t)kvh * D + cu * 8 : 0;
+    pp_cp16(ks + j * S + cu * 8, kc + o, v ? 16 : 0);
+    pp_cp16(vs + j * S + cu * 8, vc + o, v ? 16 : 0);
+  }
+}
+
+// The pipelined mma path. Warp w owns rows 16w … 16w+15 of the tile; lane
+// (g, t) = (lane/4, lane%4) holds, in the fragment layout of m16n8k16, rows
+// g and g+8 and columns 2t, 2t+1 of every 8-column tile. Per chunk c: wait
+// for this thread's copies of c, a barrier (every copy of c is visible and
+// every warp is done with c−1, whose stage c+1 takes), start c+1's copies
+// and c+2's table loads, then the products of c, which overlap them.
+template <int D>
+DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
+                      float scale, int bs, int pos0, const i32* tab) {
+  constexpr int S = D + 8;  // row stride: the 8 rows an ldmatrix reads fall in distinct banks
+  constexpr int CP = PP_CH / (128 / (D / 8));
+  constexpr int STAGE = PP_CH * S;
+  __shared__ __attribute__((aligned(16))) u16 ks[2 * STAGE];
+  __shared__ __attribute__((aligned(16))) u16 vs[2 * STAGE];
+  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
+  int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
+  int L = pos0 + last + 1;              // positions the tile reads
+  int nc = (L + PP_CH - 1) / PP_CH;
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int g = lane >> 2, t = lane & 3;
+  int r0 = t0 + 16 * w + g, r1 = r0 + 8;    // this lane's rows
+  int wlast = min(t0 + 16 * w + 15, last);  // the warp's last row
+  bool rows = wlast >= t0 + 16 * w;         // (a partial tile's last warps may have none)
+  int P0 = pos0 + r0, P1 = pos0 + r1;
+
+  i32 tb[CP];
+  pp_tab<D>(tb, tab, bs, 0, L);
+  pp_issue<D>(ks, vs, kc, vc, tb, bs, kvDim, kvh, 0, L);
+  pp_commit();
+  if (nc > 1) pp_tab<D>(tb, tab, bs, 1, L);
+
+  u32 qa[D / 16][4];
+  {
+    const float* q0 = q + ((size_t)min(r0, n - 1) * heads + h) * D;
+    const float* q1 = q + ((size_t)min(r1, n - 1) * heads + h) * D;
+    bool v0 = r0 < n, v1 = r1 < n;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      int c = 16 * kk + 2 * t;
+      float2 a = v0 ? *(const float2*)(q0 + c) : pf_f2(0.0f, 0.0f);
+      float2 b = v1 ? *(const float2*)(q1 + c) : pf_f2(0.0f, 0.0f);
+      float2 a8 = v0 ? *(const float2*)(q0 + c + 8) : pf_f2(0.0f, 0.0f);
+      float2 b8 = v1 ? *(const float2*)(q1 + c + 8) : pf_f2(0.0f, 0.0f);
+      qa[kk][0] = pack_h2(a.x, a.y);
+      qa[kk][1] = pack_h2(b.x, b.y);
+      qa[kk][2] = pack_h2(a8.x, a8.y);
+      qa[kk][3] = pack_h2(b8.x, b8.y);
+    }
+  }
+  float m0 = -3.0e38f, m1 = -3.0e38f, l0 = 0.0f, l1 = 0.0f;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  for (int c = 0; c < nc; c++) {
+    pp_wait_all();
+    __syncthreads();
+    if (c + 1 < nc) {
+      pp_issue<D>(ks + ((c + 1) & 1) * STAGE, vs + ((c + 1) & 1) * STAGE, kc, vc, tb, bs, kvDim, kvh, c + 1, L);
+      pp_commit();
+      if (c + 2 < nc) pp_tab<D>(tb, tab, bs, c + 2, L);
+    }
+    int c0 = c * PP_CH;
+    if (!rows || c0 > pos0 + wlast) continue;  // no rows, or every position past them
+    const u16* K = ks + (c & 1) * STAGE;
+    const u16* V = vs + (c & 1) * STAGE;
+    float s[PP_CH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < PP_CH / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    // scores: B of k-steps 2k2, 2k2+1 of score tile nt is keys nt·8 … +7,
+    // dimensions 32·k2 … +31: one ldmatrix of four 8×8 tiles
+#pragma unroll
+    for (int k2 = 0; k2 < D / 32; k2++) {
+#pragma unroll
+      for (int nt = 0; nt < PP_CH / 8; nt++) {
+        u32 b[4];
+        pp_ldsm4(b, K + (nt * 8 + (lane & 7)) * S + k2 * 32 + (lane >> 3) * 8);
+        mma16816(s[nt], qa[2 * k2], b[0], b[1]);
+        mma16816(s[nt], qa[2 * k2 + 1], b[2], b[3]);
+      }
+    }
+    float cm0 = -3.0e38f, cm1 = -3.0e38f;
+#pragma unroll
+    for (int nt = 0; nt < PP_CH / 8; nt++) {
+      int p = c0 + nt * 8 + 2 * t;
+      s[nt][0] = p <= P0 ? s[nt][0] * scale : -3.0e38f;
+      s[nt][1] = p + 1 <= P0 ? s[nt][1] * scale : -3.0e38f;
+      s[nt][2] = p <= P1 ? s[nt][2] * scale : -3.0e38f;
+      s[nt][3] = p + 1 <= P1 ? s[nt][3] * scale : -3.0e38f;
+      cm0 = fmaxf(cm0, fmaxf(s[nt][0], s[nt][1]));
+      cm1 = fmaxf(cm1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    cm0 = fmaxf(cm0, SHFL_XOR(cm0, 1));
+    cm0 = fmaxf(cm0, SHFL_XOR(cm0, 2));
+    cm1 = fmaxf(cm1, SHFL_XOR(cm1, 1));
+    cm1 = fmaxf(cm1, SHFL_XOR(cm1, 2));
+    float mn0 = fmaxf(m0, cm0), mn1 = fmaxf(m1, cm1);
+    float a0 = expf(m0 - mn0), a1 = expf(m1 - mn1);
+    float ls0 = 0.0f, ls1 = 0.0f;
+    u32 pa[PP_CH / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < PP_CH / 8; nt++) {
+      float p0 = s[nt][0] <= -3.0e38f ? 0.0f : expf(s[nt][0] - mn0);
+      float p1 = s[nt][1] <= -3.0e38f ? 0.0f : expf(s[nt][1] - mn0);
+      float p2 = s[nt][2] <= -3.0e38f ? 0.0f : expf(s[nt][2] - mn1);
+      float p3 = s[nt][3] <= -3.0e38f ? 0.0f : expf(s[nt][3] - mn1);
+      ls0 += p0 + p1;
+      ls1 += p2 + p3;
+      // score tiles 2k and 2k+1 are the A fragment of p·V's k-step k
+      pa[nt / 2][(nt & 1) * 2 + 0] = pack_h2(p0, p1);
+      pa[nt / 2][(nt & 1) * 2 + 1] = pack_h2(p2, p3);
+    }
+    ls0 += SHFL_XOR(ls0, 1);
+    ls0 += SHFL_XOR(ls0, 2);
+    ls1 += SHFL_XOR(ls1, 1);
+    ls1 += SHFL_XOR(ls1, 2);
+    l0 = l0 * a0 + ls0;
+    l1 = l1 * a1 + ls1;
+    m0 = mn0;
+    m1 = mn1;
+    // p·V: B of output tiles 2d2, 2d2+1 at k-step kk is values kk·16 … +15,
+    // dimensions 16·d2 … +15, read transposed: one ldmatrix.trans
+#pragma unroll
+    for (int d2 = 0; d2 < D / 16; d2++) {
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        o[2 * d2 + i][0] *= a0;
+        o[2 * d2 + i][1] *= a0;
+        o[2 * d2 + i][2] *= a1;
+        o[2 * d2 + i][3] *= a1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < PP_CH / 16; kk++) {
+        u32 b[4];
+        pp_ldsm4t(b, V + (kk * 16 + (lane & 15)) * S + d2 * 16 + (lane >> 4) * 8);
+        mma16816(o[2 * d2], pa[kk], b[0], b[1]);
+        mma16816(o[2 * d2 + 1], pa[kk], b[2], b[3]);
+      }
     }
   }
   float i0 = 1.0f / l0, i1 = 1.0f / l1;
@@ -270,22 +512,29 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 }
 
 #if defined(PREFILL_MMA)
-#define PREFILL_BODY prefill_mma
+#define PREFILL_BODY prefill_pipe
+#define PREFILL_V1_BODY prefill_mma
 #else
 #define PREFILL_BODY prefill_plain
+#define PREFILL_V1_BODY prefill_plain
 #endif
 
-#define PREFILL_KERNELS(DD)                                                                                      \
-  KERNEL void __launch_bounds__(128)                                                                             \
-      attn_prefill_f16_d##DD(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads,         \
-                             int kvHeads, float scale, int bs, int pos0, int s, const i32* toff, const i32* tabs) { \
-    PREFILL_BODY<DD>(out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]);                        \
-  }                                                                                                              \
-  KERNEL void __launch_bounds__(128)                                                                             \
-      attn_prefill_plain_f16_d##DD(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads,   \
-                                   int kvHeads, float scale, int bs, int pos0, int s, const i32* toff,           \
-                                   const i32* tabs) {                                                            \
-    prefill_plain<DD>(out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]);                       \
-  }
+#define PREFILL_PARAMS                                                                                         \
+  float *out, const float *q, const u16 *kc, const u16 *vc, int n, int heads, int kvHeads, float scale, int bs, \
+      int pos0, int s, const i32 *toff, const i32 *tabs
+#define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]
+
+#define PREFILL_KERNELS(DD)                                                                                        \
+  KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { PREFILL_BODY<DD>(PREFILL_ARGS); }     \
+  KERNEL void __launch_bounds__(128) attn_prefill_v1_f16_d##DD(PREFILL_PARAMS) { PREFILL_V1_BODY<DD>(PREFILL_ARGS); } \
+  KERNEL void __launch_bounds__(128) attn_prefill_plain_f16_d##DD(PREFILL_PARAMS) { prefill_plain<DD>(PREFILL_ARGS); }
 PREFILL_KERNELS(64)
 PREFILL_KERNELS(128)
+
+#if defined(FORGE_EMU_TENSOR)
+// The emulator's own: prefill_pipe on its mma.sync, ldmatrix and cp.async.
+#define PREFILL_EMU_KERNEL(DD) \
+  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD>(PREFILL_ARGS); }
+PREFILL_EMU_KERNEL(64)
+PREFILL_EMU_KERNEL(128)
+#endif
