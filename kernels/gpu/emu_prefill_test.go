@@ -12,7 +12,9 @@ import (
 
 // TestEmuPrefillTensor runs prefill.cu's sm_80 path (prefill_pipe: mma.sync
 // fragments, ldmatrix, the two-stage cp.async pipeline) on the emulator's
-// models of those operations (attn_prefill_emu_*, warp 32): prompt pieces
+// models of those operations (attn_prefill_emu_*, warp 32), and in its
+// last case the first sm_80 path (prefill_mma, which the H100 has run), a
+// check of the emulator's mma.sync model itself: prompt pieces
 // over prefixes that span several chunks, block sizes that do and do not
 // divide a chunk, a partial last tile whose last warps hold no rows, and
 // grouped queries. Each piece is checked against the CPU backend (the
@@ -31,13 +33,17 @@ func TestEmuPrefillTensor(t *testing.T) {
 		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
 		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
 		{kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 128}, 32, 0, 45, []int{20}, 1},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33}, 3},
 	}
-	for _, c := range cases {
+	for ci, c := range cases {
 		at := c.at
 		hd := at.HeadDim
 		at.Scale = float32(1 / math.Sqrt(float64(hd)))
 		qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, c.pos0+c.n
 		name := fmt.Sprintf("attn_prefill_emu_f16_d%d", hd)
+		if ci == len(cases)-1 {
+			name = fmt.Sprintf("attn_prefill_emuv1_f16_d%d", hd) // the H100-proven path on the same models
+		}
 		what := fmt.Sprintf("%s heads %d/%d bs %d pos0 %d n %d", name, at.Heads, at.KVHeads, c.bs, c.pos0, c.n)
 		q := conformance.RandomVector(rng, tot*qDim, 1)
 		k := conformance.RandomVector(rng, tot*kvDim, 1)

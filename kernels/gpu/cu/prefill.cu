@@ -39,7 +39,7 @@
 // chunks of PF_CH staged by pf_stage, synchronously), both for tests and
 // comparisons. Under the wavefront emulator at warp 32 (FORGE_EMU_TENSOR,
 // emu/wave.h) attn_prefill_emu_* runs prefill_pipe on the emulator's
-// mma.sync, ldmatrix and cp.async.
+// mma.sync, ldmatrix and cp.async (attn_prefill_emuv1_*: prefill_mma).
 //   grid (heads, ceil(n/64)), block 128, D = 64 or 128
 #include "common.h"
 
@@ -532,9 +532,12 @@ PREFILL_KERNELS(64)
 PREFILL_KERNELS(128)
 
 #if defined(FORGE_EMU_TENSOR)
-// The emulator's own: prefill_pipe on its mma.sync, ldmatrix and cp.async.
-#define PREFILL_EMU_KERNEL(DD) \
-  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD>(PREFILL_ARGS); }
+// The emulator's own: prefill_pipe on its mma.sync, ldmatrix and cp.async,
+// and prefill_mma (the path the H100 has run) on its mma.sync, a check of
+// the emulator's fragment layouts against a kernel known to be right.
+#define PREFILL_EMU_KERNEL(DD)                                                                  \
+  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD>(PREFILL_ARGS); } \
+  KERNEL void attn_prefill_emuv1_f16_d##DD(PREFILL_PARAMS) { prefill_mma<DD>(PREFILL_ARGS); }
 PREFILL_EMU_KERNEL(64)
 PREFILL_EMU_KERNEL(128)
 #endif
