@@ -45,7 +45,10 @@
 
 #define PF_ROWS 64
 #define PF_CH 64
-#define PF_VS (PF_CH + 8)  // transposed value row stride: distinct banks for a fragment's 8 rows
+// transposed value row stride: distinct banks for a fragment's 8 rows (the
+// scalar stores that transpose them in pf_stage conflict 16-way, one
+// reason prefill_pipe stages values row-major and reads them with .trans)
+#define PF_VS (PF_CH + 8)
 
 #if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define PREFILL_MMA 1
