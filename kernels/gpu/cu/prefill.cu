@@ -24,13 +24,14 @@
 // NVIDIA sm_80 and later (attn_prefill_f16_*, prefill_pipe): four warps of
 // 16 rows, scores and p·V with mma.sync m16n8k16 (f16 operands, f32
 // accumulation; the query and the probabilities are rounded to f16 for the
-// product). Chunks of PP_CH positions go through two stages of shared
-// memory: while the warps multiply one chunk, cp.async brings the next
+// product). Chunks of PP_CH positions go through three stages of shared
+// memory: while the warps multiply one chunk, cp.async brings the next two
 // (and plain loads the block-table entries of the one after), so the
 // prefix streams at the speed of the products rather than at one memory
 // round trip per chunk. Keys and values are staged row-major, as the pool
-// holds them, and read with ldmatrix (values with .trans, which gives the
-// B fragment of p·V without a transposed copy).
+// holds them (16-byte units permuted per row against bank conflicts), and
+// read with ldmatrix (values with .trans, which gives the B fragment of
+// p·V without a transposed copy).
 //
 // Elsewhere (HIP, older NVIDIA) the kernels run the plain path, two threads
 // per row (prefill_plain), over chunks of PF_CH positions staged by
@@ -136,14 +137,15 @@ DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) {
                : "memory");
 }
 DEV void pp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-DEV void pp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// pp_wait_prev waits for every copy but those of the newest commit group.
+DEV void pp_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 #elif defined(FORGE_EMU_TENSOR)
 DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) { emu_mma16816(c, a, b0, b1); }
 DEV void pp_ldsm4(u32* r, const u16* p) { emu_ldsm_x4(r, p, false); }
 DEV void pp_ldsm4t(u32* r, const u16* p) { emu_ldsm_x4(r, p, true); }
 DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
 DEV void pp_commit() { emu_cp_commit(); }
-DEV void pp_wait_all() { emu_cp_wait(0); }
+DEV void pp_wait_prev() { emu_cp_wait(1); }
 #endif
 
 #if defined(PREFILL_TENSOR)
@@ -264,7 +266,18 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
   }
 }
 
-#define PP_CH 32  // positions per chunk of prefill_pipe: two stages of keys and values, 34 KB at D = 128
+#define PP_CH 32     // positions per chunk of prefill_pipe
+#define PP_STAGES 3  // chunks in shared memory: 3 × (keys + values) × 32 × D halves, 48 KB at D = 128
+
+// pp_off is where row r, 16-byte unit u of a staged chunk lives (in
+// halves): rows of D halves, unpadded, each row's units permuted by
+// u ^ (r % 8), so that the 8 rows an ldmatrix phase reads at one unit
+// fall in 8 distinct 16-byte bank groups, as do the 8 units of a row that
+// 8 adjacent threads copy.
+template <int D>
+DEV int pp_off(int r, int u) {
+  return r * D + ((u ^ (r & 7)) << 3);
+}
 
 // pp_tab loads the block-table entries of the rows this thread copies in
 // chunk c (rows past L: none, 0).
@@ -279,40 +292,42 @@ DEV void pp_tab(i32* tb, const i32* tab, int bs, int c, int L) {
   }
 }
 
-// pp_issue starts the copies of chunk c's keys and values into ks and vs
-// ([PP_CH][D+8] each, row-major), with the table entries tb from pp_tab;
-// rows past L are zero-filled. Thread x copies 16-byte unit x % (D/8) of
-// rows x / (D/8) + k·(128/(D/8)): a row's units are adjacent threads, so
-// the reads of a row are one contiguous 2·D-byte run.
+// pp_issue starts the copies of chunk c's keys and values into the stage
+// ks, vs (PP_CH rows each, laid out by pp_off), with the table entries tb
+// from pp_tab; rows past L are zero-filled. Thread x copies 16-byte unit
+// x % (D/8) of rows x / (D/8) + k·(128/(D/8)): a row's units are adjacent
+// threads, so the reads of a row are one contiguous 2·D-byte run.
 template <int D>
 DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb, int bs, int kvDim, int kvh, int c,
                   int L) {
-  constexpr int S = D + 8, U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
+  constexpr int U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
   int cu = (int)threadIdx.x % U, cj = (int)threadIdx.x / U;
 #pragma unroll
   for (int k = 0; k < CP; k++) {
     int j = cj + k * RSTEP, p = c * PP_CH + j;
     bool v = p < L;
     size_t o = v ? ((size_t)tb[k] * bs + p % bs) * kvDim + (size_t)kvh * D + cu * 8 : 0;
-    pp_cp16(ks + j * S + cu * 8, kc + o, v ? 16 : 0);
-    pp_cp16(vs + j * S + cu * 8, vc + o, v ? 16 : 0);
+    pp_cp16(ks + pp_off<D>(j, cu), kc + o, v ? 16 : 0);
+    pp_cp16(vs + pp_off<D>(j, cu), vc + o, v ? 16 : 0);
   }
 }
 
 // The pipelined mma path. Warp w owns rows 16w … 16w+15 of the tile; lane
 // (g, t) = (lane/4, lane%4) holds, in the fragment layout of m16n8k16, rows
-// g and g+8 and columns 2t, 2t+1 of every 8-column tile. Per chunk c: wait
-// for this thread's copies of c, a barrier (every copy of c is visible and
-// every warp is done with c−1, whose stage c+1 takes), start c+1's copies
-// and c+2's table loads, then the products of c, which overlap them.
+// g and g+8 and columns 2t, 2t+1 of every 8-column tile. Chunk c lives in
+// stage c % 3, and one commit group of copies per chunk is in flight
+// ahead (an empty group past the last chunk keeps the count). Per chunk:
+// wait for this thread's copies of c (all groups but the newest, c+1's),
+// a barrier (every copy of c is visible, and every warp is done with c−1,
+// whose stage c+2 takes), start c+2's copies and c+3's table loads, then
+// the products of c, which overlap two chunks of copies.
 template <int D>
 DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
                       float scale, int bs, int pos0, const i32* tab) {
-  constexpr int S = D + 8;  // row stride: the 8 rows an ldmatrix reads fall in distinct banks
   constexpr int CP = PP_CH / (128 / (D / 8));
-  constexpr int STAGE = PP_CH * S;
-  __shared__ __attribute__((aligned(16))) u16 ks[2 * STAGE];
-  __shared__ __attribute__((aligned(16))) u16 vs[2 * STAGE];
+  constexpr int STAGE = PP_CH * D;
+  __shared__ __attribute__((aligned(16))) u16 ks[PP_STAGES * STAGE];
+  __shared__ __attribute__((aligned(16))) u16 vs[PP_STAGES * STAGE];
   int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
@@ -329,7 +344,12 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   pp_tab<D>(tb, tab, bs, 0, L);
   pp_issue<D>(ks, vs, kc, vc, tb, bs, kvDim, kvh, 0, L);
   pp_commit();
-  if (nc > 1) pp_tab<D>(tb, tab, bs, 1, L);
+  if (nc > 1) {
+    pp_tab<D>(tb, tab, bs, 1, L);
+    pp_issue<D>(ks + STAGE, vs + STAGE, kc, vc, tb, bs, kvDim, kvh, 1, L);
+  }
+  pp_commit();
+  if (nc > 2) pp_tab<D>(tb, tab, bs, 2, L);
 
   u32 qa[D / 16][4];
   {
@@ -355,17 +375,18 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
   for (int c = 0; c < nc; c++) {
-    pp_wait_all();
+    pp_wait_prev();
     __syncthreads();
-    if (c + 1 < nc) {
-      pp_issue<D>(ks + ((c + 1) & 1) * STAGE, vs + ((c + 1) & 1) * STAGE, kc, vc, tb, bs, kvDim, kvh, c + 1, L);
-      pp_commit();
-      if (c + 2 < nc) pp_tab<D>(tb, tab, bs, c + 2, L);
+    if (c + 2 < nc) {
+      int st = (c + 2) % PP_STAGES;
+      pp_issue<D>(ks + st * STAGE, vs + st * STAGE, kc, vc, tb, bs, kvDim, kvh, c + 2, L);
+      if (c + 3 < nc) pp_tab<D>(tb, tab, bs, c + 3, L);
     }
+    pp_commit();
     int c0 = c * PP_CH;
     if (!rows || c0 > pos0 + wlast) continue;  // no rows, or every position past them
-    const u16* K = ks + (c & 1) * STAGE;
-    const u16* V = vs + (c & 1) * STAGE;
+    const u16* K = ks + (c % PP_STAGES) * STAGE;
+    const u16* V = vs + (c % PP_STAGES) * STAGE;
     float s[PP_CH / 8][4];
 #pragma unroll
     for (int nt = 0; nt < PP_CH / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -376,7 +397,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
       for (int nt = 0; nt < PP_CH / 8; nt++) {
         u32 b[4];
-        pp_ldsm4(b, K + (nt * 8 + (lane & 7)) * S + k2 * 32 + (lane >> 3) * 8);
+        pp_ldsm4(b, K + pp_off<D>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3)));
         mma16816(s[nt], qa[2 * k2], b[0], b[1]);
         mma16816(s[nt], qa[2 * k2 + 1], b[2], b[3]);
       }
@@ -434,7 +455,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
       for (int kk = 0; kk < PP_CH / 16; kk++) {
         u32 b[4];
-        pp_ldsm4t(b, V + (kk * 16 + (lane & 15)) * S + d2 * 16 + (lane >> 4) * 8);
+        pp_ldsm4t(b, V + pp_off<D>(kk * 16 + (lane & 15), d2 * 2 + (lane >> 4)));
         mma16816(o[2 * d2], pa[kk], b[0], b[1]);
         mma16816(o[2 * d2 + 1], pa[kk], b[2], b[3]);
       }
