@@ -279,16 +279,22 @@ DEV int pp_off(int r, int u) {
   return r * D + ((u ^ (r & 7)) << 3);
 }
 
+// The block of position p and its place in it, for a block size bs whose
+// log2 is bsh (−1: bs is no power of two, and these divide).
+DEV int pp_blk(int p, int bs, int bsh) { return bsh >= 0 ? p >> bsh : (int)((unsigned)p / (unsigned)bs); }
+DEV int pp_in(int p, int bs, int bsh) { return bsh >= 0 ? p & (bs - 1) : (int)((unsigned)p % (unsigned)bs); }
+
 // pp_tab loads the block-table entries of the rows this thread copies in
-// chunk c (rows past L: none, 0).
+// chunk c (rows past L: none, 0). Nothing uses them until the chunk's
+// copies start, an iteration later, so the loads are in flight meanwhile.
 template <int D>
-DEV void pp_tab(i32* tb, const i32* tab, int bs, int c, int L) {
+DEV void pp_tab(i32* tb, const i32* tab, int bs, int bsh, int c, int L) {
   constexpr int U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
   int cj = (int)threadIdx.x / U;
 #pragma unroll
   for (int k = 0; k < CP; k++) {
     int p = c * PP_CH + cj + k * RSTEP;
-    tb[k] = p < L ? tab[p / bs] : 0;
+    tb[k] = p < L ? tab[pp_blk(p, bs, bsh)] : 0;
   }
 }
 
@@ -298,15 +304,16 @@ DEV void pp_tab(i32* tb, const i32* tab, int bs, int c, int L) {
 // x % (D/8) of rows x / (D/8) + k·(128/(D/8)): a row's units are adjacent
 // threads, so the reads of a row are one contiguous 2·D-byte run.
 template <int D>
-DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb, int bs, int kvDim, int kvh, int c,
-                  int L) {
+DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb, int bs, int bsh, int kvDim, int kvh,
+                  int c, int L) {
   constexpr int U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
   int cu = (int)threadIdx.x % U, cj = (int)threadIdx.x / U;
 #pragma unroll
   for (int k = 0; k < CP; k++) {
     int j = cj + k * RSTEP, p = c * PP_CH + j;
     bool v = p < L;
-    size_t o = v ? ((size_t)tb[k] * bs + p % bs) * kvDim + (size_t)kvh * D + cu * 8 : 0;
+    // (a pool's rows are counted in 32 bits: NewKVPool refuses more)
+    size_t o = v ? (size_t)(tb[k] * bs + pp_in(p, bs, bsh)) * kvDim + (size_t)kvh * D + cu * 8 : 0;
     pp_cp16(ks + pp_off<D>(j, cu), kc + o, v ? 16 : 0);
     pp_cp16(vs + pp_off<D>(j, cu), vc + o, v ? 16 : 0);
   }
@@ -340,16 +347,21 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   bool rows = wlast >= t0 + 16 * w;         // (a partial tile's last warps may have none)
   int P0 = pos0 + r0, P1 = pos0 + r1;
 
+  int bsh = -1;  // log2 of the block size where it is a power of two (the serving pool's 16)
+  if ((bs & (bs - 1)) == 0) {
+    bsh = 0;
+    while ((1 << bsh) < bs) bsh++;
+  }
   i32 tb[CP];
-  pp_tab<D>(tb, tab, bs, 0, L);
-  pp_issue<D>(ks, vs, kc, vc, tb, bs, kvDim, kvh, 0, L);
+  pp_tab<D>(tb, tab, bs, bsh, 0, L);
+  pp_issue<D>(ks, vs, kc, vc, tb, bs, bsh, kvDim, kvh, 0, L);
   pp_commit();
   if (nc > 1) {
-    pp_tab<D>(tb, tab, bs, 1, L);
-    pp_issue<D>(ks + STAGE, vs + STAGE, kc, vc, tb, bs, kvDim, kvh, 1, L);
+    pp_tab<D>(tb, tab, bs, bsh, 1, L);
+    pp_issue<D>(ks + STAGE, vs + STAGE, kc, vc, tb, bs, bsh, kvDim, kvh, 1, L);
   }
   pp_commit();
-  if (nc > 2) pp_tab<D>(tb, tab, bs, 2, L);
+  if (nc > 2) pp_tab<D>(tb, tab, bs, bsh, 2, L);
 
   u32 qa[D / 16][4];
   {
@@ -379,8 +391,8 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
     __syncthreads();
     if (c + 2 < nc) {
       int st = (c + 2) % PP_STAGES;
-      pp_issue<D>(ks + st * STAGE, vs + st * STAGE, kc, vc, tb, bs, kvDim, kvh, c + 2, L);
-      if (c + 3 < nc) pp_tab<D>(tb, tab, bs, c + 3, L);
+      pp_issue<D>(ks + st * STAGE, vs + st * STAGE, kc, vc, tb, bs, bsh, kvDim, kvh, c + 2, L);
+      if (c + 3 < nc) pp_tab<D>(tb, tab, bs, bsh, c + 3, L);
     }
     pp_commit();
     int c0 = c * PP_CH;
