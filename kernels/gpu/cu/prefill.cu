@@ -108,42 +108,49 @@ DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-DEV u32 pp_smem(const void* p) {
+// pp_sa is an address in shared memory: the 32-bit one of the shared
+// window here (taken once per array, then moved by 32-bit adds), a pointer
+// on the emulator; pp_at moves it by a number of halves.
+typedef u32 pp_sa;
+DEV pp_sa pp_sa_of(u16* p) {
   u32 a;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
 }
+DEV pp_sa pp_at(pp_sa a, int halves) { return a + 2 * (u32)halves; }
 
 // ldmatrix x4: lanes 8i … 8i+7 give the rows of 8×8 tile i; lane (g, t)
 // gets row g, elements 2t and 2t+1 of each (.trans: rows 2t and 2t+1 of
 // column g).
-DEV void pp_ldsm4(u32* r, const u16* p) {
+DEV void pp_ldsm4(u32* r, pp_sa a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(pp_smem(p))
+               : "r"(a)
                : "memory");
 }
-DEV void pp_ldsm4t(u32* r, const u16* p) {
+DEV void pp_ldsm4t(u32* r, pp_sa a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(pp_smem(p))
+               : "r"(a)
                : "memory");
 }
 
 // pp_cp16 copies 16 bytes from global to shared memory asynchronously,
 // reading src_bytes of them (0 or 16) and zero-filling the rest.
-DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(pp_smem(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
+DEV void pp_cp16(pp_sa dst, const u16* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 DEV void pp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // pp_wait_prev waits for every copy but those of the newest commit group.
 DEV void pp_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 #elif defined(FORGE_EMU_TENSOR)
 DEV void mma16816(float* c, const u32* a, u32 b0, u32 b1) { emu_mma16816(c, a, b0, b1); }
-DEV void pp_ldsm4(u32* r, const u16* p) { emu_ldsm_x4(r, p, false); }
-DEV void pp_ldsm4t(u32* r, const u16* p) { emu_ldsm_x4(r, p, true); }
-DEV void pp_cp16(u16* dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
+typedef u16* pp_sa;
+DEV pp_sa pp_sa_of(u16* p) { return p; }
+DEV pp_sa pp_at(pp_sa a, int halves) { return a + halves; }
+DEV void pp_ldsm4(u32* r, pp_sa a) { emu_ldsm_x4(r, a, false); }
+DEV void pp_ldsm4t(u32* r, pp_sa a) { emu_ldsm_x4(r, a, true); }
+DEV void pp_cp16(pp_sa dst, const u16* src, int src_bytes) { emu_cp_async16(dst, src, src_bytes); }
 DEV void pp_commit() { emu_cp_commit(); }
 DEV void pp_wait_prev() { emu_cp_wait(1); }
 #endif
@@ -304,7 +311,7 @@ DEV void pp_tab(i32* tb, const i32* tab, int bs, int bsh, int c, int L) {
 // x % (D/8) of rows x / (D/8) + k·(128/(D/8)): a row's units are adjacent
 // threads, so the reads of a row are one contiguous 2·D-byte run.
 template <int D>
-DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb, int bs, int bsh, int kvDim, int kvh,
+DEV void pp_issue(pp_sa ks, pp_sa vs, const u16* kc, const u16* vc, const i32* tb, int bs, int bsh, int kvDim, int kvh,
                   int c, int L) {
   constexpr int U = D / 8, RSTEP = 128 / U, CP = PP_CH / RSTEP;
   int cu = (int)threadIdx.x % U, cj = (int)threadIdx.x / U;
@@ -314,8 +321,8 @@ DEV void pp_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, const i32* tb,
     bool v = p < L;
     // (a pool's rows are counted in 32 bits: NewKVPool refuses more)
     size_t o = v ? (size_t)(tb[k] * bs + pp_in(p, bs, bsh)) * kvDim + (size_t)kvh * D + cu * 8 : 0;
-    pp_cp16(ks + pp_off<D>(j, cu), kc + o, v ? 16 : 0);
-    pp_cp16(vs + pp_off<D>(j, cu), vc + o, v ? 16 : 0);
+    pp_cp16(pp_at(ks, pp_off<D>(j, cu)), kc + o, v ? 16 : 0);
+    pp_cp16(pp_at(vs, pp_off<D>(j, cu)), vc + o, v ? 16 : 0);
   }
 }
 
@@ -335,6 +342,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   constexpr int STAGE = PP_CH * D;
   __shared__ __attribute__((aligned(16))) u16 ks[PP_STAGES * STAGE];
   __shared__ __attribute__((aligned(16))) u16 vs[PP_STAGES * STAGE];
+  pp_sa ksa = pp_sa_of(ks), vsa = pp_sa_of(vs);
   int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
@@ -354,11 +362,11 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   }
   i32 tb[CP];
   pp_tab<D>(tb, tab, bs, bsh, 0, L);
-  pp_issue<D>(ks, vs, kc, vc, tb, bs, bsh, kvDim, kvh, 0, L);
+  pp_issue<D>(ksa, vsa, kc, vc, tb, bs, bsh, kvDim, kvh, 0, L);
   pp_commit();
   if (nc > 1) {
     pp_tab<D>(tb, tab, bs, bsh, 1, L);
-    pp_issue<D>(ks + STAGE, vs + STAGE, kc, vc, tb, bs, bsh, kvDim, kvh, 1, L);
+    pp_issue<D>(pp_at(ksa, STAGE), pp_at(vsa, STAGE), kc, vc, tb, bs, bsh, kvDim, kvh, 1, L);
   }
   pp_commit();
   if (nc > 2) pp_tab<D>(tb, tab, bs, bsh, 2, L);
@@ -391,14 +399,14 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
     __syncthreads();
     if (c + 2 < nc) {
       int st = (c + 2) % PP_STAGES;
-      pp_issue<D>(ks + st * STAGE, vs + st * STAGE, kc, vc, tb, bs, bsh, kvDim, kvh, c + 2, L);
+      pp_issue<D>(pp_at(ksa, st * STAGE), pp_at(vsa, st * STAGE), kc, vc, tb, bs, bsh, kvDim, kvh, c + 2, L);
       if (c + 3 < nc) pp_tab<D>(tb, tab, bs, bsh, c + 3, L);
     }
     pp_commit();
     int c0 = c * PP_CH;
     if (!rows || c0 > pos0 + wlast) continue;  // no rows, or every position past them
-    const u16* K = ks + (c % PP_STAGES) * STAGE;
-    const u16* V = vs + (c % PP_STAGES) * STAGE;
+    pp_sa K = pp_at(ksa, (c % PP_STAGES) * STAGE);
+    pp_sa V = pp_at(vsa, (c % PP_STAGES) * STAGE);
     float s[PP_CH / 8][4];
 #pragma unroll
     for (int nt = 0; nt < PP_CH / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -409,7 +417,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
       for (int nt = 0; nt < PP_CH / 8; nt++) {
         u32 b[4];
-        pp_ldsm4(b, K + pp_off<D>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3)));
+        pp_ldsm4(b, pp_at(K, pp_off<D>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3))));
         mma16816(s[nt], qa[2 * k2], b[0], b[1]);
         mma16816(s[nt], qa[2 * k2 + 1], b[2], b[3]);
       }
@@ -467,7 +475,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
       for (int kk = 0; kk < PP_CH / 16; kk++) {
         u32 b[4];
-        pp_ldsm4t(b, V + pp_off<D>(kk * 16 + (lane & 15), d2 * 2 + (lane >> 4)));
+        pp_ldsm4t(b, pp_at(V, pp_off<D>(kk * 16 + (lane & 15), d2 * 2 + (lane >> 4))));
         mma16816(o[2 * d2], pa[kk], b[0], b[1]);
         mma16816(o[2 * d2 + 1], pa[kk], b[2], b[3]);
       }
