@@ -9,9 +9,10 @@ const prefillRows = 64
 
 // Prefill kernel choice for PagedAttention's prompt pieces (prefill.cu).
 const (
-	prefillAuto  = iota // attn_prefill_f16_d* (tensor cores on sm_80+)
+	prefillAuto  = iota // attn_prefill_f16_d* (tensor cores, pipelined copies on sm_80+)
 	prefillPlain        // attn_prefill_plain_f16_d*: the plain path on every device
 	prefillOff          // attn_paged for every row (the per-row kernel)
+	prefillV1           // attn_prefill_v1_f16_d*: the first tensor-core path (synchronous staging), for comparisons
 )
 
 // prefillMode selects the kernel of a prompt piece; tests set it to check
@@ -45,9 +46,13 @@ func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string,
 			return "", 0, 0, false
 		}
 	}
-	name = "attn_prefill_f16_" + sfx
-	if prefillMode == prefillPlain {
+	switch prefillMode {
+	case prefillPlain:
 		name = "attn_prefill_plain_f16_" + sfx
+	case prefillV1:
+		name = "attn_prefill_v1_f16_" + sfx
+	default:
+		name = "attn_prefill_f16_" + sfx
 	}
 	return name, seq, pos0, true
 }

@@ -35,8 +35,8 @@ func pieceSchedule(pieces []int, upTo int) []int {
 // (pieces of 1…64 rows and a few of several tiles, prefixes 0…3000, block
 // tables in shuffled and reversed order) on the GPU and on the CPU backend,
 // and compares every piece's attention output by relative error: the
-// tiled prompt kernel (tensor cores on sm_80+), its plain path, and the
-// per-row kernel it replaces.
+// tiled prompt kernel (tensor cores on sm_80+), its first sm_80 version,
+// its plain path, and the per-row kernel it replaces.
 func TestPrefillMatchesCPU(t *testing.T) {
 	b := gpuBackend(t, false)
 	cb := cpu.New(0)
@@ -50,7 +50,7 @@ func TestPrefillMatchesCPU(t *testing.T) {
 		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, bs: 16, upTo: 3000, pieces: grow},
 		{a: kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, bs: 32, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17}},
 	}
-	for _, mode := range []int{prefillAuto, prefillPlain, prefillOff} {
+	for _, mode := range []int{prefillAuto, prefillV1, prefillPlain, prefillOff} {
 		for _, pc := range cases {
 			name := fmt.Sprintf("mode=%d/D=%d", mode, pc.a.HeadDim)
 			t.Run(name, func(t *testing.T) {
@@ -150,7 +150,8 @@ func checkPrefill(t *testing.T, b *Backend, cb *cpu.Backend, pc prefillCase) {
 }
 
 // TestPrefillPieceInvariant: a prompt row's attention is the same bits
-// whichever piece (and so whichever tile and warp) it is computed in.
+// whichever piece (and so whichever tile and warp) it is computed in, for
+// each of prefill.cu's kernels.
 func TestPrefillPieceInvariant(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(7, 32))
@@ -187,18 +188,22 @@ func TestPrefillPieceInvariant(t *testing.T) {
 	piece(0, randVec(rng, prefix*qDim, 1), randVec(rng, prefix*kvDim, 1), randVec(rng, prefix*kvDim, 1))
 	const n = 150
 	q, k, v := randVec(rng, n*qDim, 1), randVec(rng, n*kvDim, 1), randVec(rng, n*kvDim, 1)
-	whole := piece(prefix, q, k, v)
-	// (n is a multiple of no cut plus one: a lone row would be a decode
-	// row, computed by attn_paged)
-	for _, cut := range []int{2, 10, 64, 77} {
-		var parts []float32
-		for lo := 0; lo < n; lo += cut {
-			hi := min(n, lo+cut)
-			parts = append(parts, piece(prefix+lo, q[lo*qDim:hi*qDim], k[lo*kvDim:hi*kvDim], v[lo*kvDim:hi*kvDim])...)
-		}
-		for i := range whole {
-			if math.Float32bits(whole[i]) != math.Float32bits(parts[i]) {
-				t.Fatalf("pieces of %d: row %d element %d is %g, in one piece %g", cut, i/qDim, i%qDim, parts[i], whole[i])
+	defer func(m int) { prefillMode = m }(prefillMode)
+	for _, mode := range []int{prefillAuto, prefillV1, prefillPlain} {
+		prefillMode = mode
+		whole := piece(prefix, q, k, v)
+		// (n is a multiple of no cut plus one: a lone row would be a decode
+		// row, computed by attn_paged)
+		for _, cut := range []int{2, 10, 64, 77} {
+			var parts []float32
+			for lo := 0; lo < n; lo += cut {
+				hi := min(n, lo+cut)
+				parts = append(parts, piece(prefix+lo, q[lo*qDim:hi*qDim], k[lo*kvDim:hi*kvDim], v[lo*kvDim:hi*kvDim])...)
+			}
+			for i := range whole {
+				if math.Float32bits(whole[i]) != math.Float32bits(parts[i]) {
+					t.Fatalf("mode %d, pieces of %d: row %d element %d is %g, in one piece %g", mode, cut, i/qDim, i%qDim, parts[i], whole[i])
+				}
 			}
 		}
 	}

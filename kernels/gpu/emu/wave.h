@@ -98,6 +98,18 @@ struct Thread {
   int src;           // the lane it reads (-1: a barrier)
   uint64_t res;
   bool poisoned;
+  // warp_gather: what this lane publishes, and how many gathers it made
+  const void* pub;
+  uint64_t ngather;
+  // cp.async: the copies this lane issued and not yet waited for
+  struct Copy {
+    void* dst;
+    const void* src;
+    int bytes, src_bytes;
+    int64_t group;  // the commit group (-1: not yet committed)
+  } copies[64];
+  int ncopies;
+  int64_t committed;
 };
 
 // The state of the launch in progress (one at a time).
@@ -211,6 +223,10 @@ inline void run_block() {
     Thread& t = L.threads[i];
     start(t);
     t.st = RUN;
+    t.pub = nullptr;
+    t.ngather = 0;
+    t.ncopies = 0;
+    t.committed = 0;
   }
   for (;;) {
     for (int i = 0; i < L.nthreads; i++) {
@@ -367,6 +383,153 @@ template <class T>
 inline T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }
 template <class T>
 inline T atomicCAS(T* p, T cmp, T v) { T o = *p; if (o == cmp) *p = v; return o; }
+
+// ---- NVIDIA warp-level matrix operations (warp 32 only) -------------------
+//
+// A kernel's sm_80 path that uses mma.sync, ldmatrix and cp.async takes
+// these in place of its inline PTX where FORGE_EMU_TENSOR is defined (the
+// emulator at warp 32), so that its fragment layouts, its masking and its
+// copy pipeline run here too. What they model:
+//   - warp_gather: the lanes of a warp meet at one call, each publishes
+//     its operands, and each copies every lane's; a lane absent from the
+//     meeting (exited, diverged, or at another gather) gives poison bytes
+//     and is counted like a shuffle from an inactive lane;
+//   - mma m16n8k16 (f16 A row-major, f16 B column-major, f32 C): the
+//     fragment layouts of the PTX ISA, each output the f32 sum of its 16
+//     products in k order, added to the accumulator (the hardware's order of
+//     additions is its own: results agree to rounding, not to the bit);
+//   - ldmatrix m8n8 x4 (and .trans): lanes 8i … 8i+7 give the row addresses
+//     of matrix i (16-byte aligned, checked); lane (g, t) receives row g,
+//     elements 2t and 2t+1 (with .trans: rows 2t and 2t+1 of column g);
+//   - cp.async of 16 bytes with a source size (the rest zero-filled): the
+//     copy is queued and lands only when its lane waits for its commit
+//     group (cp.async.wait_group), so a read before that wait, or before
+//     the barrier after other lanes' waits, sees the old bytes.
+#if WARP == 32
+#define FORGE_EMU_TENSOR 1
+
+namespace emu {
+
+// warp_gather copies n bytes at mine from every lane of the caller's warp
+// into all (lane i's at all + i·n).
+__attribute__((noinline)) inline void warp_gather(const void* mine, void* all, size_t n) {
+  Thread* self = L.cur;
+  self->pub = mine;
+  uint64_t gen = ++self->ngather;
+  (void)meet_here(0, -1);
+  Thread* lanes = L.threads + self->warp * WARP;
+  int nl = L.nthreads - self->warp * WARP < WARP ? L.nthreads - self->warp * WARP : WARP;
+  for (int i = 0; i < WARP; i++) {
+    char* d = (char*)all + i * n;
+    if (i < nl && lanes[i].st != DONE && lanes[i].ngather == gen && lanes[i].pub != nullptr) {
+      memcpy(d, lanes[i].pub, n);
+    } else {
+      memset(d, 0xFF, n);
+      L.poison++;
+    }
+  }
+  // every lane has copied before any goes on (and changes what it published)
+  (void)meet_here(0, -1);
+}
+
+inline float tensor_h2f(unsigned h) {
+  uint16_t u = (uint16_t)h;
+  _Float16 f;
+  memcpy(&f, &u, 2);
+  return (float)f;
+}
+
+inline void check_align(const void* p, const char* what) {
+  if (((uintptr_t)p & 15) != 0) {
+    fprintf(stderr, "emulator: %s address %p is not 16-byte aligned\n", what, p);
+    abort();
+  }
+}
+
+}  // namespace emu
+
+inline void emu_mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  struct Op {
+    unsigned a[4], b[2];
+  } mine = {{a[0], a[1], a[2], a[3]}, {b0, b1}}, all[WARP];
+  emu::warp_gather(&mine, all, sizeof(Op));
+  float A[16][16], B[16][8];
+  for (int l = 0; l < WARP; l++) {
+    int g = l >> 2, t = l & 3;
+    const Op& o = all[l];
+    for (int h = 0; h < 2; h++) {
+      A[g][2 * t + h] = emu::tensor_h2f(o.a[0] >> (16 * h));
+      A[g + 8][2 * t + h] = emu::tensor_h2f(o.a[1] >> (16 * h));
+      A[g][2 * t + 8 + h] = emu::tensor_h2f(o.a[2] >> (16 * h));
+      A[g + 8][2 * t + 8 + h] = emu::tensor_h2f(o.a[3] >> (16 * h));
+      B[2 * t + h][g] = emu::tensor_h2f(o.b[0] >> (16 * h));
+      B[2 * t + 8 + h][g] = emu::tensor_h2f(o.b[1] >> (16 * h));
+    }
+  }
+  int lane = emu::L.cur->lane, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; i++) {
+    int r = g + (i >> 1) * 8, col = 2 * t + (i & 1);
+    float s = 0.0f;
+    for (int k = 0; k < 16; k++) s += A[r][k] * B[k][col];
+    c[i] += s;
+  }
+}
+
+inline void emu_ldsm_x4(unsigned* r, const void* p, bool trans) {
+  emu::check_align(p, "ldmatrix row");
+  const void* all[WARP];
+  emu::warp_gather(&p, all, sizeof(p));
+  static const uint16_t nan_row[8] = {0x7E00, 0x7E00, 0x7E00, 0x7E00, 0x7E00, 0x7E00, 0x7E00, 0x7E00};
+  for (int i = 0; i < WARP; i++)
+    if (all[i] == (const void*)~(uintptr_t)0) all[i] = nan_row;  // poisoned (counted)
+  int lane = emu::L.cur->lane, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; i++) {
+    uint16_t lo, hi;
+    if (!trans) {
+      const uint16_t* row = (const uint16_t*)all[8 * i + g];
+      lo = row[2 * t], hi = row[2 * t + 1];
+    } else {
+      lo = ((const uint16_t*)all[8 * i + 2 * t])[g];
+      hi = ((const uint16_t*)all[8 * i + 2 * t + 1])[g];
+    }
+    r[i] = (unsigned)lo | ((unsigned)hi << 16);
+  }
+}
+
+inline void emu_cp_async16(void* dst, const void* src, int src_bytes) {
+  emu::check_align(dst, "cp.async destination");
+  if (src_bytes > 0) emu::check_align(src, "cp.async source");
+  emu::Thread* t = emu::L.cur;
+  if (t->ncopies == (int)(sizeof(t->copies) / sizeof(t->copies[0]))) {
+    fprintf(stderr, "emulator: more than %d cp.async copies pending in one lane\n", t->ncopies);
+    abort();
+  }
+  t->copies[t->ncopies++] = {dst, src, 16, src_bytes, -1};
+}
+
+inline void emu_cp_commit() {
+  emu::Thread* t = emu::L.cur;
+  t->committed++;
+  for (int i = 0; i < t->ncopies; i++)
+    if (t->copies[i].group < 0) t->copies[i].group = t->committed;
+}
+
+// emu_cp_wait lands the copies of every group but the newest n committed.
+inline void emu_cp_wait(int n) {
+  emu::Thread* t = emu::L.cur;
+  int k = 0;
+  for (int i = 0; i < t->ncopies; i++) {
+    auto& c = t->copies[i];
+    if (c.group >= 0 && c.group <= t->committed - n) {
+      memcpy(c.dst, c.src, c.src_bytes);
+      memset((char*)c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+    } else {
+      t->copies[k++] = c;
+    }
+  }
+  t->ncopies = k;
+}
+#endif
 
 // ---- the kernel registry -----------------------------------------------------
 //

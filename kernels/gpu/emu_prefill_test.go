@@ -1,0 +1,99 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/conformance"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// TestEmuPrefillTensor runs prefill.cu's sm_80 path (prefill_pipe: mma.sync
+// fragments, ldmatrix, the two-stage cp.async pipeline) on the emulator's
+// models of those operations (attn_prefill_emu_*, warp 32), and in its
+// last case the first sm_80 path (prefill_mma, which the H100 has run), a
+// check of the emulator's mma.sync model itself: prompt pieces
+// over prefixes that span several chunks, block sizes that do and do not
+// divide a chunk, a partial last tile whose last warps hold no rows, and
+// grouped queries. Each piece is checked against the CPU backend (the
+// query and the probabilities are rounded to f16 for the products, hence
+// the bound), and the same rows cut into smaller pieces must give the same
+// bits (batch invariance).
+func TestEmuPrefillTensor(t *testing.T) {
+	rng := emuRNG(t)
+	cases := []struct {
+		at         kernels.Attn
+		bs, pos0   int
+		n          int
+		cuts       []int
+		blocksMore int
+	}{
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
+		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
+		{kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 128}, 32, 0, 45, []int{20}, 1},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33}, 3},
+	}
+	for ci, c := range cases {
+		at := c.at
+		hd := at.HeadDim
+		at.Scale = float32(1 / math.Sqrt(float64(hd)))
+		qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, c.pos0+c.n
+		name := fmt.Sprintf("attn_prefill_emu_f16_d%d", hd)
+		if ci == len(cases)-1 {
+			name = fmt.Sprintf("attn_prefill_emuv1_f16_d%d", hd) // the H100-proven path on the same models
+		}
+		what := fmt.Sprintf("%s heads %d/%d bs %d pos0 %d n %d", name, at.Heads, at.KVHeads, c.bs, c.pos0, c.n)
+		q := conformance.RandomVector(rng, tot*qDim, 1)
+		k := conformance.RandomVector(rng, tot*kvDim, 1)
+		v := conformance.RandomVector(rng, tot*kvDim, 1)
+		nb := ceilDiv(tot, c.bs)
+		blocks := nb + c.blocksMore
+		perm := rng.Perm(blocks)
+		tab := make([]int32, nb)
+		for i := range tab {
+			tab[i] = int32(perm[i])
+		}
+		var job emuJob
+		kc, vc := job.zeros(blocks*c.bs*kvDim*2, false), job.zeros(blocks*c.bs*kvDim*2, false)
+		toffb, tabsb := job.i32([]int32{0}), job.i32(tab)
+		pos := make([]int32, tot)
+		for i := range pos {
+			pos[i] = int32(i)
+		}
+		posb, seqb := job.i32(pos), job.i32(make([]int32, tot))
+		job.launch("kv_store_paged_f16", grid1(tot*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
+			eP(job.f32(k), 0), eP(job.f32(v), 0), eI(tot), eI(kvDim), eI(c.bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
+		qb := job.f32(q)
+		// piece launches its kernel on rows [lo, hi) of the piece into out
+		// (at those rows' offsets).
+		piece := func(out, lo, hi int) {
+			l := planPrefill(name, at.Heads, hi-lo)
+			job.launch(l.Kernel, l.Grid, l.Block, eP(out, 4*lo*qDim), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
+				eI(hi-lo), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+		}
+		whole := job.zeros(4*c.n*qDim, true)
+		piece(whole, 0, c.n)
+		cut := make([]int, len(c.cuts))
+		for i, size := range c.cuts {
+			cut[i] = job.zeros(4*c.n*qDim, true)
+			for lo := 0; lo < c.n; lo += size {
+				piece(cut[i], lo, min(c.n, lo+size))
+			}
+		}
+		res := runEmu(t, 32, &job)
+		want := cpuAttention(t, q, f16Round(k), f16Round(v), c.pos0, c.n, tot, at)
+		emuCheck(t, what, res.f32(whole), want, 4e-3)
+		got := res.f32(whole)
+		for i, size := range c.cuts {
+			parts := res.f32(cut[i])
+			for j := range got {
+				if math.Float32bits(got[j]) != math.Float32bits(parts[j]) {
+					t.Errorf("%s: in pieces of %d, row %d element %d is %g, in one piece %g", what, size, j/qDim, j%qDim, parts[j], got[j])
+					break
+				}
+			}
+		}
+	}
+}
