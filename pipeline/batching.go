@@ -30,9 +30,10 @@ type Batching struct {
 	// theirs, and admission waits for room); BlockSize 0 is 16.
 	Blocks, BlockSize int
 	// Deterministic turns the prefix cache off (batch.Config's
-	// NoPrefixCache): a request then gives the same tokens whether it ran
-	// alone or among others on the GPU too, at the cost of computing every
-	// prompt in full.
+	// NoPrefixCache) and computes a preempted request again in the pieces
+	// it first ran in (ReplayPreempted): a request then gives the same
+	// tokens whether it ran alone or among others on the GPU too, at the
+	// cost of computing every prompt in full.
 	Deterministic bool
 	// GPU batches on a GPU too (see canBatch); without it a model on a GPU
 	// keeps the single-sequence path.
@@ -165,7 +166,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic, ReplayPreempted: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.Free(n)
 		mdl.Close()

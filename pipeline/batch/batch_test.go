@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -478,5 +479,124 @@ func TestNoPrefixCache(t *testing.T) {
 	}
 	if c.CachedTokens == 0 || !slices.Equal(b.Tokens, c.Tokens) {
 		t.Errorf("cache on: %d cached, %v; cache off: %v", c.CachedTokens, c.Tokens, b.Tokens)
+	}
+}
+
+// TestReplayPreempted: with ReplayPreempted a preempted sequence is
+// computed again in the pieces it first ran in: every row of a request's
+// prompt lies in a piece that starts at a multiple of Chunk and ends at
+// the next one or at the prompt's end, and every generated token is a
+// row of its own, however often the request was preempted (so a GPU
+// multiplies each row with the kernels it used alone). Without it the
+// same steps run a preempted request's prompt and generated tokens as one
+// piece (the test's control). Tokens equal the single-sequence path's
+// either way on the CPU.
+func TestReplayPreempted(t *testing.T) {
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) {
+			fx := open(t, "stories260K-Q4_0.gguf")
+			rng := rand.New(rand.NewPCG(9, 10))
+			const chunk, maxTokens = 4, 22
+			type job struct {
+				prompt, want []int32
+				p            sample.Params
+			}
+			var jobs []*job
+			for i := range 4 {
+				j := &job{prompt: randPrompt(rng, 3+2*i, fx.cfg.Vocab)}
+				if i%2 == 1 {
+					j.p = sample.Params{Temp: 1, TopK: 30, Seed: uint64(i)}
+				}
+				j.want = fx.alone(t, j.prompt, j.p, maxTokens, chunk, 256)
+				jobs = append(jobs, j)
+			}
+			gate := make(chan struct{})
+			fx.w = gatedWeights{Weights: fx.w, gate: gate}
+			s := fx.scheduler(t, Config{Blocks: 14, BlockSize: 4, Ctx: 256, Chunk: chunk, NoPrefixCache: true, ReplayPreempted: replay})
+			type row struct {
+				pos0 int
+				toks []int32
+			}
+			var rows []row // written on the loop goroutine, read after every stream ended
+			s.onStep = func(rs []model.SeqRows) {
+				for _, r := range rs {
+					rows = append(rows, row{r.Pos0, slices.Clone(r.Tokens)})
+				}
+			}
+			streams := make([]*Stream, len(jobs))
+			for i, j := range jobs {
+				st, err := s.Submit(context.Background(), Request{Prompt: j.prompt, MaxTokens: maxTokens, Sampler: sample.New(j.p, fx.cfg.Vocab)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams[i] = st
+			}
+			close(gate)
+			full := make([][]int32, len(jobs))
+			for i, st := range streams {
+				full[i] = slices.Clone(jobs[i].prompt)
+				for {
+					id, ok := st.Next(context.Background())
+					if !ok {
+						break
+					}
+					full[i] = append(full[i], id)
+				}
+				res, err := st.Result()
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				if !slices.Equal(res.Tokens, jobs[i].want) {
+					t.Errorf("request %d: %v, alone %v", i, res.Tokens, jobs[i].want)
+				}
+			}
+			if st := s.Stats(); st.Preempted == 0 {
+				t.Fatalf("no sequence was preempted: %+v", st)
+			}
+			// Each row belongs to the request whose tokens it repeats at
+			// its position (random prompts: one request only).
+			seen := make([]map[int]int, len(jobs)) // position -> times computed
+			crossing, twice := 0, 0
+			for _, r := range rows {
+				owner := -1
+				for i, f := range full {
+					if r.pos0+len(r.toks) <= len(f) && slices.Equal(f[r.pos0:r.pos0+len(r.toks)], r.toks) {
+						owner = i
+					}
+				}
+				if owner < 0 {
+					t.Fatalf("a row at %d (%d tokens) matches no request", r.pos0, len(r.toks))
+				}
+				if seen[owner] == nil {
+					seen[owner] = map[int]int{}
+				}
+				for p := r.pos0; p < r.pos0+len(r.toks); p++ {
+					seen[owner][p]++
+					if p >= len(jobs[owner].prompt) && seen[owner][p] == 2 {
+						twice++
+					}
+				}
+				np := len(jobs[owner].prompt)
+				if r.pos0 < np && r.pos0+len(r.toks) > np {
+					crossing++
+				}
+				if !replay {
+					continue
+				}
+				switch {
+				case r.pos0 < np && (r.pos0%chunk != 0 || len(r.toks) != min(chunk, np-r.pos0)):
+					t.Errorf("request %d: a prompt piece of %d tokens at %d; want pieces of %d from 0 up to the prompt's end %d", owner, len(r.toks), r.pos0, chunk, np)
+				case r.pos0 >= np && len(r.toks) != 1:
+					t.Errorf("request %d: generated positions %d…%d in one piece; want one row each", owner, r.pos0, r.pos0+len(r.toks)-1)
+				}
+			}
+			t.Logf("%d generated positions computed again, %d pieces across a prompt's end", twice, crossing)
+			if twice == 0 {
+				t.Errorf("no generated token was computed again: the test did not preempt a decoding sequence")
+			}
+			if replay && crossing != 0 || !replay && crossing == 0 {
+				t.Errorf("replay=%v: %d pieces across a prompt's end", replay, crossing)
+			}
+		})
 	}
 }

@@ -51,11 +51,24 @@ type Config struct {
 	// reused block holds keys and values computed the way the earlier
 	// request computed them (its generated tokens by the decode kernels,
 	// its prompt in pieces of another length), which on a GPU differ from
-	// a fresh computation in the last bits. Without reuse a request gives
-	// the same tokens alone or among others on every backend (on the CPU,
-	// whose products give every row the same bits for any row count and
-	// kernel, it does either way).
+	// a fresh computation in the last bits. Without reuse, and with
+	// ReplayPreempted, a request gives the same tokens alone or among
+	// others on every backend (on the CPU, whose products give every row
+	// the same bits for any row count and kernel, it does either way).
 	NoPrefixCache bool
+	// ReplayPreempted computes a preempted sequence again the way it ran
+	// first: its prompt in the pieces it took then (Chunk tokens from 0,
+	// none past the prompt's end), each generated token as one decode row
+	// of a step, instead of prompt and generated tokens in one piece. A
+	// GPU picks a prompt piece's kernels by its length (the 8-bit product
+	// up to 64 rows, a GEMM beyond, the decode kernels for one row), so a
+	// piece of another length, or a generated token recomputed inside a
+	// piece, gets other last bits than alone: with the prefix cache off
+	// this was the one way a request's tokens still depended on the
+	// others (TestGPUBatchInvariant, whose 128-position pool preempts).
+	// It costs a preempted sequence one step per generated token to catch
+	// up, so only a deterministic server turns it on.
+	ReplayPreempted bool
 }
 
 // Request is one generation.
@@ -109,6 +122,9 @@ type Scheduler struct {
 	mu    sync.Mutex // guards stats
 	stats Stats
 	steps atomic.Int64
+	// onStep, where a test sets it (before the first request), sees the
+	// rows of every step before it runs, on the loop goroutine.
+	onStep func(rows []model.SeqRows)
 }
 
 // New makes the pool and starts the step loop. Close stops it and frees
@@ -577,6 +593,9 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	for i := 0; i < len(plan); i++ {
 		q := plan[i]
 		n := len(q.tokens) - q.done // 1 for a decode step
+		if n > 1 && s.cfg.ReplayPreempted && q.done >= q.prompt {
+			n = 1 // a generated token computed again after preemption: the decode row it was
+		}
 		if n > 1 {
 			// A prompt piece is Chunk tokens from where the sequence
 			// stands: from 0 that cuts a prompt at multiples of Chunk, as
@@ -586,6 +605,9 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 			// and another. Either way a function of the sequence and its
 			// cached prefix alone.
 			end := min(len(q.tokens), q.done+s.cfg.Chunk)
+			if s.cfg.ReplayPreempted && q.done < q.prompt {
+				end = min(end, q.prompt) // the prompt's last piece, as before preemption
+			}
 			n = end - q.done
 			if n > budget && budget < s.cfg.Chunk {
 				alive = append(alive, q) // next step
@@ -624,6 +646,9 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	slices.Reverse(preempted) // earliest admitted first
 	if len(rows) == 0 {
 		return alive, preempted
+	}
+	if s.onStep != nil {
+		s.onStep(rows)
 	}
 	logits, err := s.m.StepBatch(s.stepCtx, s.pool, rows)
 	s.steps.Add(1)
