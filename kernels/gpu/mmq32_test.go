@@ -2,7 +2,9 @@ package gpu
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -24,9 +26,8 @@ import (
 // block), stories260K's widths (64, 96 columns: two and three blocks) and
 // the 8B model's.
 func TestMMQ32MatchesCPU(t *testing.T) {
-	q8Prompt = true // off by default (mmq32.go)
-	defer func() { q8Prompt = false }()
 	b := mmqBackend(t)
+	defer q8Every(b)() // Q4_0 alone by default (mmqDefault)
 	cb := cpu.New(2)
 	defer cb.Close()
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 32))
@@ -107,9 +108,8 @@ func TestMMQ32MatchesCPU(t *testing.T) {
 // vendorMinN rows where found). Reports µs per product and the rate in
 // TOPS (2·rows·cols·n operations).
 func BenchmarkMMQ32(b *testing.B) {
-	q8Prompt = true
-	defer func() { q8Prompt = false }()
 	bk := mmqBackend(b)
+	defer q8Every(bk)()
 	bk.waitVendor()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, sh := range [][2]int{{4096, 4096}, {14336, 4096}, {4096, 14336}} {
@@ -148,4 +148,17 @@ func BenchmarkMMQ32(b *testing.B) {
 		}
 		free()
 	}
+}
+
+// q8Every chooses the 8-bit prompt product for every type that has one
+// (mmqVariants' "q8") and returns what puts b's choice back.
+func q8Every(b *Backend) (restore func()) {
+	was := b.mmqChoice
+	b.mmqChoice = maps.Clone(was)
+	for typ, vs := range mmqVariants {
+		if slices.Contains(vs, "q8") {
+			b.mmqChoice[typ] = "q8"
+		}
+	}
+	return func() { b.mmqChoice = was }
 }
