@@ -24,13 +24,25 @@ import (
 // f16 rounding of q·d and of the weights differs). Pieces of 16 to 130
 // rows (every tile, partial tiles of x and of the 64 weight rows of a
 // block), stories260K's widths (64, 96 columns: two and three blocks) and
-// the 8B model's.
+// the 8B model's. Every type's 8-bit choice is on for it (q8Every), after
+// a check of the default: Q4_0 alone.
 func TestMMQ32MatchesCPU(t *testing.T) {
 	b := mmqBackend(t)
-	defer q8Every(b)() // Q4_0 alone by default (mmqDefault)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 32))
+	for _, typ := range []gguf.Type{gguf.TypeQ4_0, gguf.TypeQ8_0, gguf.TypeQ5_0} { // the default: Q4_0 alone (mmqDefault)
+		w := conformance.RandomWeight(rng, "w", typ, 64, 64)
+		if err := b.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		q4 := typ == gguf.TypeQ4_0
+		if b.q8GEMM(w) != q4 || b.mmq32Fits(w, rocm.DevPtr(w.Dev)) != q4 {
+			t.Errorf("%s by default: q8 GEMM %v, mmq32 %v; want %v", typ, b.q8GEMM(w), b.mmq32Fits(w, rocm.DevPtr(w.Dev)), q4)
+		}
+		b.FreeWeight(w)
+	}
+	defer q8Every(b)()
 	cb := cpu.New(2)
 	defer cb.Close()
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 32))
 	for _, sh := range []struct {
 		typ        gguf.Type
 		rows, cols int
