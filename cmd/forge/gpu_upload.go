@@ -26,12 +26,12 @@ func gpuUpload(c *cli.Context) (pipeline.UploadTuning, error) {
 }
 
 // gpuMMQFlag chooses the GPU's int8 tensor-core kernels (forge run, forge
-// serve, forge bench gen): a benchmark knob, hidden from help, that
+// serve, forge bench gen, forge perplexity): a benchmark knob, hidden from help, that
 // replaced the FORGE_GPU_NO_MMQ and FORGE_GPU_MMQ_VARIANT environment
 // variables.
 func gpuMMQFlag() cli.Flag {
 	return &cli.StringFlag{Name: "gpu-mmq", Hidden: true,
-		Usage: "the GPU's int8 tensor-core kernels for batched rows: off, or variants per type such as q4_k=p,q6_k=- (default: the measured best)"}
+		Usage: "the GPU's int8 tensor-core kernels for batched rows: off, or variants per type such as q4_k=p,q6_k=- or q8_0=q8,q4_0=f16 (prompt products on 8-bit or f16 x; default: the measured best)"}
 }
 
 // gpuMMQ reads --gpu-mmq, refusing a setting gpu.ParseMMQ does not take.

@@ -36,6 +36,7 @@ func init() {
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "auto, cpu, gpu or gpu:N"},
 			&cli.IntFlag{Name: "threads", Aliases: []string{"t"}, Usage: "CPU threads (0: all cores)"},
 			&cli.StringFlag{Name: "strategy", Value: "prefetch", Usage: "load strategy: prefetch, eager, lazy or host-f32 (host-f32: every weight as F32, plain float math)"},
+			gpuMMQFlag(),
 		},
 		Action: perplexityCmd,
 	})
@@ -70,6 +71,10 @@ func perplexity(ctx context.Context, c *cli.Context) error {
 	if err := checkDevice(device); err != nil {
 		return err
 	}
+	mmq, err := gpuMMQ(c)
+	if err != nil {
+		return err
+	}
 	if err := checkInts(c,
 		intRange{"ctx", 0, gguf.MaxContext, "0: the model's, at most 4096"},
 		intRange{"batch", 0, 1 << 16, "0: the chunk, at most 512"},
@@ -102,7 +107,7 @@ func perplexity(ctx context.Context, c *cli.Context) error {
 	}
 
 	// The executor's own cache is sized like a chunk: it sits unused.
-	m, err := pipeline.Open(ctx, path, pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"), Ctx: c.Int("ctx"), Batch: c.Int("batch")})
+	m, err := pipeline.Open(ctx, path, pipeline.Options{Strategy: strategy, Device: device, Threads: c.Int("threads"), Ctx: c.Int("ctx"), Batch: c.Int("batch"), MMQ: mmq})
 	if err != nil {
 		return err
 	}

@@ -50,8 +50,9 @@ type Options struct {
 	// without rocBLAS takes, so that it can be tested on an NVIDIA GPU.
 	GEMMFMA bool
 	// MMQ chooses the int8 tensor-core kernels of MatMul's rows (mmq.go,
-	// ParseMMQ): "" the measured defaults, "off", or variants per type,
-	// for comparisons.
+	// ParseMMQ) and which types' prompt products take 8-bit x (mmq32.go):
+	// "" the measured defaults, "off", or variants per type, for
+	// comparisons.
 	MMQ string
 }
 

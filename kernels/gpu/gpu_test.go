@@ -304,7 +304,7 @@ func TestMatMulFastAndGEMM(t *testing.T) {
 			}
 			x := randVec(rng, n*cols, 1)
 			dst, _ := b.Alloc(n * rows)
-			// Q8_0's GEMM multiplies the 8-bit form of x (mmq32.go,
+			// A type whose GEMM multiplies the 8-bit form of x (mmq32.go,
 			// TestMMQ32MatchesCPU): mmqOff keeps it on the f16 x checked here.
 			b.mmqOff = true
 			err := b.MatMul(dst, w, upload(t, b, x), n)

@@ -21,9 +21,10 @@ import (
 
 // ParseMMQ reads Options.MMQ: "" (the measured defaults, mmqDefault),
 // "off" (MatMul keeps off the mmq kernels: the multi-row matrix-vector
-// kernels and the prompt GEMM as before them), or variants per type such
-// as "q4_k=p,q6_k=-" (a type without an entry keeps its default). Both
-// are for comparisons in one build (forge --gpu-mmq).
+// kernels and the prompt GEMM on f16 x, as before them), or variants per
+// type such as "q4_k=p,q6_k=-" or "q8_0=q8,q4_0=f16" (a type without an
+// entry keeps its default). Both are for comparisons in one build (forge
+// --gpu-mmq).
 func ParseMMQ(spec string) (off bool, choice map[gguf.Type]string, err error) {
 	choice = maps.Clone(mmqDefault)
 	spec = strings.TrimSpace(spec)
@@ -42,7 +43,7 @@ func ParseMMQ(spec string) (off bool, choice map[gguf.Type]string, err error) {
 			}
 		}
 		if !found {
-			return false, nil, fmt.Errorf("gpu: mmq setting %q: want off, or TYPE=VARIANT pairs (q4_k and q6_k: - or p)", kv)
+			return false, nil, fmt.Errorf("gpu: mmq setting %q: want off, or TYPE=VARIANT pairs (q4_k and q6_k: - or p; q4_0, q4_1, q5_0, q5_1, q8_0 and iq4_nl: q8 or f16)", kv)
 		}
 	}
 	return false, choice, nil
@@ -56,18 +57,31 @@ func ParseMMQ(spec string) (off bool, choice map[gguf.Type]string, err error) {
 // (bench/results/2026-11-25-mmq-h100.md).
 const mmqMinRows = 3
 
-// mmqVariants lists the kernel variants of each type (mmq.cu): "-" loads
-// a super-block's weights, then does its arithmetic; "p" loads the next
-// one's first. Both give the same bits.
+// mmqVariants lists the kernel variants of each type. Q4_K and Q6_K
+// (mmq.cu): "-" loads a super-block's weights, then does its arithmetic;
+// "p" loads the next one's first; both give the same bits. The types of
+// 32-value blocks the CPU multiplies on 8-bit activations choose their
+// prompt product (mmq32.go): "q8" on the 8-bit form of x as the CPU, "f16"
+// on f16 x (the dequantize + GEMM path).
 var mmqVariants = map[gguf.Type][]string{
-	gguf.TypeQ4_K: {"-", "p"},
-	gguf.TypeQ6_K: {"-", "p"},
+	gguf.TypeQ4_K:   {"-", "p"},
+	gguf.TypeQ6_K:   {"-", "p"},
+	gguf.TypeQ4_0:   {"q8", "f16"},
+	gguf.TypeQ4_1:   {"q8", "f16"},
+	gguf.TypeQ5_0:   {"q8", "f16"},
+	gguf.TypeQ5_1:   {"q8", "f16"},
+	gguf.TypeQ8_0:   {"q8", "f16"},
+	gguf.TypeIQ4_NL: {"q8", "f16"},
 }
 
 // mmqDefault is the variant MatMul uses: "-", a few per cent ahead of "p"
 // on the H100 in the batched step of the 8B shape
-// (bench/results/2026-11-25-mmq-h100.md).
-var mmqDefault = map[gguf.Type]string{gguf.TypeQ4_K: "-", gguf.TypeQ6_K: "-"}
+// (bench/results/2026-11-25-mmq-h100.md); the 8-bit prompt product for
+// Q4_0 alone (mmq32.go says why).
+var mmqDefault = map[gguf.Type]string{
+	gguf.TypeQ4_K: "-", gguf.TypeQ6_K: "-",
+	gguf.TypeQ4_0: "q8", gguf.TypeQ4_1: "f16", gguf.TypeQ5_0: "f16", gguf.TypeQ5_1: "f16", gguf.TypeQ8_0: "f16", gguf.TypeIQ4_NL: "f16",
+}
 
 // mmqFits reports whether the mmq kernels can multiply w with rows of x:
 // a CUDA device with mma.sync on 8-bit integers (sm_80 on), 32-lane warps,

@@ -3,21 +3,47 @@ package gpu
 // Prompt products on 8-bit activations for the weight types the CPU
 // backend multiplies that way (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL: x in
 // blocks of 32 codes with an f16 scale). The dequantize + f16 GEMM path
-// rounded x to f16 instead, which moved stories260K-Q4_0's perplexity
+// rounds x to f16 instead, which moved stories260K-Q4_0's perplexity
 // 0.1 % away from the CPU's (issue 20). Two ways, chosen by n alone:
 //
 //   - pieces of up to mmq32MaxRows rows of Q4_0 and Q8_0 weights on CUDA
-//     sm_80 on: the mmq32 kernels (cu/mmq32.cu), the CPU's integer dot
-//     products on the tensor cores, its float steps in its order;
+//     sm_80 on: the mmq32 kernels (cu/mmq32.cu), integer block sums on the
+//     tensor cores, then acc += d_w·d_x·Σ block after block (the CPU
+//     backend's plain-Go order; its AVX-512 kernels, like llama.cpp's
+//     AVX2 ones, keep 8 lanes of 4-value sums with a fused multiply-add
+//     each and add the lanes at the end, so the last bits differ);
 //   - longer pieces, and the other types: the GEMM, its x operand the f16
 //     of the 8-bit form q·d (q8_to_f16) instead of x itself, so the 8-bit
 //     rounding the CPU applies is applied here too and only the (much
 //     smaller) f16 rounding of q·d and of the weights differs.
 //
-// MatMul's rows up to kernels.MaxBatchRows keep the multi-row
-// matrix-vector kernels, whose rows are bit-identical to one-row products;
-// this serves only what went to the GEMM: MatMulPrompt's pieces of
-// promptGEMMMinN rows on and MatMul's of more than kernels.MaxBatchRows.
+// Which types take them is a choice per type (Options.MMQ, "q8" or "f16",
+// mmqDefault): Q4_0 alone by default. Measured on the H100
+// (bench/results/2026-11-25-night-perplexity-h100.md), the 8-bit path for
+// every such type put Q4_0 within 0.004 % of the CPU but Q8_0 at 0.055 %
+// and Q4_K_M (Q5_0 and Q8_0 tensors in stories260K) at 0.106 %, against
+// 0.031 / 0.039 % on f16 x: with 8-bit activations on both sides these
+// files are chaotic at that level (another summation order of the very
+// same exact products moves the CPU's own estimate by 0.03 %), while
+// Q4_0's 0.1 % on f16 x was systematic.
+//
+// Row invariance. MatMul's rows up to kernels.MaxBatchRows keep the
+// multi-row matrix-vector kernels, whose rows are bit-identical to one-row
+// products; this serves only what went to the GEMM: MatMulPrompt's pieces
+// of promptGEMMMinN rows on and MatMul's of more than kernels.MaxBatchRows.
+// So a Q4_0 row gets one of three arithmetics by its piece's length n:
+// the matrix-vector kernels (n < promptGEMMMinN, and every decode row: on
+// 8-bit x where b32Fits, on float x otherwise, e.g. stories260K's 64
+// columns), mmq32 (promptGEMMMinN ≤ n ≤ mmq32MaxRows) or the q8 GEMM
+// (beyond). They cannot be one: mmq32 is 3 to 7 times slower than cuBLAS
+// at 128 to 512 rows, and cuBLAS has no per-block scales. A batched
+// server's rows still do not depend on their step's other rows: a piece's
+// length is a function of its own sequence (the scheduler cuts prompts at
+// multiples of its chunk from position 0, and with Deterministic computes
+// a preempted sequence again in the pieces and decode rows it first took:
+// batch.Config.ReplayPreempted; without that the recomputed piece of
+// prompt and generated tokens took other kernels than alone, which is
+// what broke TestGPUBatchInvariant with these paths on).
 // Options.MMQ "off" turns both off with the other mmq kernels.
 
 import (
@@ -38,21 +64,17 @@ import (
 // from 11243 to 3319 tokens/s).
 const mmq32MaxRows = kernels.MaxBatchRows
 
-// q8Prompt turns both 8-bit prompt paths on. They are off: on the H100
-// (bench/results/2026-11-25-night-perplexity-h100.md, its last section)
-// the switch at mmq32MaxRows rows made a prompt piece's numbers depend on
-// its length, and TestGPUBatchInvariant failed in one run of two with them
-// (two of two passed without); nor did they bring all four stories260K
-// perplexities within 0.05 % of the CPU's (Q4_0 0.004 % but Q8_0 0.055 %
-// and Q4_K_M 0.106 %, against 0.108 / 0.031 / 0.039 % without). Their
-// tests turn them on.
-var q8Prompt = false
+// q8Prompt reports whether w's prompt products take the 8-bit form of x
+// (Options.MMQ's variant "q8" for its type).
+func (b *Backend) q8Prompt(w *kernels.Weight) bool {
+	return !b.mmqOff && b.mmqChoice[w.Type] == "q8"
+}
 
 // q8GEMM reports whether the prompt GEMM multiplies w by the 8-bit form
 // of x (q8_to_f16): the types the CPU backend multiplies on 8-bit
-// activations in blocks of 32, weights of whole blocks.
+// activations in blocks of 32, weights of whole blocks, where chosen.
 func (b *Backend) q8GEMM(w *kernels.Weight) bool {
-	if b.mmqOff || !q8Prompt || w.Cols%32 != 0 {
+	if !b.q8Prompt(w) || w.Cols%32 != 0 {
 		return false
 	}
 	switch w.Type {
@@ -64,11 +86,11 @@ func (b *Backend) q8GEMM(w *kernels.Weight) bool {
 
 // mmq32Fits reports whether the mmq32 kernels can multiply w: a CUDA
 // device with mma.sync on 8-bit integers (sm_80 on), 32-lane warps, a Q4_0
-// or Q8_0 weight of whole blocks, 2-byte aligned (the kernels read the
-// blocks as 16-bit halves), of at most 65535 tiles of 64 rows (the grid's
-// y). Options.MMQ "off" turns it off with the other mmq kernels.
+// or Q8_0 weight of whole blocks whose prompt products are chosen 8-bit,
+// 2-byte aligned (the kernels read the blocks as 16-bit halves), of at
+// most 65535 tiles of 64 rows (the grid's y).
 func (b *Backend) mmq32Fits(w *kernels.Weight, wp rocm.DevPtr) bool {
-	if b.mmqOff || !q8Prompt || b.warp != 32 {
+	if !b.q8Prompt(w) || b.warp != 32 {
 		return false
 	}
 	d := b.w.Device

@@ -2,7 +2,9 @@ package gpu
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -22,14 +24,25 @@ import (
 // f16 rounding of q·d and of the weights differs). Pieces of 16 to 130
 // rows (every tile, partial tiles of x and of the 64 weight rows of a
 // block), stories260K's widths (64, 96 columns: two and three blocks) and
-// the 8B model's.
+// the 8B model's. Every type's 8-bit choice is on for it (q8Every), after
+// a check of the default: Q4_0 alone.
 func TestMMQ32MatchesCPU(t *testing.T) {
-	q8Prompt = true // off by default (mmq32.go)
-	defer func() { q8Prompt = false }()
 	b := mmqBackend(t)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 32))
+	for _, typ := range []gguf.Type{gguf.TypeQ4_0, gguf.TypeQ8_0, gguf.TypeQ5_0} { // the default: Q4_0 alone (mmqDefault)
+		w := conformance.RandomWeight(rng, "w", typ, 64, 64)
+		if err := b.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		q4 := typ == gguf.TypeQ4_0
+		if b.q8GEMM(w) != q4 || b.mmq32Fits(w, rocm.DevPtr(w.Dev)) != q4 {
+			t.Errorf("%s by default: q8 GEMM %v, mmq32 %v; want %v", typ, b.q8GEMM(w), b.mmq32Fits(w, rocm.DevPtr(w.Dev)), q4)
+		}
+		b.FreeWeight(w)
+	}
+	defer q8Every(b)()
 	cb := cpu.New(2)
 	defer cb.Close()
-	rng := rand.New(rand.NewPCG(rand.Uint64(), 32))
 	for _, sh := range []struct {
 		typ        gguf.Type
 		rows, cols int
@@ -107,9 +120,8 @@ func TestMMQ32MatchesCPU(t *testing.T) {
 // vendorMinN rows where found). Reports µs per product and the rate in
 // TOPS (2·rows·cols·n operations).
 func BenchmarkMMQ32(b *testing.B) {
-	q8Prompt = true
-	defer func() { q8Prompt = false }()
 	bk := mmqBackend(b)
+	defer q8Every(bk)()
 	bk.waitVendor()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, sh := range [][2]int{{4096, 4096}, {14336, 4096}, {4096, 14336}} {
@@ -148,4 +160,17 @@ func BenchmarkMMQ32(b *testing.B) {
 		}
 		free()
 	}
+}
+
+// q8Every chooses the 8-bit prompt product for every type that has one
+// (mmqVariants' "q8") and returns what puts b's choice back.
+func q8Every(b *Backend) (restore func()) {
+	was := b.mmqChoice
+	b.mmqChoice = maps.Clone(was)
+	for typ, vs := range mmqVariants {
+		if slices.Contains(vs, "q8") {
+			b.mmqChoice[typ] = "q8"
+		}
+	}
+	return func() { b.mmqChoice = was }
 }

@@ -102,10 +102,10 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 // b32Fits), the generic float kernel for every other type. F32 weights
 // stay on the float kernels at any n (exact to float32). Otherwise the
 // weight is dequantized to f16 on the device and multiplied by the
-// f16-rounded activations in a tensor-core GEMM (for the types the CPU
-// multiplies on 8-bit activations, the f16 of their 8-bit form, or the
-// mmq32 kernels, mmq32.go): rows of a prompt chunk longer than
-// MaxBatchRows are not row-invariant.
+// f16-rounded activations in a tensor-core GEMM (for the types whose
+// prompt products are chosen 8-bit, Q4_0 by default: the f16 of x's 8-bit
+// form, or the mmq32 kernels, mmq32.go): rows of a prompt chunk longer
+// than MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	return b.matMul(dst, w, x, n, false)
 }

@@ -162,7 +162,7 @@ func TestPromptGEMMFMAFallback(t *testing.T) {
 	cb := cpu.New(2)
 	defer cb.Close()
 	rng := rand.New(rand.NewPCG(27, 4))
-	for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeF16} {
+	for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeQ4_0, gguf.TypeF16} {
 		for _, sh := range [][3]int{{1024, 1024, vendorMinN}, {300, 768, 200}, {130, 256, 129}} {
 			rows, cols, n := sh[0], sh[1], sh[2]
 			w := conformance.RandomWeight(rng, "w", typ, rows, cols)
@@ -206,8 +206,8 @@ func TestPromptGEMMFMAFallback(t *testing.T) {
 			}
 			// Against the float64 product: f16 operands, about 2^-11
 			// relative rounding on each side (as TestMatMulFastAndGEMM).
-			// A type the GEMM multiplies on x's 8-bit form (q8GEMM: Q8_0
-			// here, as the CPU does) carries the 8-bit rounding of x
+			// A type the GEMM multiplies on x's 8-bit form (q8GEMM: Q4_0
+			// here by default, as the CPU does) carries the 8-bit rounding of x
 			// instead, and answers to the CPU backend, tightly.
 			e := relNorm(got, matRef(t, w, x, n))
 			if b.q8GEMM(w) {
