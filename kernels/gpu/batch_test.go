@@ -129,7 +129,13 @@ func checkRows(t *testing.T, b *Backend, w *kernels.Weight, x kernels.Tensor, al
 }
 
 // TestMultiRowMatMulAccuracy: the multi-row kernels against the float64
-// reference (8-bit activations: the one-row kernels' bound).
+// product of the weight with x rounded as the kernels round it (8-bit
+// codes in groups of 32, q8Round). Against x itself the error is the
+// 8-bit rounding's, which on these random Q4_K weights (6-bit sub-block
+// scales: a few sub-blocks carry most of a row) is heavy-tailed: a CPU
+// emulation of the kernels' rounding put one row in a thousand near
+// 1.5 % of Σ|w·x|, and the H100 once gave 1.52 % (Q4_K, n = 11). With
+// the rounding in the reference only the float sums differ.
 func TestMultiRowMatMulAccuracy(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 19))
@@ -147,8 +153,10 @@ func TestMultiRowMatMulAccuracy(t *testing.T) {
 		got := download(t, b, y)
 		for i := range n {
 			xi := xs[i*cols : (i+1)*cols]
-			e := relScaled(got[i*rows:(i+1)*rows], matRef(t, w, xi, 1), matScale(t, w, xi))
-			if !(e < 1.5e-2) {
+			e := relScaled(got[i*rows:(i+1)*rows], matRef(t, w, q8Round(xi), 1), matScale(t, w, xi))
+			// A code one step off (an input exactly between two) moves a
+			// row by about 1/127 of one of 4096 products.
+			if !(e < 1e-3) {
 				t.Errorf("%s n=%d row %d: relative error %.3g", typ, n, i, e)
 			}
 		}
@@ -594,4 +602,26 @@ func TestRMSNormRowsMatchOneRow(t *testing.T) {
 			}
 		}
 	}
+}
+
+// q8Round is x as the kernels see it on 8-bit activations (common.h
+// q8_group): in groups of 32, d = max|x|/127 and code rint(x·127/max), in
+// float32 arithmetic, then code·d.
+func q8Round(x []float32) []float32 {
+	out := make([]float32, len(x))
+	for g := 0; g < len(x); g += 32 {
+		grp := x[g:min(g+32, len(x))]
+		var a float32
+		for _, v := range grp {
+			a = max(a, float32(math.Abs(float64(v))))
+		}
+		if a == 0 {
+			continue
+		}
+		d, inv := a/127, 127/a
+		for i, v := range grp {
+			out[g+i] = float32(math.RoundToEven(float64(v*inv))) * d
+		}
+	}
+	return out
 }
