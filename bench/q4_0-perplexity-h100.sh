@@ -51,9 +51,9 @@ step kernels 60 "$bin/gpu.test" -test.v -test.timeout 60s \
 grep -hE -- '--- FAIL|^(ok|FAIL|PASS)' "$logs/kernels.log" | head -20 | tee -a "$out/summary"
 step ppl-test 45 "$bin/pipeline.test" -test.v -test.run 'TestGPUPerplexityMatchesCPU'
 grep -hE -- 'CPU .*GPU|--- (FAIL|PASS)' "$logs/ppl-test.log" | tee -a "$out/summary"
-story=gguf/testdata/story.txt
+story=$root/gguf/testdata/story.txt
 for f in F32 Q8_0 Q4_0 Q4_K_M; do
-  m=gguf/testdata/stories260K-$f.gguf
+  m=$root/gguf/testdata/stories260K-$f.gguf
   # variant: device, batch (0: the chunk), --gpu-mmq
   for v in cpu:0: gpu:0: gpu:0:q4_0=f16 gpu:0:q8_0=q8 gpu:64: gpu:64:q8_0=q8; do
     IFS=: read -r dev b mmq <<<"$v"

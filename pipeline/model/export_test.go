@@ -31,6 +31,19 @@ func OpenModel(t testing.TB, path string, be kernels.Backend, o Options) *Model 
 	return m
 }
 
+// OpenModelErr opens the model at path on be for one test, returning
+// model.New's error instead of failing.
+func OpenModelErr(t testing.TB, path string, be kernels.Backend, o Options) (*Model, error) {
+	t.Helper()
+	_, cfg, w := openWeights(t, path)
+	m, err := New(be, cfg, w, o)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(m.Close)
+	return m, nil
+}
+
 // RopeParams is the RoPE description the model gives its backend.
 func RopeParams(m *Model) kernels.Rope { return m.ropes[0] }
 
