@@ -114,6 +114,19 @@ for phase in "$@"; do
         --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -c 4096 -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >>"$o/presets.txt" 2>&1
       rm -f $f
     done ;;
+  moe) # issue 21: mixtures loaded expert by expert, first token (prefetch vs eager vs llama.cpp) and decode next to llama-bench
+    for pr in ${MOE_PRESETS:-qwen3-30b-a3b}; do
+      f=/tmp/$pr.gguf
+      $F gen --preset $pr --quant q4_k_m --valid-utf8 -o $f --progress plain >"$o/moe-$pr-gen.txt" 2>&1 || { echo "$pr: gen failed" >>"$o/moe.txt"; tail -3 "$o/moe-$pr-gen.txt" >>"$o/moe.txt"; continue; }
+      cat $f >/dev/null
+      echo "=== $pr ($(stat -c %s $f) bytes)" >>"$o/moe.txt"
+      $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 8 --svg "$o/moe-$pr.svg" \
+        --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -c 4096 -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >>"$o/moe.txt" 2>&1
+      echo "rc=$?" >>"$o/moe.txt"
+      $F bench gen -m $f --device gpu -p 512 -n 128 -r 2 --peer "/tmp/llama/bin/llama-bench -ngl 99 -fa 1" >>"$o/moe.txt" 2>&1
+      echo "rc=$?" >>"$o/moe.txt"
+      rm -f $f
+    done ;;
   *) echo "unknown phase $phase" >&2 ;;
   esac
   echo "$phase: $(( $(date +%s) - s )) s" | tee -a "$o/phases.txt"
