@@ -3,9 +3,7 @@ package model
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,36 +17,7 @@ import (
 // tokens/s it gives (n per step), and a kernel profile of one step. A
 // measurement, not a check: it asserts only that the steps run.
 func TestGPUBatchStepBench(t *testing.T) {
-	paths := os.Getenv("FORGE_BIG_MODEL")
-	if paths == "" {
-		t.Skip("set FORGE_BIG_MODEL to a GGUF file to measure batched decode steps on the GPU")
-	}
-	path := strings.Split(paths, ",")[0]
-	be := openGPU(t)
-	_, cfg, fw := openWeights(t, path)
-	var ws []*kernels.Weight
-	ws = append(ws, fw.g.Embed, fw.g.OutputNorm)
-	if fw.g.Output != fw.g.Embed {
-		ws = append(ws, fw.g.Output)
-	}
-	for i := range fw.layers {
-		l := &fw.layers[i]
-		for _, w := range []*kernels.Weight{l.AttnNorm, l.Q, l.K, l.V, l.QBias, l.KBias, l.VBias, l.O, l.FFNNorm, l.Gate, l.Up, l.Down} {
-			if w != nil {
-				ws = append(ws, w)
-			}
-		}
-	}
-	for _, w := range ws {
-		if err := be.LoadWeight(w); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer func() {
-		for _, w := range ws {
-			be.FreeWeight(w)
-		}
-	}()
+	be, cfg, fw := bigDenseModel(t, "measure batched decode steps on the GPU")
 	const bs, prompt = 16, 64
 	maxSeqs := kernels.MaxBatchRows
 	m, err := NewBatched(be, cfg, fw, BatchOptions{MaxRows: DefaultBatch + maxSeqs, MaxSeqs: maxSeqs})

@@ -70,18 +70,7 @@ func benchFile(t *testing.T, be *gpu.Backend, path string, copyGBs float64) []st
 	// Upload everything first (the load pipeline is measured elsewhere),
 	// counting what a decode step reads.
 	var stepBytes, fileBytes int64
-	ws := []*kernels.Weight{fw.g.OutputNorm}
-	if fw.g.Output != fw.g.Embed {
-		ws = append(ws, fw.g.Output)
-	}
-	for i := range fw.layers {
-		l := &fw.layers[i]
-		for _, w := range []*kernels.Weight{l.AttnNorm, l.Q, l.K, l.V, l.QBias, l.KBias, l.VBias, l.O, l.FFNNorm, l.Gate, l.Up, l.Down} {
-			if w != nil {
-				ws = append(ws, w)
-			}
-		}
-	}
+	ws := denseWeights(fw)
 	start := time.Now()
 	for _, w := range append(ws, fw.g.Embed) {
 		if err := be.LoadWeight(w); err != nil {
@@ -241,4 +230,48 @@ func logProfile(t *testing.T, what string, prof []gpu.KernelTime) {
 		}
 		t.Logf("GPU-PROFILE   %-22s %5d× %9.3f ms %5.1f%%", k.Name, k.Launches, k.Ms, 100*k.Ms/total)
 	}
+}
+
+// denseWeights is a dense model's weights that a decode step reads: the
+// output norm and head (unless tied to the embedding), then every layer's.
+func denseWeights(fw *FileWeights) []*kernels.Weight {
+	ws := []*kernels.Weight{fw.g.OutputNorm}
+	if fw.g.Output != fw.g.Embed {
+		ws = append(ws, fw.g.Output)
+	}
+	for i := range fw.layers {
+		l := &fw.layers[i]
+		for _, w := range []*kernels.Weight{l.AttnNorm, l.Q, l.K, l.V, l.QBias, l.KBias, l.VBias, l.O, l.FFNNorm, l.Gate, l.Up, l.Down} {
+			if w != nil {
+				ws = append(ws, w)
+			}
+		}
+	}
+	return ws
+}
+
+// uploadDense loads ws on be for the rest of the test.
+func uploadDense(t *testing.T, be *gpu.Backend, ws []*kernels.Weight) {
+	t.Helper()
+	for _, w := range ws {
+		if err := be.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { be.FreeWeight(w) })
+	}
+}
+
+// bigDenseModel opens the GPU and the first file of FORGE_BIG_MODEL with
+// its dense weights uploaded, for a measurement that says what it does
+// (the skip message) when the variable is unset.
+func bigDenseModel(t *testing.T, what string) (*gpu.Backend, Config, *FileWeights) {
+	t.Helper()
+	paths := os.Getenv("FORGE_BIG_MODEL")
+	if paths == "" {
+		t.Skip("set FORGE_BIG_MODEL to a GGUF file to " + what)
+	}
+	be := openGPU(t)
+	_, cfg, fw := openWeights(t, strings.Split(paths, ",")[0])
+	uploadDense(t, be, append([]*kernels.Weight{fw.g.Embed}, denseWeights(fw)...))
+	return be, cfg, fw
 }

@@ -2,55 +2,24 @@ package model
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/forge-llm/forge/kernels"
 )
 
 // TestGPUTurnStepBench measures a conversation turn's prompt step on the
 // first file of FORGE_BIG_MODEL, as the serving engine runs it (a batched
-// model, a paged pool of 16-position blocks, the piece its own group): 330
-// new tokens at position 0 (the turn's text alone) and at position 2000
-// (after a cached history), the median wall time of one StepBatch (the
+// model, a paged pool of 16-position blocks, the piece its own group): 60,
+// 150 and 330 new tokens (a short reply and question; a long one) at
+// position 0 (the turn's text alone) and at position 2000 (after a cached
+// history), the median wall time of one StepBatch (the
 // last row's logits read back) over 8 steps, and a kernel profile of one
 // step of each. A measurement, not a check: it asserts only that the
 // steps run.
 func TestGPUTurnStepBench(t *testing.T) {
-	paths := os.Getenv("FORGE_BIG_MODEL")
-	if paths == "" {
-		t.Skip("set FORGE_BIG_MODEL to a GGUF file to measure a turn's prompt step on the GPU")
-	}
-	path := strings.Split(paths, ",")[0]
-	be := openGPU(t)
-	_, cfg, fw := openWeights(t, path)
-	var ws []*kernels.Weight
-	ws = append(ws, fw.g.Embed, fw.g.OutputNorm)
-	if fw.g.Output != fw.g.Embed {
-		ws = append(ws, fw.g.Output)
-	}
-	for i := range fw.layers {
-		l := &fw.layers[i]
-		for _, w := range []*kernels.Weight{l.AttnNorm, l.Q, l.K, l.V, l.QBias, l.KBias, l.VBias, l.O, l.FFNNorm, l.Gate, l.Up, l.Down} {
-			if w != nil {
-				ws = append(ws, w)
-			}
-		}
-	}
-	for _, w := range ws {
-		if err := be.LoadWeight(w); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer func() {
-		for _, w := range ws {
-			be.FreeWeight(w)
-		}
-	}()
+	be, cfg, fw := bigDenseModel(t, "measure a turn's prompt step on the GPU")
 	const bs, history, n, piece = 16, 2000, 330, 500
 	m, err := NewBatched(be, cfg, fw, BatchOptions{MaxRows: DefaultBatch + 16, MaxSeqs: 16})
 	if err != nil {
@@ -84,33 +53,35 @@ func TestGPUTurnStepBench(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	turn := tokens(n)
-	for _, c := range []struct {
-		what string
-		seq  int
-		pos0 int
-	}{{"alone", 1, 0}, {"after the history", 0, history}} {
-		step := func() {
-			if _, err := m.StepBatch(ctx, pool, []SeqRows{{Tokens: turn, Pos0: c.pos0, Table: tables[c.seq], Logits: true}}); err != nil {
+	for _, n := range []int{60, 150, n} {
+		turn := tokens(n)
+		for _, c := range []struct {
+			what string
+			seq  int
+			pos0 int
+		}{{"alone", 1, 0}, {"after the history", 0, history}} {
+			step := func() {
+				if _, err := m.StepBatch(ctx, pool, []SeqRows{{Tokens: turn, Pos0: c.pos0, Table: tables[c.seq], Logits: true}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var times []time.Duration
+			for i := range 10 {
+				start := time.Now()
+				step()
+				if i >= 2 {
+					times = append(times, time.Since(start))
+				}
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			t.Logf("GPU-TURN %d tokens at position %d (%s): step %v (median of %d)", n, c.pos0, c.what, times[len(times)/2].Round(time.Microsecond), len(times))
+			be.StartProfile()
+			step()
+			prof, err := be.StopProfile()
+			if err != nil {
 				t.Fatal(err)
 			}
+			logProfile(t, fmt.Sprintf("turn step of %d tokens %s", n, c.what), prof)
 		}
-		var times []time.Duration
-		for i := range 10 {
-			start := time.Now()
-			step()
-			if i >= 2 {
-				times = append(times, time.Since(start))
-			}
-		}
-		sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-		t.Logf("GPU-TURN %d tokens at position %d (%s): step %v (median of %d)", n, c.pos0, c.what, times[len(times)/2].Round(time.Microsecond), len(times))
-		be.StartProfile()
-		step()
-		prof, err := be.StopProfile()
-		if err != nil {
-			t.Fatal(err)
-		}
-		logProfile(t, "turn step "+c.what, prof)
 	}
 }
