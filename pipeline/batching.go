@@ -224,6 +224,7 @@ func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOpti
 	if tok != nil {
 		stream = tok.NewStream()
 	}
+	n := 0
 	res, err := s.Generate(ctx, r, func(t int32) error {
 		if o.OnToken == nil {
 			return nil
@@ -231,6 +232,9 @@ func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOpti
 		tk := Token{ID: t}
 		if stream != nil {
 			tk.Text = stream.Add(t)
+		}
+		if n++; n <= 2 { // when the first tokens reach the caller, and whether they had text yet
+			slog.Debug("pipeline: token out", "request", id, "n", n, "text bytes", len(tk.Text))
 		}
 		return o.OnToken(tk)
 	})

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/pipeline/constrain"
@@ -90,10 +92,12 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 	}
 	ids := o.PromptIDs
 	if ids == nil {
+		t0 := time.Now()
 		ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
 		if err != nil {
 			return Result{}, fmt.Errorf("pipeline: tokenizing the prompt: %w", err)
 		}
+		slog.Debug("pipeline: prompt tokenized", "bytes", len(prompt), "tokens", len(ids), "took", time.Since(t0))
 	}
 	if len(ids) == 0 {
 		return Result{}, fmt.Errorf("pipeline: empty prompt")

@@ -413,16 +413,32 @@ func TestTurns(t *testing.T) {
 			prev = p
 		}
 	}
-	// Alone, a turn sends what it added: turn 1 its whole prompt (history
-	// and 5 words), later turns the reply before them (2 words) and 5 new.
+	// Alone, a turn sends one word of its own, then what it added: turn 1
+	// its whole prompt (history and 5 words), later turns the reply before
+	// them (2 words) and 5 new.
+	alone := 0
 	for _, r := range rep.Requests {
-		want := 7
+		want := 8
 		if r.Turn == 1 {
-			want = 45
+			want = 46
 		}
-		if r.Kind == "alone" && r.PromptWords != want {
-			t.Errorf("alone request of turn %d: %d words, want %d", r.Turn, r.PromptWords, want)
+		if r.Kind == "alone" {
+			alone++
+			if r.PromptWords != want {
+				t.Errorf("alone request of turn %d: %d words, want %d", r.Turn, r.PromptWords, want)
+			}
 		}
+	}
+	// The leading words differ, so no alone request starts with another's
+	// prefix (a prefix cache would skip what it shares).
+	leads := map[string]bool{}
+	for _, q := range prompts {
+		if !strings.HasPrefix(q, history) { // not a turn: an alone request
+			leads[strings.Fields(q)[0]] = true
+		}
+	}
+	if len(leads) != alone {
+		t.Errorf("%d distinct leading words among %d alone requests", len(leads), alone)
 	}
 	for i, ts := range rep.Turns {
 		if ts.Turn != i+1 || ts.TTFT.N != 4 || ts.AloneTTFT.N != 4 || ts.Ratio <= 0 || ts.WithinBar != (ts.Ratio <= Bar) {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/pipeline/generate"
@@ -521,6 +523,7 @@ func (s *Scheduler) admit(q *seq) (bool, error) {
 	q.hashed, q.last = len(hits), prev
 	q.admitted = true
 	q.done = len(hits) * bs
+	slog.Debug("batch: admitted", "prompt", q.prompt, "cached", q.done, "blocks", len(q.table))
 	if q.preempted == 0 {
 		q.cached = q.done
 		s.mu.Lock()
@@ -650,8 +653,12 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	if s.onStep != nil {
 		s.onStep(rows)
 	}
+	t0 := time.Now()
 	logits, err := s.m.StepBatch(s.stepCtx, s.pool, rows)
 	s.steps.Add(1)
+	if slog.Default().Enabled(s.stepCtx, slog.LevelDebug) {
+		logStep(rows, time.Since(t0))
+	}
 	picks := s.m.Picks()
 	if err != nil && len(rows) > 1 && s.stepCtx.Err() == nil && errors.Is(err, model.ErrExpertUnavailable) {
 		rows, who, alive, logits, picks, err = s.stepEach(rows, who, alive)
@@ -790,4 +797,18 @@ func (s *Scheduler) register(q *seq) {
 		s.bm.register(q.table[q.hashed], h, toks)
 		q.last = h
 	}
+}
+
+// logStep writes one debug line for a step: its rows (the longest piece
+// and where it starts: a turn after a cached history is one piece far
+// from 0) and its wall time, logits read back included.
+func logStep(rows []model.SeqRows, took time.Duration) {
+	n, long, at := 0, 0, 0
+	for _, r := range rows {
+		n += len(r.Tokens)
+		if len(r.Tokens) > long {
+			long, at = len(r.Tokens), r.Pos0
+		}
+	}
+	slog.Debug("batch: step", "seqs", len(rows), "rows", n, "longest piece", long, "at", at, "took", took)
 }
