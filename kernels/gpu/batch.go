@@ -447,10 +447,24 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		a.Reset()
 		if prefill { // a prompt piece: tiles of rows read each chunk of the prefix once (prefill.cu)
-			a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+			dst := dptr(out)
+			zs := prefillSplits(pfName, int(pfPos0), n)
+			if zs > 0 { // the split form writes the merge's parts
+				pp, err := b.scratchBuf(c, "prefill-part", int64(n)*int64(at.Heads)*int64(zs)*int64(at.HeadDim+2)*4)
+				if err != nil {
+					return err
+				}
+				dst = pp
+			}
+			a.Ptr(dst).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
-			l := planPrefill(pfName, at.Heads, n)
-			return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
+			l := planPrefill(pfName, at.Heads, n, zs)
+			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil || zs == 0 {
+				return err
+			}
+			a.Reset()
+			a.Ptr(dptr(out)).Ptr(dst).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(zs))
+			return b.launch(c, "attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
 		}
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
 			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())

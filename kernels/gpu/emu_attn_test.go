@@ -271,7 +271,7 @@ func TestEmuPrefill(t *testing.T) {
 					eI(r[1]), eI(kvDim), eI(bs), eP(posb, 4*r[0]), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
 			}
 			out := job.zeros(4*n*qDim, true)
-			l := planPrefill(fmt.Sprintf("attn_prefill_f16_d%d", hd), at.Heads, n)
+			l := planPrefill(fmt.Sprintf("attn_prefill_f16_d%d", hd), at.Heads, n, 0)
 			job.launch(l.Kernel, l.Grid, l.Block, eP(out, 0), eP(job.f32(q[pos0*qDim:]), 0), eP(kc, 0), eP(vc, 0),
 				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(bs), eI(pos0), eI(0), eP(toffb, 0), eP(tabsb, 0))
 			res := runEmu(t, ed.dev.Warp, &job)

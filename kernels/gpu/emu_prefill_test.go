@@ -21,6 +21,10 @@ import (
 // query and the probabilities are rounded to f16 for the products, hence
 // the bound), and the same rows cut into smaller pieces must give the same
 // bits (batch invariance).
+//
+// The split form (attn_prefill_emusplit_*, the default on the device) runs
+// with the emulator's PP_SPLIT of emuSplit positions, so that its short
+// prefixes span several splits, and attn.cu's merge.
 func TestEmuPrefillTensor(t *testing.T) {
 	rng := emuRNG(t)
 	cases := []struct {
@@ -33,6 +37,8 @@ func TestEmuPrefillTensor(t *testing.T) {
 		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
 		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
 		{kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 128}, 32, 0, 45, []int{20}, 1},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
+		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
 		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33}, 3},
 	}
 	for ci, c := range cases {
@@ -41,7 +47,10 @@ func TestEmuPrefillTensor(t *testing.T) {
 		at.Scale = float32(1 / math.Sqrt(float64(hd)))
 		qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, c.pos0+c.n
 		name := fmt.Sprintf("attn_prefill_emu_f16_d%d", hd)
-		if ci == len(cases)-1 {
+		switch ci {
+		case len(cases) - 3, len(cases) - 2:
+			name = fmt.Sprintf("attn_prefill_emusplit_f16_d%d", hd) // the split form and its merge
+		case len(cases) - 1:
 			name = fmt.Sprintf("attn_prefill_emuv1_f16_d%d", hd) // the H100-proven path on the same models
 		}
 		what := fmt.Sprintf("%s heads %d/%d bs %d pos0 %d n %d", name, at.Heads, at.KVHeads, c.bs, c.pos0, c.n)
@@ -69,9 +78,21 @@ func TestEmuPrefillTensor(t *testing.T) {
 		// piece launches its kernel on rows [lo, hi) of the piece into out
 		// (at those rows' offsets).
 		piece := func(out, lo, hi int) {
-			l := planPrefill(name, at.Heads, hi-lo)
-			job.launch(l.Kernel, l.Grid, l.Block, eP(out, 4*lo*qDim), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
-				eI(hi-lo), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+			n := hi - lo
+			if name != fmt.Sprintf("attn_prefill_emusplit_f16_d%d", hd) {
+				l := planPrefill(name, at.Heads, n, 0)
+				job.launch(l.Kernel, l.Grid, l.Block, eP(out, 4*lo*qDim), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
+					eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+				return
+			}
+			// the split form: parts of emuSplit positions, then attn.cu's merge
+			zs := ceilDiv(c.pos0+hi, emuSplit)
+			part := job.zeros(4*n*at.Heads*zs*(hd+2), true)
+			l := planPrefill(name, at.Heads, n, zs)
+			job.launch(l.Kernel, l.Grid, l.Block, eP(part, 0), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
+				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+			job.launch("attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128),
+				eP(out, 4*lo*qDim), eP(part, 0), eI(at.Heads), eI(hd), eI(zs))
 		}
 		whole := job.zeros(4*c.n*qDim, true)
 		piece(whole, 0, c.n)
@@ -97,3 +118,6 @@ func TestEmuPrefillTensor(t *testing.T) {
 		}
 	}
 }
+
+// emuSplit is prefill.cu's PP_SPLIT under the emulator.
+const emuSplit = 64

@@ -333,8 +333,8 @@ func dequantItems(t gguf.Type, rows, cols, kpad int) (deq16, deq32 int) {
 
 // planPrefill is the paged prefill attention of a prompt piece of n rows
 // (prefill.cu): a block of 128 threads per head and prefillRows rows.
-func planPrefill(kernel string, heads, n int) kLaunch {
-	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, prefillRows)), Z: 1}, rocm.D1(128)}
+func planPrefill(kernel string, heads, n, splits int) kLaunch {
+	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, prefillRows)), Z: uint32(max(splits, 1))}, rocm.D1(128)}
 }
 
 // planAttnExt is attention with a sliding window and/or a score soft-cap

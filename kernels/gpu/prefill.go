@@ -1,7 +1,10 @@
 package gpu
 
 import (
+	"strings"
+
 	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
 )
 
 // prefillRows is prefill.cu's PF_ROWS: the query rows one block takes.
@@ -9,11 +12,16 @@ const prefillRows = 64
 
 // Prefill kernel choice for PagedAttention's prompt pieces (prefill.cu).
 const (
-	prefillAuto  = iota // attn_prefill_f16_d* (tensor cores, pipelined copies on sm_80+)
+	prefillAuto  = iota // attn_prefill_split_f16_d* + attn_paged_merge on sm_80+ (tensor cores, pipelined copies, fixed splits of the prefix), else attn_prefill_f16_d*
 	prefillPlain        // attn_prefill_plain_f16_d*: the plain path on every device
 	prefillOff          // attn_paged for every row (the per-row kernel)
 	prefillV1           // attn_prefill_v1_f16_d*: the first tensor-core path (synchronous staging), for comparisons
+	prefillWhole        // attn_prefill_f16_d* on sm_80+ too: the pipelined path, one block walking a tile's whole prefix
 )
+
+// prefillSplit is prefill.cu's PP_SPLIT: the positions one block of the
+// split form (attn_prefill_split_*) walks.
+const prefillSplit = 1024
 
 // prefillMode selects the kernel of a prompt piece; tests set it to check
 // both paths of prefill.cu against the per-row kernel and the CPU.
@@ -46,13 +54,25 @@ func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string,
 			return "", 0, 0, false
 		}
 	}
-	switch prefillMode {
-	case prefillPlain:
+	d := b.w.Device
+	switch {
+	case prefillMode == prefillPlain:
 		name = "attn_prefill_plain_f16_" + sfx
-	case prefillV1:
+	case prefillMode == prefillV1:
 		name = "attn_prefill_v1_f16_" + sfx
+	case prefillMode == prefillAuto && d.Backend == rocm.CUDA && d.CCMajor >= 8 && b.warp == 32:
+		name = "attn_prefill_split_f16_" + sfx // every piece, so a row's bits never depend on its piece
 	default:
 		name = "attn_prefill_f16_" + sfx
 	}
 	return name, seq, pos0, true
+}
+
+// prefillSplits is how many PP_SPLIT ranges of positions the split form's
+// grid has for a piece of n rows from pos0; 0 for the other kernels.
+func prefillSplits(kernel string, pos0, n int) int {
+	if !strings.Contains(kernel, "split") {
+		return 0
+	}
+	return ceilDiv(pos0+n, prefillSplit)
 }

@@ -73,7 +73,7 @@ func BenchmarkPrefillTurn(b *testing.B) {
 	modes := []struct {
 		name string
 		mode int
-	}{{"pipe", prefillAuto}, {"v1", prefillV1}, {"plain", prefillPlain}, {"per-row", prefillOff}}
+	}{{"split", prefillAuto}, {"pipe", prefillWhole}, {"v1", prefillV1}, {"plain", prefillPlain}, {"per-row", prefillOff}}
 	for _, md := range modes {
 		for _, c := range []struct{ seq, pos0 int }{{1, 0}, {0, history}} {
 			b.Run(fmt.Sprintf("%s/pos0=%d", md.name, c.pos0), func(b *testing.B) {

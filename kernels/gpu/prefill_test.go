@@ -50,7 +50,7 @@ func TestPrefillMatchesCPU(t *testing.T) {
 		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, bs: 16, upTo: 3000, pieces: grow},
 		{a: kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, bs: 32, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17}},
 	}
-	for _, mode := range []int{prefillAuto, prefillV1, prefillPlain, prefillOff} {
+	for _, mode := range []int{prefillAuto, prefillWhole, prefillV1, prefillPlain, prefillOff} {
 		for _, pc := range cases {
 			name := fmt.Sprintf("mode=%d/D=%d", mode, pc.a.HeadDim)
 			t.Run(name, func(t *testing.T) {
@@ -189,7 +189,7 @@ func TestPrefillPieceInvariant(t *testing.T) {
 	const n = 150
 	q, k, v := randVec(rng, n*qDim, 1), randVec(rng, n*kvDim, 1), randVec(rng, n*kvDim, 1)
 	defer func(m int) { prefillMode = m }(prefillMode)
-	for _, mode := range []int{prefillAuto, prefillV1, prefillPlain} {
+	for _, mode := range []int{prefillAuto, prefillWhole, prefillV1, prefillPlain} {
 		prefillMode = mode
 		whole := piece(prefix, q, k, v)
 		// (n is a multiple of no cut plus one: a lone row would be a decode

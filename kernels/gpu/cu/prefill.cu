@@ -275,6 +275,11 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
 
 #define PP_CH 32     // positions per chunk of prefill_pipe
 #define PP_STAGES 3  // chunks in shared memory: 3 × (keys + values) × 32 × D halves, 48 KB at D = 128
+#if defined(FORGE_EMU_TENSOR)
+#define PP_SPLIT 64  // the emulator's: several splits within the short prefixes it can afford
+#else
+#define PP_SPLIT 1024  // positions one block of attn_prefill_split_* walks (a multiple of PP_CH; prefill.go prefillSplit)
+#endif
 
 // pp_off is where row r, 16-byte unit u of a staged chunk lives (in
 // halves): rows of D halves, unpadded, each row's units permuted by
@@ -335,7 +340,18 @@ DEV void pp_issue(pp_sa ks, pp_sa vs, const u16* kc, const u16* vc, const i32* t
 // a barrier (every copy of c is visible, and every warp is done with c−1,
 // whose stage c+2 takes), start c+2's copies and c+3's table loads, then
 // the products of c, which overlap two chunks of copies.
-template <int D>
+//
+// SPLIT (attn_prefill_split_*): block z of the grid's third dimension takes
+// only the chunks of positions [z·PP_SPLIT, (z+1)·PP_SPLIT) and writes each
+// row's running max, sum and unnormalised output to part [n][heads][splits]
+// [D+2] for attn_paged_merge (attn.cu), as attn_paged does: a long prefix
+// is walked by several blocks at once instead of one (at 2000 positions
+// the one-split grid leaves an SM's schedulers about 1.5 warps, and the
+// kernel waits on latency). The splits are fixed ranges of positions, so a
+// row's result still depends only on its query, sequence and position;
+// splits past a row's position hold m = −3e38, l = 0, o = 0 and add exact
+// zeros in the merge.
+template <int D, bool SPLIT>
 DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
                       float scale, int bs, int pos0, const i32* tab) {
   constexpr int CP = PP_CH / (128 / (D / 8));
@@ -347,7 +363,10 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
   int L = pos0 + last + 1;              // positions the tile reads
+  // chunks [cb, nc): every chunk, or this split's
+  int cb = SPLIT ? (int)blockIdx.z * (PP_SPLIT / PP_CH) : 0;
   int nc = (L + PP_CH - 1) / PP_CH;
+  if (SPLIT) nc = min(nc, cb + PP_SPLIT / PP_CH);
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   int g = lane >> 2, t = lane & 3;
   int r0 = t0 + 16 * w + g, r1 = r0 + 8;    // this lane's rows
@@ -361,15 +380,17 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
     while ((1 << bsh) < bs) bsh++;
   }
   i32 tb[CP];
-  pp_tab<D>(tb, tab, bs, bsh, 0, L);
-  pp_issue<D>(ksa, vsa, kc, vc, tb, bs, bsh, kvDim, kvh, 0, L);
-  pp_commit();
-  if (nc > 1) {
-    pp_tab<D>(tb, tab, bs, bsh, 1, L);
-    pp_issue<D>(pp_at(ksa, STAGE), pp_at(vsa, STAGE), kc, vc, tb, bs, bsh, kvDim, kvh, 1, L);
+  if (cb < nc) {
+    pp_tab<D>(tb, tab, bs, bsh, cb, L);
+    pp_issue<D>(ksa, vsa, kc, vc, tb, bs, bsh, kvDim, kvh, cb, L);
   }
   pp_commit();
-  if (nc > 2) pp_tab<D>(tb, tab, bs, bsh, 2, L);
+  if (cb + 1 < nc) {
+    pp_tab<D>(tb, tab, bs, bsh, cb + 1, L);
+    pp_issue<D>(pp_at(ksa, STAGE), pp_at(vsa, STAGE), kc, vc, tb, bs, bsh, kvDim, kvh, cb + 1, L);
+  }
+  pp_commit();
+  if (cb + 2 < nc) pp_tab<D>(tb, tab, bs, bsh, cb + 2, L);
 
   u32 qa[D / 16][4];
   {
@@ -394,19 +415,19 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
   for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  for (int c = 0; c < nc; c++) {
+  for (int c = cb; c < nc; c++) {
     pp_wait_prev();
     __syncthreads();
     if (c + 2 < nc) {
-      int st = (c + 2) % PP_STAGES;
+      int st = (c - cb + 2) % PP_STAGES;
       pp_issue<D>(pp_at(ksa, st * STAGE), pp_at(vsa, st * STAGE), kc, vc, tb, bs, bsh, kvDim, kvh, c + 2, L);
       if (c + 3 < nc) pp_tab<D>(tb, tab, bs, bsh, c + 3, L);
     }
     pp_commit();
     int c0 = c * PP_CH;
     if (!rows || c0 > pos0 + wlast) continue;  // no rows, or every position past them
-    pp_sa K = pp_at(ksa, (c % PP_STAGES) * STAGE);
-    pp_sa V = pp_at(vsa, (c % PP_STAGES) * STAGE);
+    pp_sa K = pp_at(ksa, ((c - cb) % PP_STAGES) * STAGE);
+    pp_sa V = pp_at(vsa, ((c - cb) % PP_STAGES) * STAGE);
     float s[PP_CH / 8][4];
 #pragma unroll
     for (int nt = 0; nt < PP_CH / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -480,6 +501,20 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
         mma16816(o[2 * d2 + 1], pa[kk], b[2], b[3]);
       }
     }
+  }
+  if (SPLIT) {  // out is part: [n][heads][splits][D+2], this split's m, l and o
+    size_t sd = (size_t)gridDim.z * (D + 2), zo = (size_t)blockIdx.z * (D + 2);
+    float* p0 = out + ((size_t)r0 * heads + h) * sd + zo;
+    float* p1 = out + ((size_t)r1 * heads + h) * sd + zo;
+    if (t == 0 && r0 < n) p0[0] = m0, p0[1] = l0;
+    if (t == 0 && r1 < n) p1[0] = m1, p1[1] = l1;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+      int c = dt * 8 + 2 * t;
+      if (r0 < n) p0[2 + c] = o[dt][0], p0[3 + c] = o[dt][1];
+      if (r1 < n) p1[2 + c] = o[dt][2], p1[3 + c] = o[dt][3];
+    }
+    return;
   }
   float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll
@@ -556,10 +591,10 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 }
 
 #if defined(PREFILL_MMA)
-#define PREFILL_BODY prefill_pipe
+#define PREFILL_BODY(DD) prefill_pipe<DD, false>
 #define PREFILL_V1_BODY prefill_mma
 #else
-#define PREFILL_BODY prefill_plain
+#define PREFILL_BODY(DD) prefill_plain<DD>
 #define PREFILL_V1_BODY prefill_plain
 #endif
 
@@ -569,18 +604,28 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 #define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]
 
 #define PREFILL_KERNELS(DD)                                                                                        \
-  KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { PREFILL_BODY<DD>(PREFILL_ARGS); }     \
+  KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { PREFILL_BODY(DD)(PREFILL_ARGS); }     \
   KERNEL void __launch_bounds__(128) attn_prefill_v1_f16_d##DD(PREFILL_PARAMS) { PREFILL_V1_BODY<DD>(PREFILL_ARGS); } \
   KERNEL void __launch_bounds__(128) attn_prefill_plain_f16_d##DD(PREFILL_PARAMS) { prefill_plain<DD>(PREFILL_ARGS); }
 PREFILL_KERNELS(64)
 PREFILL_KERNELS(128)
+
+#if defined(PREFILL_MMA)
+// The split form (out is the merge's part buffer): sm_80 on only; the
+// runtime chooses it only there (prefill.go).
+#define PREFILL_SPLIT_KERNEL(DD)                                                                                        \
+  KERNEL void __launch_bounds__(128) attn_prefill_split_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, true>(PREFILL_ARGS); }
+PREFILL_SPLIT_KERNEL(64)
+PREFILL_SPLIT_KERNEL(128)
+#endif
 
 #if defined(FORGE_EMU_TENSOR)
 // The emulator's own: prefill_pipe on its mma.sync, ldmatrix and cp.async,
 // and prefill_mma (the path the H100 has run) on its mma.sync, a check of
 // the emulator's fragment layouts against a kernel known to be right.
 #define PREFILL_EMU_KERNEL(DD)                                                                  \
-  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD>(PREFILL_ARGS); } \
+  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, false>(PREFILL_ARGS); }     \
+  KERNEL void attn_prefill_emusplit_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, true>(PREFILL_ARGS); } \
   KERNEL void attn_prefill_emuv1_f16_d##DD(PREFILL_PARAMS) { prefill_mma<DD>(PREFILL_ARGS); }
 PREFILL_EMU_KERNEL(64)
 PREFILL_EMU_KERNEL(128)
