@@ -104,9 +104,10 @@ type Q8Ops interface {
 
 // SharedInputPromptMatMuler is SharedInputMatMuler for the prompt pieces
 // of a batched step: MatMulsPrompt computes what PromptMatMuler's
-// MatMulPrompt computes for each weight, with x quantized at most once for
-// them all. A backend without it multiplies such pieces one MatMulPrompt
-// per weight.
+// MatMulPrompt computes for each weight, reading xq (x's 8-bit copy, as
+// Q8Ops' products do) where it is not empty, else with x quantized at
+// most once for them all. A backend without it multiplies such pieces one
+// MatMulPrompt per weight.
 type SharedInputPromptMatMuler interface {
-	MatMulsPrompt(dsts []Tensor, ws []*Weight, x Tensor, n int) error
+	MatMulsPrompt(dsts []Tensor, ws []*Weight, x Tensor, xq Q8, n int) error
 }

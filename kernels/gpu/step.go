@@ -372,12 +372,15 @@ func (b *Backend) MatMulsQ8(dsts []kernels.Tensor, ws []*kernels.Weight, x kerne
 }
 
 // MatMulsPrompt implements kernels.SharedInputPromptMatMuler: MatMulPrompt
-// for each weight, x quantized at most once for them all.
-func (b *Backend) MatMulsPrompt(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, n int) error {
-	return b.matMuls(dsts, ws, x, kernels.Q8{}, n, n >= promptGEMMMinN)
+// for each weight (never the one launch for several), on xq where it is
+// given, else x quantized at most once for them all.
+func (b *Backend) MatMulsPrompt(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) error {
+	return b.matMuls(dsts, ws, x, xq, n, true)
 }
 
-func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int, gemm bool) error {
+// matMuls is MatMuls (prompt unset) or MatMulsPrompt.
+func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int, prompt bool) error {
+	gemm := prompt && n >= promptGEMMMinN
 	if len(dsts) != len(ws) {
 		return fmt.Errorf("gpu: matmuls: %d outputs for %d weights", len(dsts), len(ws))
 	}
@@ -401,7 +404,7 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	}
 	var grouped [3]int // indices into ws of the weights in the launch
 	ng := 0
-	if n == 1 && !gemm && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
+	if n == 1 && !prompt && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
 		for i, w := range ws {
 			if ng < len(grouped) && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 &&
 				(ng == 0 || w.Cols == ws[grouped[0]].Cols) {

@@ -103,7 +103,10 @@ func TestStepGraphMatchesOps(t *testing.T) {
 			func() error { return bk.MatMulQ8(s.z, w3, s.h, hq, 1) },
 			func() error { return bk.RoPE(s.q, 1, at.Heads, at.HeadDim, pos, rope) },
 			func() error { return bk.RoPE(s.k, 1, at.KVHeads, at.HeadDim, pos, rope) },
-			func() (err error) { aq, err = bk.AttentionQ8(s.att, s.q, s.k, s.v, s.kv, 0, pos, 1, at, s.attQ); return err },
+			func() (err error) {
+				aq, err = bk.AttentionQ8(s.att, s.q, s.k, s.v, s.kv, 0, pos, 1, at, s.attQ)
+				return err
+			},
 			func() error { return wantQ8(bk, "attention", aq) },
 			func() error { return bk.MatMulQ8(s.o, wo, s.att, aq, 1) },
 			func() error { return bk.AddRMSNorm(s.xb, s.x, s.z, norm, 1, 1e-5) }, // x += z; xb = norm(x)
