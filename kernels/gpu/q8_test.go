@@ -90,8 +90,10 @@ func TestQ8OpsMatchPlain(t *testing.T) {
 		if err := b.MatMulsQ8(ysq, onXB, xbq, c, n); err != nil {
 			t.Fatal(err)
 		}
-		// The plain norm: RMSNormQ8 over the same x.
-		c2, err := b.RMSNormQ8(xbq, xq, norm, n, 1e-5, xbQ)
+		// The norm without the add: RMSNormQ8 over the same x, into
+		// another buffer (xbq stays for the comparison below).
+		xbq2 := alloc(n * embd)
+		c2, err := b.RMSNormQ8(xbq2, xq, norm, n, 1e-5, xbQ)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +108,7 @@ func TestQ8OpsMatchPlain(t *testing.T) {
 		if err := b.MatMul(yr, onXB[2], xbr, n); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.MatMulQ8(yrq, onXB[2], xbq, c2, n); err != nil {
+		if err := b.MatMulQ8(yrq, onXB[2], xbq2, c2, n); err != nil {
 			t.Fatal(err)
 		}
 		// SiLU·mul, then the down product on its output.
@@ -136,6 +138,7 @@ func TestQ8OpsMatchPlain(t *testing.T) {
 		same("xb", xbp, xbq)
 		same("h", hp, hq)
 		same("down", dp, dq)
+		same("xb of rmsnorm", xbr, xbq2)
 		same("v after rmsnorm", yr, yrq)
 		for i, w := range onXB {
 			same("product "+w.Name, yp[i], yq[i])
