@@ -392,6 +392,9 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		if w == nil {
 			return fmt.Errorf("gpu: matmuls: weight %d is nil", i)
 		}
+		if w.Cols != ws[0].Cols {
+			return fmt.Errorf("gpu: matmuls: weights of %d and %d columns on one input", ws[0].Cols, w.Cols)
+		}
 		var err error
 		if kts[i], err = b.checkProduct("matmuls", dsts[i], w, x, n); err != nil {
 			return err
@@ -406,8 +409,7 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	ng := 0
 	if n == 1 && !prompt && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
 		for i, w := range ws {
-			if ng < len(grouped) && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 &&
-				(ng == 0 || w.Cols == ws[grouped[0]].Cols) {
+			if ng < len(grouped) && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 {
 				grouped[ng] = i
 				ng++
 			}
@@ -429,11 +431,7 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 	}
 	return b.do(func(c *rocm.Ctx) error {
 		if ng > 0 {
-			q := &shared
-			if ws[grouped[0]].Cols != cols {
-				q = &q8x{} // another width reads x's copy of its own
-			}
-			if err := b.matvecQ4KMulti(c, dsts, ws, wps, grouped[:ng], x, q); err != nil {
+			if err := b.matvecQ4KMulti(c, dsts, ws, wps, grouped[:ng], x, &shared); err != nil {
 				return err
 			}
 		}
@@ -445,11 +443,7 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 			if done {
 				continue
 			}
-			q := &shared
-			if w.Cols != cols {
-				q = &q8x{} // another width reads x's copy of its own
-			}
-			if err := b.product(c, kts[i], w, wps[i], dsts[i], x, n, gemm, q); err != nil {
+			if err := b.product(c, kts[i], w, wps[i], dsts[i], x, n, gemm, &shared); err != nil {
 				return err
 			}
 		}
@@ -458,7 +452,7 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 }
 
 // matvecQ4KMulti queues dsts[g] = x · ws[g]ᵀ for the Q4_K weights of idx
-// (same width, 2 or 3 of them, at wps) in one launch, on q's copy of x
+// (2 or 3 of them, at wps) in one launch, on q's copy of x
 // (q8For). Call with b.mu held, on the worker.
 func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kernels.Weight, wps []rocm.DevPtr, idx []int, x kernels.Tensor, q *q8x) error {
 	cols := ws[idx[0]].Cols

@@ -236,7 +236,6 @@ func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int, r kernels.Rope) {
 	}
 }
 
-//
 // attention returns out's 8-bit copy, made in oq (the storage for n rows
 // of out, possibly empty) where the backend can (the single-sequence
 // path), else the zero Q8.
