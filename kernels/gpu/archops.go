@@ -30,7 +30,6 @@ func (b *Backend) Scale(dst, x kernels.Tensor, s float32, n int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(dst)).Ptr(dptr(x)).F32(s).I32(int32(n))
 		return b.launch(c, "scale_f32", grid1(n), rocm.D1(256), &a)
@@ -51,7 +50,6 @@ func (b *Backend) Softcap(x kernels.Tensor, cp float32, n int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).F32(cp).I32(int32(n))
 		return b.launch(c, "softcap_f32", grid1(n), rocm.D1(256), &a)

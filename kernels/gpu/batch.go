@@ -347,7 +347,6 @@ func (b *Backend) RoPEAt(x kernels.Tensor, n, heads, headDim int, r kernels.Rope
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).I32(int32(n)).I32(int32(heads)).I32(int32(headDim)).Ptr(b.lay.posPtr()).I32(int32(dim)).
 			F32(r.Base).F32(scale).Ptr(fp).I32(neox)
@@ -434,7 +433,6 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		part, err := b.scratchBuf(c, "paged-part", int64(n)*int64(at.Heads)*int64(splits)*int64(at.HeadDim+2)*4)
 		if err != nil {
 			return err
@@ -486,8 +484,9 @@ func (b *Backend) rowKernel(w *kernels.Weight, wp rocm.DevPtr) string {
 // kernels.MaxBatchRows through the tensor-core kernels (mmq.go) where they
 // fit, else the multi-row matvec kernels planRows chooses, 8 or 16 rows per
 // launch: each row bit for bit what MatMul gives it alone (see rowFamily),
-// the weight read once per launch.
-func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
+// the weight read once per launch. The kernels on 8-bit x read q's copy
+// (q8For).
+func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int, q *q8x) error {
 	p, err := planRows(b.launchDevice(), w.Type, w.Rows, w.Cols, n, uintptr(wp)%16 == 0, b.mvVariant, b.mxVariant)
 	if err != nil {
 		return err
@@ -503,10 +502,11 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 		}
 		return nil
 	}
-	xq, xd, err := b.quantizeX(c, dptr(x), n*w.Cols) // row by row as for one row: groups of 32 within a row
+	x8, err := b.q8For(c, dptr(x), n*w.Cols, q) // row by row as for one row: groups of 32 within a row
 	if err != nil {
 		return err
 	}
+	xq, xd := x8.codes, x8.scales
 	if b.mmqUse(w, wp, n) {
 		return b.mmqRows(c, kt, w, wp, xq, xd, dst, n)
 	}

@@ -164,7 +164,7 @@ func BenchmarkMatVec(b *testing.B) {
 							if kernelOnly {
 								return bk.mvQ8(c, kt, bk.mvVariant, cw, rocm.DevPtr(cw.Dev), dptr(y), xq, xd)
 							}
-							return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1)
+							return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
 						})
 						return err
 					})
@@ -270,9 +270,13 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			kb := c.Impl.(*kvBuf)
 			var ms float32
 			err = bk.do(func(cx *rocm.Ctx) error {
-				var err error
+				// The output quantized on the side, as in a decode step.
+				oq, od, err := bk.q8Buf(cx, 4096)
+				if err != nil {
+					return err
+				}
 				ms, err = timeOn(cx, bk.stream, 2, b.N, func(int) error {
-					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), ctx-1, 1, c.Ctx, a)
+					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), ctx-1, 1, c.Ctx, a, q8x{oq, od})
 				})
 				return err
 			})

@@ -120,7 +120,6 @@ type Backend struct {
 	lay         layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
-	q8     q8Cache             // the 8-bit copy of the last quantized vector
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
 	graphs map[*stepGraph]bool // live recorded steps, destroyed by Close
 	prof   *profiler           // per-kernel timing, when on (step.go)
@@ -474,9 +473,6 @@ func (b *Backend) scratchBuf(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, err
 		return 0, fmt.Errorf("gpu: scratch %s must grow (%d bytes) while a decode step is captured", key, n)
 	}
 	if ok {
-		if key == "xq" {
-			b.q8Forget() // its 8-bit vector goes with the old buffer
-		}
 		if err := c.SyncStream(b.stream); err != nil {
 			return 0, err
 		}

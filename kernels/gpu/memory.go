@@ -20,7 +20,6 @@ func (b *Backend) Alloc(n int) (kernels.Tensor, error) {
 	defer b.mu.Unlock()
 	var p rocm.DevPtr
 	err := b.do(func(c *rocm.Ctx) error {
-		b.q8Forget() // the address may be a freed one's
 		var err error
 		if p, err = c.Malloc(size); err != nil {
 			return err
@@ -44,7 +43,6 @@ func (b *Backend) Free(t kernels.Tensor) {
 		return
 	}
 	delete(b.allocs, t.Dev)
-	b.q8Forget()
 	err := b.do(func(c *rocm.Ctx) error {
 		if err := c.SyncStream(b.stream); err != nil {
 			return err
@@ -91,7 +89,6 @@ func (b *Backend) Write(dst kernels.Tensor, off int, src []float32) error {
 		return fmt.Errorf("gpu: write while capturing a decode step")
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		if err := c.SyncStream(b.stream); err != nil {
 			return fmt.Errorf("gpu: write: %w", err)
 		}

@@ -106,12 +106,13 @@ func (b *Backend) mmq32Fits(w *kernels.Weight, wp rocm.DevPtr) bool {
 // mmq32 queues dst [n][w.Rows] = x [n][w.Cols] · wᵀ through the mmq32
 // kernels: x quantized to 8 bits row by row (groups of 32 within a row, as
 // for one row), then 16, 32 or 64 rows of x per block (the results do not
-// depend on the tile).
-func (b *Backend) mmq32(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int) error {
-	xq, xd, err := b.quantizeX(c, dptr(x), n*w.Cols)
+// depend on the tile). x's 8-bit copy is q's (q8For).
+func (b *Backend) mmq32(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int, q *q8x) error {
+	x8, err := b.q8For(c, dptr(x), n*w.Cols, q)
 	if err != nil {
 		return err
 	}
+	xq, xd := x8.codes, x8.scales
 	tile := 64
 	switch {
 	case n <= 16:

@@ -141,11 +141,10 @@ func BenchmarkMMQ32(b *testing.B) {
 						ms, err = timeOn(c, bk.stream, 2*len(copies), b.N, func(i int) error {
 							cw := copies[i%len(copies)]
 							wp := rocm.DevPtr(cw.Dev)
-							bk.q8Forget()
 							if path == "gemm" {
 								return bk.gemm(c, "q4_0", cw, wp, y, x, n)
 							}
-							return bk.mmq32(c, "q4_0", cw, wp, y, x, n)
+							return bk.mmq32(c, "q4_0", cw, wp, y, x, n, nil)
 						})
 						return err
 					})

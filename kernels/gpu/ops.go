@@ -54,7 +54,6 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var idp rocm.DevPtr
 		if b.step.batch { // a recorded batched step: the layout's ids
 			if !b.lay.ids || len(ids) != len(b.lay.pos) {
@@ -107,7 +106,7 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 // form, or the mmq32 kernels, mmq32.go): rows of a prompt chunk longer
 // than MaxBatchRows are not row-invariant.
 func (b *Backend) MatMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
-	return b.matMul(dst, w, x, n, false)
+	return b.matMul(dst, w, x, kernels.Q8{}, n, false)
 }
 
 // promptGEMMMinN is the shortest prompt piece MatMulPrompt multiplies
@@ -124,21 +123,21 @@ const promptGEMMMinN = 16
 // to 8× faster at 16 rows, level at 64 rows of the widest Q4_K weight
 // (bench/results/2026-11-25-mmq-h100.md).
 func (b *Backend) MatMulPrompt(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
-	return b.matMul(dst, w, x, n, n >= promptGEMMMinN)
+	return b.matMul(dst, w, x, kernels.Q8{}, n, n >= promptGEMMMinN)
 }
 
-func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int, gemm bool) error {
-	kt, ok := kernelType(w.Type)
-	if !ok {
-		return fmt.Errorf("gpu: matmul %q: type %s is not supported on the GPU", w.Name, w.Type)
-	}
-	if n <= 0 {
-		return nil
-	}
-	if err := checkTensor("matmul: x", x, n*w.Cols); err != nil {
+// MatMulQ8 implements kernels.Q8Ops: MatMul, on xq where it is given.
+func (b *Backend) MatMulQ8(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) error {
+	return b.matMul(dst, w, x, xq, n, false)
+}
+
+func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int, gemm bool) error {
+	kt, err := b.checkProduct("matmul", dst, w, x, n)
+	if err != nil || n <= 0 {
 		return err
 	}
-	if err := checkTensor("matmul: dst", dst, n*w.Rows); err != nil {
+	q, err := devQ8("matmul", xq, n, w.Cols)
+	if err != nil {
 		return err
 	}
 	if n >= vendorMinN {
@@ -151,30 +150,58 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		// dst is written below: an 8-bit copy of a vector it overlaps is
-		// stale afterwards (the copy of x itself stays good for the next
-		// product on the same input, as Q, K and V or gate and up are).
-		defer b.q8Written(dst)
-		if gemm && n <= b.batchRows() && !b.mmqNoPrompt && b.mmqUse(w, wp, n) {
-			gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
-		}
-		if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
-			if n <= mmq32MaxRows && b.mmq32Fits(w, wp) {
-				return b.mmq32(c, kt, w, wp, dst, x, n) // 8-bit x as on the CPU (mmq32.go)
-			}
-			return b.gemm(c, kt, w, wp, dst, x, n)
-		}
-		if n > 1 && n <= b.batchRows() {
-			return b.matvecRows(c, kt, w, wp, dst, x, n)
-		}
-		for i0 := 0; i0 < n; i0 += mvMaxN {
-			nx := min(mvMaxN, n-i0)
-			if err := b.matvec(c, kt, w, wp, off(dst, i0*w.Rows), off(x, i0*w.Cols), nx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return b.product(c, kt, w, wp, dst, x, n, gemm, &q)
 	})
+}
+
+// checkProduct checks one product's shapes and returns the weight's kernel
+// type.
+func (b *Backend) checkProduct(op string, dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) (string, error) {
+	kt, ok := kernelType(w.Type)
+	if !ok {
+		return "", fmt.Errorf("gpu: %s %q: type %s is not supported on the GPU", op, w.Name, w.Type)
+	}
+	if n <= 0 {
+		return kt, nil
+	}
+	if err := checkTensor(op+": x", x, n*w.Cols); err != nil {
+		return "", err
+	}
+	if err := checkTensor(op+": dst", dst, n*w.Rows); err != nil {
+		return "", err
+	}
+	return kt, nil
+}
+
+// product queues dst [n][w.Rows] = x [n][w.Cols] · wᵀ with the kernels
+// MatMul (gemm unset) or MatMulPrompt (gemm set) choose. A path that reads
+// 8-bit x takes q's copy, quantizing x into it first if q is empty (a
+// product sharing its input with others passes the same q to each: x is
+// quantized once, by the first that needs it). Call with b.mu held, on the
+// worker.
+func (b *Backend) product(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int, gemm bool, q *q8x) error {
+	if gemm && n <= b.batchRows() && !b.mmqNoPrompt && b.mmqUse(w, wp, n) {
+		gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
+	}
+	if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
+		if n <= mmq32MaxRows && b.mmq32Fits(w, wp) {
+			return b.mmq32(c, kt, w, wp, dst, x, n, q) // 8-bit x as on the CPU (mmq32.go)
+		}
+		return b.gemm(c, kt, w, wp, dst, x, n)
+	}
+	if n > 1 && n <= b.batchRows() {
+		return b.matvecRows(c, kt, w, wp, dst, x, n, q)
+	}
+	if n == 1 {
+		return b.matvec(c, kt, w, wp, dptr(dst), dptr(x), 1, q)
+	}
+	for i0 := 0; i0 < n; i0 += mvMaxN { // F32 weights: float x
+		nx := min(mvMaxN, n-i0)
+		if err := b.matvec(c, kt, w, wp, off(dst, i0*w.Rows), off(x, i0*w.Cols), nx, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // launchDevice is what launch choice (launch.go) knows of this device.
@@ -183,8 +210,8 @@ func (b *Backend) launchDevice() LaunchDevice {
 }
 
 // matvec queues y [nx][rows] = x [nx][cols] · wᵀ with the kernel
-// planMatvec chooses.
-func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x rocm.DevPtr, nx int) error {
+// planMatvec chooses; one on 8-bit x (one row) reads q's copy (q8For).
+func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x rocm.DevPtr, nx int, q *q8x) error {
 	p, err := planMatvec(b.launchDevice(), w.Type, w.Rows, w.Cols, nx, uintptr(wp)%16 == 0, uintptr(x)%16 == 0,
 		mvOverrides{Variant: b.mvVariant, BlocksPerSM: b.mvBlocksPerSM})
 	if err != nil {
@@ -193,11 +220,11 @@ func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x roc
 	var a rocm.Args
 	switch p.Args {
 	case mvArgsQ8:
-		xq, xd, err := b.quantizeX(c, x, w.Cols)
+		xq, err := b.q8For(c, x, w.Cols, q)
 		if err != nil {
 			return err
 		}
-		a.Ptr(wp).Ptr(xq).Ptr(xd).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
+		a.Ptr(wp).Ptr(xq.codes).Ptr(xq.scales).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
 	case mvArgsFloat:
 		a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols))
 	default:
@@ -207,13 +234,9 @@ func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x roc
 }
 
 // quantizeX queues x [cols] f32 -> int8 blocks of 32 with f32 scales, into
-// scratch; it returns the codes and the scales.
-// A vector quantized by a fused op (rmsnorm_q8, silu_mul_q8) or by an
-// earlier product on the same input is not quantized again.
+// the "xq" scratch; it returns the codes and the scales. Every call
+// quantizes: a copy to be shared is the caller's to keep (q8For).
 func (b *Backend) quantizeX(c *rocm.Ctx, x rocm.DevPtr, cols int) (xq, xd rocm.DevPtr, err error) {
-	if b.q8.src == x && b.q8.cols == cols {
-		return b.q8.codes, b.q8.scales, nil
-	}
 	p, d, err := b.q8Buf(c, cols)
 	if err != nil {
 		return 0, 0, err
@@ -223,7 +246,6 @@ func (b *Backend) quantizeX(c *rocm.Ctx, x rocm.DevPtr, cols int) (xq, xd rocm.D
 	if err := b.launch(c, "quantize_q8", rocm.D1(ceilDiv(cols, 256)), rocm.D1(256), &a); err != nil {
 		return 0, 0, err
 	}
-	b.q8Made(x, cols, p, d)
 	return p, d, nil
 }
 
@@ -314,7 +336,6 @@ func (b *Backend) Dequantize(dst kernels.Tensor, w *kernels.Weight) error {
 	}
 	_, items := dequantItems(w.Type, w.Rows, w.Cols, w.Cols)
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(wp).Ptr(dptr(dst)).I32(int32(w.Rows)).I32(int32(w.Cols))
 		return b.launch(c, "deq32_"+kt, grid1(items), rocm.D1(256), &a)
@@ -338,7 +359,6 @@ func (b *Backend) DequantizeF16(out rocm.DevPtr, w *kernels.Weight, kpad int) er
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		return b.dequantF16(c, kt, w, wp, out, kpad)
 	})
 }
@@ -355,7 +375,6 @@ func (b *Backend) GEMMF16(cOut, w, x rocm.DevPtr, m, n, k int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		return b.gemmF16(c, w, x, cOut, m, n, k)
 	})
 }
@@ -372,7 +391,14 @@ func (b *Backend) normWeight(op string, w *kernels.Weight, cols int) (rocm.DevPt
 
 // RMSNorm normalises n rows of w.Cols values and scales them by w.
 func (b *Backend) RMSNorm(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
-	return b.rmsNorm("rmsnorm", dst, x, kernels.Tensor{}, w, n, eps)
+	_, err := b.rmsNorm("rmsnorm", dst, x, kernels.Tensor{}, w, n, eps, kernels.Q8{})
+	return err
+}
+
+// RMSNormQ8 implements kernels.Q8Ops: RMSNorm, one row (the decode shape)
+// also quantized into q by rmsnorm_row itself.
+func (b *Backend) RMSNormQ8(dst, x kernels.Tensor, w *kernels.Weight, n int, eps float32, q kernels.Q8) (kernels.Q8, error) {
+	return b.rmsNorm("rmsnorm", dst, x, kernels.Tensor{}, w, n, eps, q)
 }
 
 // AddRMSNorm adds the residual r to x in place, then normalises it:
@@ -384,57 +410,63 @@ func (b *Backend) AddRMSNorm(dst, x, r kernels.Tensor, w *kernels.Weight, n int,
 			return err
 		}
 	}
-	return b.rmsNorm("add·rmsnorm", dst, x, r, w, n, eps)
+	_, err := b.rmsNorm("add·rmsnorm", dst, x, r, w, n, eps, kernels.Q8{})
+	return err
+}
+
+// AddRMSNormQ8 implements kernels.Q8Ops: AddRMSNorm, one row also
+// quantized into q by rmsnorm_row itself.
+func (b *Backend) AddRMSNormQ8(dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32, q kernels.Q8) (kernels.Q8, error) {
+	if w != nil {
+		if err := checkTensor("add·rmsnorm: r", r, n*w.Cols); err != nil {
+			return kernels.Q8{}, err
+		}
+	}
+	return b.rmsNorm("add·rmsnorm", dst, x, r, w, n, eps, q)
 }
 
 var _ kernels.ResidualNormer = (*Backend)(nil)
 
 // rmsNorm queues RMSNorm (r.Dev == 0) or AddRMSNorm. One row, the decode
-// shape, goes to rmsnorm_row, which also quantizes the row to 8 bits for
-// the products that follow (unless noFuse); 2 to kernels.MaxBatchRows rows
-// (a batched step) to one block of rmsnorm_row each, so that every row
-// gets the bits it gets alone (batch invariance, kernels.Batcher); more
-// rows to one 256-thread block each.
-func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32) error {
+// shape, goes to rmsnorm_row, which also quantizes the row to 8 bits into
+// q for the products that follow (where q is given, unless noFuse: then
+// it returns q); 2 to kernels.MaxBatchRows rows (a batched step) to one
+// block of rmsnorm_row each, so that every row gets the bits it gets alone
+// (batch invariance, kernels.Batcher); more rows to one 256-thread block
+// each.
+func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight, n int, eps float32, q kernels.Q8) (kernels.Q8, error) {
 	if w == nil {
-		return fmt.Errorf("gpu: %s: nil weight", op)
+		return kernels.Q8{}, fmt.Errorf("gpu: %s: nil weight", op)
 	}
 	cols := w.Cols
 	if err := checkTensor(op+": x", x, n*cols); err != nil {
-		return err
+		return kernels.Q8{}, err
 	}
 	if err := checkTensor(op+": dst", dst, n*cols); err != nil {
-		return err
+		return kernels.Q8{}, err
 	}
 	if n <= 0 {
-		return nil
+		return kernels.Q8{}, nil
+	}
+	dq, err := devQ8(op, q, n, cols)
+	if err != nil {
+		return kernels.Q8{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	wp, err := b.normWeight(op, w, cols)
 	if err != nil {
-		return err
+		return kernels.Q8{}, err
 	}
-	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
+	l, fuse := planNorm(n, cols, r.Dev != 0, !b.noFuse)
+	if !fuse {
+		dq, q = q8x{}, kernels.Q8{}
+	}
+	err = b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
-		l, fuse := planNorm(n, cols, r.Dev != 0, !b.noFuse)
 		if l.Kernel == "rmsnorm_row" {
-			var q, d rocm.DevPtr
-			if fuse {
-				var err error
-				if q, d, err = b.q8Buf(c, cols); err != nil {
-					return err
-				}
-			}
-			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(q).Ptr(d)
-			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
-				return err
-			}
-			if q != 0 {
-				b.q8Made(dptr(dst), cols, q, d)
-			}
-			return nil
+			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps).Ptr(dq.codes).Ptr(dq.scales)
+			return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 		}
 		if r.Dev != 0 {
 			a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(wp).I32(int32(cols)).F32(eps)
@@ -443,6 +475,10 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 		}
 		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	return q, nil
 }
 
 // AddBias adds the F32 vector bias to each of n rows of x in place.
@@ -463,7 +499,6 @@ func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).Ptr(bp).I32(int32(n)).I32(int32(bias.Cols))
 		return b.launch(c, "add_bias", grid1(n*bias.Cols), rocm.D1(256), &a)
@@ -487,7 +522,6 @@ func (b *Backend) RoPE(x kernels.Tensor, n, heads, headDim, pos0 int, r kernels.
 		return err
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var a rocm.Args
 		a.Ptr(dptr(x)).I32(int32(n)).I32(int32(heads)).I32(int32(headDim)).I32(int32(pos0)).I32(int32(dim)).
 			F32(r.Base).F32(scale).Ptr(fp).I32(neox).Ptr(b.stepPos())
@@ -559,19 +593,31 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 // prompt kernel (a block per head and 8 tokens, keys and values staged in
 // shared memory once for all 8).
 func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn) error {
+	_, err := b.attention(out, q, k, v, kc, layer, pos0, n, at, kernels.Q8{})
+	return err
+}
+
+// AttentionQ8 implements kernels.Q8Ops: Attention, one token's output also
+// quantized into oq by the decode kernel itself (plain attention, head
+// sizes of whole blocks of 32).
+func (b *Backend) AttentionQ8(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn, oq kernels.Q8) (kernels.Q8, error) {
+	return b.attention(out, q, k, v, kc, layer, pos0, n, at, oq)
+}
+
+func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn, oq kernels.Q8) (kernels.Q8, error) {
 	if kc == nil {
-		return fmt.Errorf("gpu: attention: nil kv cache")
+		return kernels.Q8{}, fmt.Errorf("gpu: attention: nil kv cache")
 	}
 	kb, ok := kc.Impl.(*kvBuf)
 	if !ok || kb.base == 0 {
-		return fmt.Errorf("gpu: attention: kv cache was not made by this backend (or was freed)")
+		return kernels.Q8{}, fmt.Errorf("gpu: attention: kv cache was not made by this backend (or was freed)")
 	}
 	if err := checkAttn("attention", "cache", at, kc.KVDim, kc.Layers, layer); err != nil {
-		return err
+		return kernels.Q8{}, err
 	}
 	kvDim := at.KVHeads * at.HeadDim
 	if pos0 < 0 || n < 0 || pos0+n > kc.Ctx {
-		return fmt.Errorf("gpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, kc.Ctx)
+		return kernels.Q8{}, fmt.Errorf("gpu: attention: positions %d…%d outside the context of %d", pos0, pos0+n-1, kc.Ctx)
 	}
 	qDim := at.Heads * at.HeadDim
 	for _, c := range []struct {
@@ -580,11 +626,19 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 		n    int
 	}{{"q", q, n * qDim}, {"out", out, n * qDim}, {"k", k, n * kvDim}, {"v", v, n * kvDim}} {
 		if err := checkTensor("attention: "+c.what, c.t, c.n); err != nil {
-			return err
+			return kernels.Q8{}, err
 		}
 	}
 	if n == 0 {
-		return nil
+		return kernels.Q8{}, nil
+	}
+	dq, err := devQ8("attention", oq, n, qDim)
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	// One token's output is also quantized for the output projection.
+	if !(n == 1 && at.Plain() && at.HeadDim%32 == 0 && !b.noFuse) {
+		dq, oq = q8x{}, kernels.Q8{}
 	}
 	sfx := "f16"
 	if kb.esize == 4 {
@@ -596,10 +650,9 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.step.on && n > 2 {
-		return fmt.Errorf("gpu: attention of %d tokens in a decode step", n)
+		return kernels.Q8{}, fmt.Errorf("gpu: attention of %d tokens in a decode step", n)
 	}
-	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
+	err = b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
 		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0)).Ptr(b.stepPos())
 		if err := b.launch(c, "kv_store_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
@@ -610,13 +663,17 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 			return b.attnExt(c, sfx, out, q, kp, vp, pos0, n, at)
 		}
 		if n <= 2 {
-			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at)
+			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at, dq)
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
 		l := planAttnPrompt(sfx, at.Heads, n)
 		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	return oq, nil
 }
 
 // attnDecode queues the decode-shape attention. The context is split over
@@ -627,8 +684,9 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 // decode step, which reads its position on the device, runs the very
 // kernels and grid that the same step queued op by op runs: the two give
 // identical results. The kernel divides the pos0+n positions in use among
-// the splits (splits past the end are empty).
-func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
+// the splits (splits past the end are empty). With oq (one token), it also
+// quantizes the output into it.
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x) error {
 	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
@@ -641,77 +699,79 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 			return err
 		}
 	}
-	// One token's output is also quantized for the output projection.
-	var oq, od rocm.DevPtr
-	qDim := at.Heads * at.HeadDim
-	if n == 1 && at.HeadDim%32 == 0 && !b.noFuse {
-		var err error
-		if oq, od, err = b.q8Buf(c, qDim); err != nil {
-			return err
-		}
-	}
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
-		Ptr(oq).Ptr(od)
-	if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
-		return err
-	}
-	if oq != 0 {
-		b.q8Made(dptr(out), qDim, oq, od)
-	}
-	return nil
+		Ptr(oq.codes).Ptr(oq.scales)
+	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }
 
 func (b *Backend) elementwise(op, kernel string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {
-	return b.elementwiseQ8(op, kernel, "", dst, srcs, n)
+	_, err := b.elementwiseQ8(op, kernel, "", dst, srcs, n, kernels.Q8{})
+	return err
 }
 
 // elementwiseQ8 queues kernel, or fused (the same op that also quantizes
-// dst to 8 bits, see rmsnorm_q8) when fused is set and n is whole blocks of
-// 32, at most maxFusedQ8 values: one token's row, as in decode (a prompt's
-// rows go through the GEMM, which reads floats).
-func (b *Backend) elementwiseQ8(op, kernel, fused string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {
+// dst to 8 bits into q, see rmsnorm_row) when fused and q are given and n
+// is at most maxFusedQ8 values (q's rows: one token's row, as in decode,
+// or a few rows of a batched step's; a prompt's rows go through the GEMM,
+// which reads floats); it returns q when it filled it.
+func (b *Backend) elementwiseQ8(op, kernel, fused string, dst kernels.Tensor, srcs []kernels.Tensor, n int, q kernels.Q8) (kernels.Q8, error) {
 	if err := checkTensor(op+": dst", dst, n); err != nil {
-		return err
+		return kernels.Q8{}, err
 	}
 	for _, s := range srcs {
 		if err := checkTensor(op+": input", s, n); err != nil {
-			return err
+			return kernels.Q8{}, err
 		}
 	}
 	if n <= 0 {
-		return nil
+		return kernels.Q8{}, nil
+	}
+	var dq q8x
+	if !q.Empty() {
+		if q.Rows*q.Cols != n {
+			return kernels.Q8{}, fmt.Errorf("gpu: %s: an 8-bit copy of %d×%d values for %d", op, q.Rows, q.Cols, n)
+		}
+		var err error
+		if dq, err = devQ8(op, q, q.Rows, q.Cols); err != nil {
+			return kernels.Q8{}, err
+		}
+	}
+	if !(fused != "" && !q.Empty() && n <= maxFusedQ8 && !b.noFuse) {
+		dq, q = q8x{}, kernels.Q8{}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
+	err := b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
 		a.Ptr(dptr(dst))
 		for _, s := range srcs {
 			a.Ptr(dptr(s))
 		}
 		a.I32(int32(n))
-		if fused != "" && n%32 == 0 && n <= maxFusedQ8 && !b.noFuse {
-			q, d, err := b.q8Buf(c, n)
-			if err != nil {
-				return err
-			}
-			a.Ptr(q).Ptr(d)
-			if err := b.launch(c, fused, grid1(n), rocm.D1(256), &a); err != nil {
-				return err
-			}
-			b.q8Made(dptr(dst), n, q, d)
-			return nil
+		if !dq.empty() {
+			a.Ptr(dq.codes).Ptr(dq.scales)
+			return b.launch(c, fused, grid1(n), rocm.D1(256), &a)
 		}
 		return b.launch(c, kernel, grid1(n), rocm.D1(256), &a)
 	})
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	return q, nil
 }
 
 // SiLUMul computes dst = silu(gate) ⊙ up over n values.
 func (b *Backend) SiLUMul(dst, gate, up kernels.Tensor, n int) error {
-	return b.elementwiseQ8("silu·mul", "silu_mul", "silu_mul_q8", dst, []kernels.Tensor{gate, up}, n)
+	_, err := b.elementwiseQ8("silu·mul", "silu_mul", "", dst, []kernels.Tensor{gate, up}, n, kernels.Q8{})
+	return err
+}
+
+// SiLUMulQ8 implements kernels.Q8Ops: SiLUMul, quantized on the side into q
+// by silu_mul_q8 (up to maxFusedQ8 values).
+func (b *Backend) SiLUMulQ8(dst, gate, up kernels.Tensor, n int, q kernels.Q8) (kernels.Q8, error) {
+	return b.elementwiseQ8("silu·mul", "silu_mul", "silu_mul_q8", dst, []kernels.Tensor{gate, up}, n, q)
 }
 
 // Add computes dst = a + b over n values.

@@ -72,7 +72,6 @@ func (b *Backend) copyPeer(dst kernels.Tensor, sb *Backend, s kernels.Tensor, ev
 		return 0, fmt.Errorf("gpu: peer copy while capturing a decode step")
 	}
 	err := b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		if _, asked := b.peer.opened[sb]; !asked {
 			direct, err := c.EnablePeer(from)
 			if err != nil {

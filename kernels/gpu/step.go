@@ -96,7 +96,6 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 		return nil, fmt.Errorf("gpu: capture step: a step is already being run or captured")
 	}
 	err := b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		return b.setStep(c, token, pos)
 	})
 	if err == nil {
@@ -127,7 +126,6 @@ func (b *Backend) CaptureStep(token int32, pos int, step func() error) (kernels.
 func (b *Backend) captureGraph(mode func(on bool), step func() error) (*stepGraph, error) {
 	b.mu.Lock()
 	err := b.do(func(c *rocm.Ctx) error {
-		b.q8Forget() // the graph must not start from a copy made outside it
 		return c.BeginCaptureMode(b.stream, rocm.CaptureRelaxed)
 	})
 	if err != nil {
@@ -147,7 +145,6 @@ func (b *Backend) captureGraph(mode func(on bool), step func() error) (*stepGrap
 	b.step.capturing, b.step.used = false, nil
 	var g *rocm.Graph
 	gerr := b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		var err error
 		g, err = c.EndCapture(b.stream) // always, so the stream leaves capture mode
 		return err
@@ -195,7 +192,6 @@ func (b *Backend) RunStep(g kernels.StepGraph, token int32, pos int) error {
 		}
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		if err := b.setStep(c, token, pos); err != nil {
 			return err
 		}
@@ -229,35 +225,6 @@ func (b *Backend) FreeStep(g kernels.StepGraph) {
 // maxFusedQ8 is the longest vector an element-wise op quantizes on the
 // side (see elementwiseQ8).
 const maxFusedQ8 = 1 << 16
-
-// q8Cache remembers the 8-bit copy (codes and scales in the "xq" scratch)
-// of the last vector quantized, so that products on the same input (Q, K
-// and V; gate and up) and products after a fused rmsnorm_q8 or silu_mul_q8
-// do not quantize it again. Every op that may write device memory forgets
-// it, except a product that does not write into the vector.
-type q8Cache struct {
-	src           rocm.DevPtr // the float vector; 0: none
-	cols          int
-	codes, scales rocm.DevPtr
-}
-
-func (b *Backend) q8Forget() { b.q8 = q8Cache{} }
-
-// q8Made records that codes/scales now hold src [cols] quantized.
-func (b *Backend) q8Made(src rocm.DevPtr, cols int, codes, scales rocm.DevPtr) {
-	b.q8 = q8Cache{src: src, cols: cols, codes: codes, scales: scales}
-}
-
-// q8Written forgets the copy if dst overlaps its vector.
-func (b *Backend) q8Written(dst kernels.Tensor) {
-	if b.q8.src == 0 {
-		return
-	}
-	lo, hi := uintptr(b.q8.src), uintptr(b.q8.src)+uintptr(b.q8.cols)*4
-	if dst.Dev < hi && dst.Dev+uintptr(dst.Len)*4 > lo {
-		b.q8Forget()
-	}
-}
 
 // q8Buf returns the "xq" scratch for a vector of cols values: codes
 // (cols rounded up to 256 bytes) then one float scale per 32.
@@ -383,95 +350,131 @@ func (b *Backend) StopProfile() ([]KernelTime, error) {
 	return out, nil
 }
 
-var _ kernels.SharedInputMatMuler = (*Backend)(nil)
+var (
+	_ kernels.SharedInputMatMuler       = (*Backend)(nil)
+	_ kernels.SharedInputPromptMatMuler = (*Backend)(nil)
+)
 
 // MatMuls implements kernels.SharedInputMatMuler. For one row, the Q4_K
 // weights of the same width among ws (at most three) go through one launch
 // of mv_q4_k_n12m, the kernel MatMul picks for each of them alone, its
 // warps striding over the rows of all of them; the other weights, and
-// every weight for more rows, go through MatMul (on the same 8-bit input,
-// which is quantized once).
+// every weight for more rows, go through MatMul's kernels. x is quantized
+// once, by the first product that reads 8 bits, and that copy handed to
+// the others.
 func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, n int) error {
+	return b.matMuls(dsts, ws, x, kernels.Q8{}, n, false)
+}
+
+// MatMulsQ8 implements kernels.Q8Ops: MatMuls, on xq where it is given.
+func (b *Backend) MatMulsQ8(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) error {
+	return b.matMuls(dsts, ws, x, xq, n, false)
+}
+
+// MatMulsPrompt implements kernels.SharedInputPromptMatMuler: MatMulPrompt
+// for each weight (never the one launch for several), on xq where it is
+// given, else x quantized at most once for them all.
+func (b *Backend) MatMulsPrompt(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) error {
+	return b.matMuls(dsts, ws, x, xq, n, true)
+}
+
+// matMuls is MatMuls (prompt unset) or MatMulsPrompt.
+func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int, prompt bool) error {
+	gemm := prompt && n >= promptGEMMMinN
 	if len(dsts) != len(ws) {
 		return fmt.Errorf("gpu: matmuls: %d outputs for %d weights", len(dsts), len(ws))
 	}
+	if len(ws) == 0 || n <= 0 {
+		return nil
+	}
+	kts := make([]string, len(ws))
+	for i, w := range ws {
+		if w == nil {
+			return fmt.Errorf("gpu: matmuls: weight %d is nil", i)
+		}
+		if w.Cols != ws[0].Cols {
+			return fmt.Errorf("gpu: matmuls: weights of %d and %d columns on one input", ws[0].Cols, w.Cols)
+		}
+		var err error
+		if kts[i], err = b.checkProduct("matmuls", dsts[i], w, x, n); err != nil {
+			return err
+		}
+	}
+	cols := ws[0].Cols
+	shared, err := devQ8("matmuls", xq, n, cols)
+	if err != nil {
+		return err
+	}
 	var grouped [3]int // indices into ws of the weights in the launch
 	ng := 0
-	if n == 1 && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
+	if n == 1 && !prompt && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
 		for i, w := range ws {
-			if ng < len(grouped) && w != nil && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 &&
-				(ng == 0 || w.Cols == ws[grouped[0]].Cols) {
+			if ng < len(grouped) && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 {
 				grouped[ng] = i
 				ng++
 			}
 		}
 	}
-	if ng >= 2 {
-		if err := b.matvecQ4KMulti(dsts, ws, grouped[:ng], x); err != nil {
-			return err
-		}
-	} else {
+	if ng < 2 {
 		ng = 0
 	}
-	for i, w := range ws {
-		done := false
-		for _, g := range grouped[:ng] {
-			done = done || g == i
-		}
-		if done {
-			continue
-		}
-		if err := b.MatMul(dsts[i], w, x, n); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// matvecQ4KMulti queues dsts[g] = x · ws[g]ᵀ for the Q4_K weights of idx
-// (same width, 2 or 3 of them) in one launch.
-func (b *Backend) matvecQ4KMulti(dsts []kernels.Tensor, ws []*kernels.Weight, idx []int, x kernels.Tensor) error {
-	cols := ws[idx[0]].Cols
-	if err := checkTensor("matmuls: x", x, cols); err != nil {
-		return err
-	}
-	for _, i := range idx {
-		if err := checkTensor("matmuls: dst", dsts[i], ws[i].Rows); err != nil {
-			return err
-		}
+	if n >= vendorMinN {
+		b.waitVendor()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	wps := make([]rocm.DevPtr, len(ws))
+	for i, w := range ws {
+		if wps[i], err = b.weightPtr(w); err != nil {
+			return err
+		}
+	}
+	return b.do(func(c *rocm.Ctx) error {
+		if ng > 0 {
+			if err := b.matvecQ4KMulti(c, dsts, ws, wps, grouped[:ng], x, &shared); err != nil {
+				return err
+			}
+		}
+		for i, w := range ws {
+			done := false
+			for _, g := range grouped[:ng] {
+				done = done || g == i
+			}
+			if done {
+				continue
+			}
+			if err := b.product(c, kts[i], w, wps[i], dsts[i], x, n, gemm, &shared); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// matvecQ4KMulti queues dsts[g] = x · ws[g]ᵀ for the Q4_K weights of idx
+// (2 or 3 of them, at wps) in one launch, on q's copy of x
+// (q8For). Call with b.mu held, on the worker.
+func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kernels.Weight, wps []rocm.DevPtr, idx []int, x kernels.Tensor, q *q8x) error {
+	cols := ws[idx[0]].Cols
 	var wp [3]rocm.DevPtr
 	var rows [3]int
 	var ys [3]rocm.DevPtr
 	total := 0
 	for k, i := range idx {
-		p, err := b.weightPtr(ws[i])
-		if err != nil {
-			return err
-		}
-		if uintptr(p)%16 != 0 {
+		if uintptr(wps[i])%16 != 0 {
 			return fmt.Errorf("gpu: matmuls: weight %q is not 16-byte aligned on the device", ws[i].Name)
 		}
-		wp[k], rows[k], ys[k] = p, ws[i].Rows, dptr(dsts[i])
+		wp[k], rows[k], ys[k] = wps[i], ws[i].Rows, dptr(dsts[i])
 		total += ws[i].Rows
 	}
-	return b.do(func(c *rocm.Ctx) error {
-		defer func() {
-			for _, i := range idx {
-				b.q8Written(dsts[i])
-			}
-		}()
-		xq, xd, err := b.quantizeX(c, dptr(x), cols)
-		if err != nil {
-			return err
-		}
-		var a rocm.Args
-		for k := range 3 {
-			a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
-		}
-		a.Ptr(xq).Ptr(xd).I32(int32(cols))
-		return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total)), rocm.D1(mvBlock), &a)
-	})
+	x8, err := b.q8For(c, dptr(x), cols, q)
+	if err != nil {
+		return err
+	}
+	var a rocm.Args
+	for k := range 3 {
+		a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
+	}
+	a.Ptr(x8.codes).Ptr(x8.scales).I32(int32(cols))
+	return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total)), rocm.D1(mvBlock), &a)
 }

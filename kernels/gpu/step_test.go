@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -14,8 +15,9 @@ import (
 
 // stepBufs are the buffers of one copy of the small decode step below.
 type stepBufs struct {
-	x, xb, y1, y2, h, z, q, k, v, att kernels.Tensor
-	kv                                *kernels.KVCache
+	x, xb, y1, y2, h, z, q, k, v, att, o kernels.Tensor
+	xbQ, hQ, attQ                        kernels.Q8 // the 8-bit copies of xb, h and att
+	kv                                   *kernels.KVCache
 }
 
 // TestStepGraphMatchesOps records a decode-shaped step (embedding of one
@@ -57,6 +59,7 @@ func TestStepGraphMatchesOps(t *testing.T) {
 	w3 := conformance.RandomWeight(rng, "w3", gguf.TypeQ4_K, embd, ff)
 	wq := conformance.RandomWeight(rng, "wq", gguf.TypeQ6_K, at.Heads*at.HeadDim, embd)
 	wk := conformance.RandomWeight(rng, "wk", gguf.TypeQ4_K, kvDim, embd)
+	wo := conformance.RandomWeight(rng, "wo", gguf.TypeQ6_K, embd, at.Heads*at.HeadDim)
 
 	mk := func(bk *Backend) *stepBufs {
 		s := &stepBufs{}
@@ -64,7 +67,7 @@ func TestStepGraphMatchesOps(t *testing.T) {
 			t *kernels.Tensor
 			n int
 		}{{&s.x, embd}, {&s.xb, embd}, {&s.y1, ff}, {&s.y2, ff}, {&s.h, ff}, {&s.z, embd},
-			{&s.q, at.Heads * at.HeadDim}, {&s.k, kvDim}, {&s.v, kvDim}, {&s.att, at.Heads * at.HeadDim}} {
+			{&s.q, at.Heads * at.HeadDim}, {&s.k, kvDim}, {&s.v, kvDim}, {&s.att, at.Heads * at.HeadDim}, {&s.o, embd}} {
 			var err error
 			if *p.t, err = bk.Alloc(p.n); err != nil {
 				t.Fatal(err)
@@ -77,27 +80,38 @@ func TestStepGraphMatchesOps(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { bk.FreeKVCache(s.kv) })
+		s.xbQ, s.hQ, s.attQ = allocQ8(t, bk, 1, embd), allocQ8(t, bk, 1, ff), allocQ8(t, bk, 1, at.Heads*at.HeadDim)
 		return s
 	}
 	// step queues the ops; v is written by the host before each step (it
-	// stands for a product's output).
+	// stands for a product's output). The norm, SiLU·mul and attention
+	// quantize their outputs on the side where the backend fuses (b), and
+	// the products read those copies; plain's products quantize.
 	step := func(bk *Backend, s *stepBufs, tok int32, pos int) error {
 		ids := []int32{tok}
-		for _, err := range []error{
-			bk.Embed(s.x, table, ids),
-			bk.RMSNorm(s.xb, s.x, norm, 1, 1e-5),
-			bk.MatMul(s.y1, w1, s.xb, 1),
-			bk.MatMul(s.y2, w2, s.xb, 1),
-			bk.MatMul(s.q, wq, s.xb, 1),
-			bk.MatMul(s.k, wk, s.xb, 1),
-			bk.SiLUMul(s.h, s.y1, s.y2, ff),
-			bk.MatMul(s.z, w3, s.h, 1),
-			bk.RoPE(s.q, 1, at.Heads, at.HeadDim, pos, rope),
-			bk.RoPE(s.k, 1, at.KVHeads, at.HeadDim, pos, rope),
-			bk.Attention(s.att, s.q, s.k, s.v, s.kv, 0, pos, 1, at),
-			bk.AddRMSNorm(s.xb, s.x, s.z, norm, 1, 1e-5), // x += z; xb = norm(x)
+		var xq, hq, aq kernels.Q8
+		for _, op := range []func() error{
+			func() error { return bk.Embed(s.x, table, ids) },
+			func() (err error) { xq, err = bk.RMSNormQ8(s.xb, s.x, norm, 1, 1e-5, s.xbQ); return err },
+			func() error { return wantQ8(bk, "rmsnorm", xq) },
+			func() error { return bk.MatMulQ8(s.y1, w1, s.xb, xq, 1) },
+			func() error { return bk.MatMulQ8(s.y2, w2, s.xb, xq, 1) },
+			func() error { return bk.MatMulQ8(s.q, wq, s.xb, xq, 1) },
+			func() error { return bk.MatMulQ8(s.k, wk, s.xb, xq, 1) },
+			func() (err error) { hq, err = bk.SiLUMulQ8(s.h, s.y1, s.y2, ff, s.hQ); return err },
+			func() error { return wantQ8(bk, "silu·mul", hq) },
+			func() error { return bk.MatMulQ8(s.z, w3, s.h, hq, 1) },
+			func() error { return bk.RoPE(s.q, 1, at.Heads, at.HeadDim, pos, rope) },
+			func() error { return bk.RoPE(s.k, 1, at.KVHeads, at.HeadDim, pos, rope) },
+			func() (err error) {
+				aq, err = bk.AttentionQ8(s.att, s.q, s.k, s.v, s.kv, 0, pos, 1, at, s.attQ)
+				return err
+			},
+			func() error { return wantQ8(bk, "attention", aq) },
+			func() error { return bk.MatMulQ8(s.o, wo, s.att, aq, 1) },
+			func() error { return bk.AddRMSNorm(s.xb, s.x, s.z, norm, 1, 1e-5) }, // x += z; xb = norm(x)
 		} {
-			if err != nil {
+			if err := op(); err != nil {
 				return err
 			}
 		}
@@ -149,6 +163,7 @@ func TestStepGraphMatchesOps(t *testing.T) {
 			{"y1", sg.y1, sf.y1, b, plain, 0}, // fused vs quantize_q8: exact
 			{"y2", sg.y2, sf.y2, b, plain, 0},
 			{"z", sg.z, sf.z, b, plain, 0},
+			{"o", sg.o, sf.o, b, plain, 0}, // the attention's fused copy vs quantize_q8
 			{"k", sg.k, sp.k, b, b, 0},
 			{"q", sg.q, sp.q, b, b, 0},
 			{"att", sg.att, sp.att, b, b, 0}, // the same grid: exact
@@ -318,4 +333,29 @@ func TestCheckCaptured(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "0 nodes for 12 kernel launches") {
 		t.Errorf("empty graph: %v", err)
 	}
+}
+
+// allocQ8 is an 8-bit copy of rows×cols values in a buffer of bk's.
+func allocQ8(t testing.TB, bk *Backend, rows, cols int) kernels.Q8 {
+	t.Helper()
+	buf, err := bk.Alloc(kernels.Q8Floats(rows, cols))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bk.Free(buf) })
+	q, err := kernels.Q8In(buf, rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// wantQ8 checks that an op of bk filled its 8-bit copy exactly when bk
+// fuses: otherwise the comparison of fused and plain steps would compare
+// quantize_q8 with itself.
+func wantQ8(bk *Backend, op string, q kernels.Q8) error {
+	if q.Empty() != bk.noFuse {
+		return fmt.Errorf("%s: 8-bit copy filled: %v, with fusing %v", op, !q.Empty(), !bk.noFuse)
+	}
+	return nil
 }

@@ -168,7 +168,6 @@ func (b *Backend) RunBatchStep(g kernels.StepGraph, p *kernels.KVPool, ids []int
 		}
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		b.q8Forget()
 		if b.prof != nil {
 			return b.prof.timed(c, "batched step graph", b.stream, func() error { return c.LaunchGraph(sg.g, b.stream) })
 		}

@@ -126,6 +126,8 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
+	m.promptMulti, _ = kernels.As[kernels.SharedInputPromptMatMuler](be)
+	m.q8, _ = kernels.As[kernels.Q8Ops](be)
 	// (A mixture-of-experts step reads its router logits back mid-step,
 	// which a recording cannot hold: such a model runs its steps op by op.)
 	if sc, ok := kernels.As[kernels.BatchStepCapturer](be); ok && !o.NoGraph && cfg.Experts == 0 {
@@ -152,7 +154,16 @@ func (s *scratch) from(first int, c Config) scratch {
 		q: r(s.q, c.QDim()), k: r(s.k, c.KVDim()), v: r(s.v, c.KVDim()), att: r(s.att, c.QDim()),
 		gate: r(s.gate, c.FF), up: r(s.up, c.FF), hb: r(s.hb, c.FF),
 		logits: s.logits, qk1: s.qk1, moe: s.moe,
+		xbQ: q8From(s.xbQ, first), attQ: q8From(s.attQ, first), hbQ: q8From(s.hbQ, first),
 	}
+}
+
+// q8From views the rows of q from row first on (none past its rows).
+func q8From(q kernels.Q8, first int) kernels.Q8 {
+	if first >= q.Rows {
+		return kernels.Q8{}
+	}
+	return q.View(first, q.Rows-first)
 }
 
 // StepBatch evaluates one step over the rows of several sequences with
@@ -234,8 +245,8 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		m.s = st.full.from(g.first, c)
 		a := m.s.rows(g.n-g.nOut, g.nOut, c)
 		m.pending, m.err, m.inPrompt = g.pending, nil, g.prompt
-		m.preNorm(a, m.g.OutputNorm, g.nOut)
-		m.head(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), a.xb, g.nOut)
+		xq := m.preNorm(a, m.g.OutputNorm, g.nOut)
+		m.head(st.full.logits.View(g.out0*c.Vocab, g.nOut*c.Vocab), a.xb, xq, g.nOut)
 		if m.err != nil {
 			return nil, fmt.Errorf("model: output head: %w", m.err)
 		}

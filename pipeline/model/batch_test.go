@@ -33,16 +33,26 @@ func TestStepBatchMatchesForward(t *testing.T) {
 }
 
 func stepBatchMatchesForward(t *testing.T, file string, merge bool) {
+	stepBatchMatchesForwardOn(t, file, merge, nil)
+}
+
+// stepBatchMatchesForwardOn is stepBatchMatchesForward with the models on
+// wrap(the CPU backend) where wrap is set (the KV pool on the CPU itself).
+func stepBatchMatchesForwardOn(t *testing.T, file string, merge bool, wrap func(kernels.Backend) kernels.Backend) {
 	{
 		{
 			be := cpu.New(2)
 			t.Cleanup(be.Close)
+			var mbe kernels.Backend = be
+			if wrap != nil {
+				mbe = wrap(be)
+			}
 			path := file // a file of testdata, or a path (moe_test.go's synthetic files)
 			if !filepath.IsAbs(file) {
 				path = testmodels.Path(t, file)
 			}
 			_, cfg, w := openWeights(t, path)
-			bm, err := NewBatched(be, cfg, w, BatchOptions{MaxRows: 96, MaxSeqs: 8, MergePrompts: merge})
+			bm, err := NewBatched(mbe, cfg, w, BatchOptions{MaxRows: 96, MaxSeqs: 8, MergePrompts: merge})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +86,7 @@ func stepBatchMatchesForward(t *testing.T, file string, merge bool) {
 			seqs := []*seq{mk(5, 0, []int{5}), mk(1, 0, []int{1}), mk(30, 1, []int{12, 12, 6}), mk(9, 2, []int{9}), mk(17, 2, []int{1, 16})}
 			ctx := context.Background()
 			for _, s := range seqs {
-				s.single, err = New(be, cfg, w, Options{Ctx: 64})
+				s.single, err = New(mbe, cfg, w, Options{Ctx: 64})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -129,8 +129,8 @@ func (m *Model) decodeOps(g *group) error {
 	}
 	a := m.s.rows(0, g.n, c)
 	m.err = nil
-	m.preNorm(a, m.g.OutputNorm, g.n)
-	m.head(st.full.logits.View(0, g.n*c.Vocab), a.xb, g.n)
+	xq := m.preNorm(a, m.g.OutputNorm, g.n)
+	m.head(st.full.logits.View(0, g.n*c.Vocab), a.xb, xq, g.n)
 	m.pending = false
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)

@@ -54,3 +54,16 @@ var (
 
 // OpenGPU opens device 0 for one test, skipping where there is none.
 var OpenGPU = openGPU
+
+// NewQ8Checker wraps inner (the CPU backend) in the q8 checker
+// (q8check_test.go): copies made for every row count offered (oneRow
+// unset) or for one row only; counts reports the rows copied and the
+// products that read a copy.
+func NewQ8Checker(inner kernels.Backend, oneRow bool) (be kernels.Backend, counts func() (filled, read int)) {
+	fill := q8Fills[0].fill
+	if oneRow {
+		fill = q8Fills[1].fill
+	}
+	c := newQ8Checker(inner, fill)
+	return c, c.counts
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
 )
 
 // gemma2Arch is Gemma 2: embeddings scaled by √Embd; RMS norms before and
@@ -120,27 +121,27 @@ func gemmaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(0, n, c)
 
-	m.preNorm(a, lw.AttnNorm, n)
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	if c.QKNorm {
 		m.rmsnorm(a.q, a.q, lw.QNorm, n*c.Heads)
 		m.rmsnorm(a.k, a.k, lw.KNorm, n*c.KVHeads)
 	}
 	m.ropeQK(a, n, pos0, layer)
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, c)
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.rmsnorm(b.xb2, b.xb2, lw.AttnPostNorm, nOut)
 	m.pending = true // x += xb2
 
-	m.preNorm(b, lw.FFNNorm, nOut)
-	m.matmul2(b.gate, lw.Gate, b.up, lw.Up, b.xb, nOut)
+	xq = m.preNorm(b, lw.FFNNorm, nOut)
+	m.matmul2(b.gate, lw.Gate, b.up, lw.Up, b.xb, xq, nOut)
 	m.geluMul(b.hb, b.gate, b.up, nOut*c.FF)
-	m.matmul(b.xb2, lw.Down, b.hb, nOut)
+	m.matmul(b.xb2, lw.Down, b.hb, kernels.Q8{}, nOut) // GELU·mul makes no 8-bit copy
 	m.rmsnorm(b.xb2, b.xb2, lw.FFNPostNorm, nOut)
 	m.pending = true // x += xb2
 	return m.err

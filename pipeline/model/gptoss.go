@@ -198,25 +198,25 @@ func gptossLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(0, n, c)
 
-	m.preNorm(a, lw.AttnNorm, n)
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	m.addBias(a.q, lw.QBias, n)
 	m.addBias(a.k, lw.KBias, n)
 	m.addBias(a.v, lw.VBias, n)
 	m.ropeQK(a, n, pos0, layer)
 	m.attns[layer].Sinks = lw.AttnSinks // the layer's own: its weights may arrive late
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, c)
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.addBias(b.xb2, lw.OBias, nOut)
 	m.pending = true // x += xb2
 
-	m.preNorm(b, lw.FFNNorm, nOut)
-	m.oaiMixture(lw, b.xb2, b.xb, nOut)
+	xq = m.preNorm(b, lw.FFNNorm, nOut)
+	m.oaiMixture(lw, b.xb2, b.xb, xq, nOut)
 	m.pending = true // x += xb2
 	return m.err
 }
@@ -227,31 +227,31 @@ func gptossLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 // expert run once over its tokens' rows, with its biases and the clamped
 // SwiGLU, and the weighted sum in the router's order (moe.go's buffers and
 // grouping); a decode step's experts share their input
-// (oaiMixtureDecode).
-func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
+// (oaiMixtureDecode). xq is xb's 8-bit copy, or the zero Q8.
+func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8, n int) {
 	if lw.GateInpBias == nil && m.err == nil {
 		m.err = fmt.Errorf("mixture of experts: the layer has no router bias")
 	}
-	st := m.routeTokens(lw, lw.GateInpBias, xb, n, routeTopK)
+	st := m.routeTokens(lw, lw.GateInpBias, xb, xq, n, routeTopK)
 	if st == nil {
 		return
 	}
 	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
-		m.oaiMixtureDecode(lw, dst, xb)
+		m.oaiMixtureDecode(lw, dst, xb, xq)
 		return
 	}
 	F := m.Cfg.ExpertFF
 	s := &m.s.moe
-	m.eachExpert(lw, dst, xb, n, func(ew *ExpertWeights, in, out kernels.Tensor, cnt int) {
+	m.eachExpert(lw, dst, xb, xq, n, func(ew *ExpertWeights, in kernels.Tensor, inQ kernels.Q8, out kernels.Tensor, cnt int) {
 		if !m.hasBiases(ew) {
 			return
 		}
 		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
-		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
+		m.matmul2(g, ew.Gate, u, ew.Up, in, inQ, cnt)
 		m.addBias(g, ew.GateB, cnt)
 		m.addBias(u, ew.UpB, cnt)
 		m.swigluOAI(h, g, u, cnt*F)
-		m.matmul(out, ew.Down, h, cnt)
+		m.matmul(out, ew.Down, h, kernels.Q8{}, cnt)
 		m.addBias(out, ew.DownB, cnt)
 	})
 }
@@ -277,10 +277,10 @@ func (m *Model) hasBiases(ew *ExpertWeights) bool {
 // into its slot's row of out, and the weighted sum in the router's
 // order. Every number is the per-expert path's, bit for bit: MatMuls is
 // MatMul's, and the bias adds and the activation are elementwise.
-func (m *Model) oaiMixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
+func (m *Model) oaiMixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
-	if !m.decodeGateUp(lw, xb, m.hasBiases) {
+	if !m.decodeGateUp(lw, xb, xq, m.hasBiases) {
 		return
 	}
 	for j, e := range st.sel[:K] {
@@ -292,7 +292,7 @@ func (m *Model) oaiMixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
 	for j, e := range st.sel[:K] {
 		ew := &lw.Experts[e]
 		out := s.out.View(j*D, D)
-		m.matmul(out, ew.Down, s.hb.View(j*F, F), 1)
+		m.matmul(out, ew.Down, s.hb.View(j*F, F), kernels.Q8{}, 1)
 		m.addBias(out, ew.DownB, 1)
 	}
 	m.weightedSum(dst, 1)

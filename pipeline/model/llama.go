@@ -117,16 +117,16 @@ func ffnTensors(c Config) []TensorSpec {
 func llamaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	a := m.s.rows(0, n, m.Cfg)
 
-	m.preNorm(a, lw.AttnNorm, n)
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	m.ropeQK(a, n, pos0, layer)
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, m.Cfg) // the rows that go on
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err
@@ -144,9 +144,9 @@ func feedForward(m *Model, lw *LayerWeights, a act, n int) {
 		moeFeedForward(m, lw, a, n)
 		return
 	}
-	m.preNorm(a, lw.FFNNorm, n)
-	m.matmul2(a.gate, lw.Gate, a.up, lw.Up, a.xb, n)
-	m.siluMul(a.hb, a.gate, a.up, n*c.FF)
-	m.matmul(a.xb2, lw.Down, a.hb, n)
+	xq := m.preNorm(a, lw.FFNNorm, n)
+	m.matmul2(a.gate, lw.Gate, a.up, lw.Up, a.xb, xq, n)
+	hq := m.siluMulQ(a.hb, a.gate, a.up, n*c.FF, m.q8Store(a.hbQ, n))
+	m.matmul(a.xb2, lw.Down, a.hb, hq, n)
 	m.pending = true // x += xb2
 }

@@ -50,6 +50,12 @@ type scratch struct {
 	qk1 kernels.Tensor
 	// moe are a mixture of experts' buffers (empty for a dense model).
 	moe moeScratch
+	// xbQ, attQ and hbQ are the 8-bit copies of the first rows of xb, att
+	// and hb (kernels.Q8, up to kernels.MaxBatchRows rows), in q8buf, on a
+	// backend with kernels.Q8Ops and for widths of whole blocks of 32;
+	// empty otherwise.
+	xbQ, attQ, hbQ kernels.Q8
+	q8buf          [3]kernels.Tensor
 }
 
 // layerFunc runs one transformer block on n tokens at positions pos0…,
@@ -99,6 +105,14 @@ type Model struct {
 	multi kernels.SharedInputMatMuler
 	mmDst [3]kernels.Tensor
 	mmW   [3]*kernels.Weight
+	// q8 makes and reads the 8-bit copies of activations, where the
+	// backend can (see preNorm, matmul): nil on the CPU.
+	q8 kernels.Q8Ops
+	// promptMulti multiplies a prompt piece by several weights on one
+	// input (with promptMM); mm1Dst and mm1W hold one weight's arguments.
+	promptMulti kernels.SharedInputPromptMatMuler
+	mm1Dst      [1]kernels.Tensor
+	mm1W        [1]*kernels.Weight
 	// bat is set on a model made by NewBatched: rope and attention read
 	// the step's layout and the paged pool (batch.go).
 	bat *batchState
@@ -200,6 +214,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
+	m.q8, _ = kernels.As[kernels.Q8Ops](be)
 
 	if m.kv, err = be.NewKVCache(hi-lo, m.ctx, cfg.KVDim()); err != nil {
 		return nil, fmt.Errorf("model: KV cache for %d positions: %w", m.ctx, err)
@@ -221,7 +236,11 @@ func (m *Model) allocScratch() error {
 	if m.bat != nil {
 		logitRows = m.bat.maxSeqs // one row per sequence of a step
 	}
-	pieces := m.s.pieces(c, B, logitRows)
+	q8Rows := 0
+	if m.q8 != nil {
+		q8Rows = min(B, kernels.MaxBatchRows)
+	}
+	pieces := m.s.pieces(c, B, logitRows, q8Rows)
 	total := 0
 	for _, p := range pieces {
 		total += p.n
@@ -236,9 +255,21 @@ func (m *Model) allocScratch() error {
 		*p.t = all.View(off, p.n)
 		off += p.n
 	}
+	for i, q := range []*kernels.Q8{&m.s.xbQ, &m.s.attQ, &m.s.hbQ} {
+		if m.s.q8buf[i].Len > 0 {
+			if *q, err = kernels.Q8In(m.s.q8buf[i], q8Rows, q8Widths(c)[i]); err != nil {
+				m.be.Free(all)
+				return fmt.Errorf("model: scratch: %w", err)
+			}
+		}
+	}
 	m.logits = make([]float32, logitRows*c.Vocab)
 	return nil
 }
+
+// q8Widths are the widths of xb, att and hb, whose 8-bit copies the
+// scratch holds (for those of whole blocks of 32).
+func q8Widths(c Config) [3]int { return [3]int{c.Embd, c.QDim(), c.FF} }
 
 // scratchPiece is one named buffer of the scratch and its length.
 type scratchPiece struct {
@@ -247,24 +278,35 @@ type scratchPiece struct {
 }
 
 // pieces lists the scratch buffers of a model of shape c for batches of B
-// rows and logitRows rows of logits, in allocation order.
-func (s *scratch) pieces(c Config, B, logitRows int) []scratchPiece {
-	return append([]scratchPiece{
+// rows and logitRows rows of logits, with 8-bit copies of q8Rows rows, in
+// allocation order: the copies first, each a whole number of 256-byte
+// units (kernels.Q8Floats), so that every piece starts aligned as the
+// allocation does.
+func (s *scratch) pieces(c Config, B, logitRows, q8Rows int) []scratchPiece {
+	var q8 []scratchPiece
+	for i, w := range q8Widths(c) {
+		if q8Rows > 0 && w%32 == 0 {
+			q8 = append(q8, scratchPiece{&s.q8buf[i], kernels.Q8Floats(q8Rows, w)})
+		}
+	}
+	return append(append(q8, []scratchPiece{
 		{&s.x, B * c.Embd}, {&s.xb, B * c.Embd}, {&s.xb2, B * c.Embd},
 		{&s.q, B * c.QDim()}, {&s.k, B * c.KVDim()}, {&s.v, B * c.KVDim()},
 		{&s.att, B * c.QDim()},
 		{&s.gate, B * c.FF}, {&s.up, B * c.FF}, {&s.hb, B * c.FF},
 		{&s.logits, logitRows * c.Vocab},
 		{&s.qk1, c.QDim() + c.KVDim()},
-	}, s.moe.pieces(c, B)...)
+	}...), s.moe.pieces(c, B)...)
 }
 
 // ScratchFloats is the size in float32 of the one scratch allocation a
 // model of shape c makes for batches of rows rows with logitRows rows of
-// logits (the Engine's memory estimate uses it before a load).
+// logits (the Engine's memory estimate uses it before a load), on a
+// backend that makes 8-bit copies of activations (kernels.Q8Ops: a GPU;
+// the CPU's is smaller by those).
 func ScratchFloats(c Config, rows, logitRows int) int64 {
 	var n int64
-	for _, p := range (&scratch{}).pieces(c, rows, logitRows) {
+	for _, p := range (&scratch{}).pieces(c, rows, logitRows, min(rows, kernels.MaxBatchRows)) {
 		n += int64(p.n)
 	}
 	return n
@@ -487,8 +529,8 @@ func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch b
 	//   logits [nOut][Vocab] = xb · outputᵀ
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
-	m.preNorm(a, m.g.OutputNorm, nOut)
-	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, nOut)
+	xq := m.preNorm(a, m.g.OutputNorm, nOut)
+	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, xq, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
@@ -515,10 +557,11 @@ func (m *Model) embed(x kernels.Tensor, tokens []int32) error {
 	return nil
 }
 
-// head computes the logits of n normalised rows xb into dst [n][Vocab],
-// soft-capped where the architecture does (Gemma 2).
-func (m *Model) head(dst, xb kernels.Tensor, n int) {
-	m.matmul(dst, m.g.Output, xb, n)
+// head computes the logits of n normalised rows xb (xq: their 8-bit copy,
+// or the zero Q8) into dst [n][Vocab], soft-capped where the architecture
+// does (Gemma 2).
+func (m *Model) head(dst, xb kernels.Tensor, xq kernels.Q8, n int) {
+	m.matmul(dst, m.g.Output, xb, xq, n)
 	if c := m.Cfg.FinalSoftcap; c > 0 && m.err == nil {
 		if err := m.be.Softcap(dst, c, n*m.Cfg.Vocab); err != nil {
 			m.err = fmt.Errorf("logit soft-cap: %w", err)

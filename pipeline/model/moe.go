@@ -298,8 +298,8 @@ func (st *moeState) group(n, experts, k int) {
 //	xb = rmsnorm(x) ⊙ ffn_norm
 //	x  = x + moe(xb)   (the add left pending)
 func moeFeedForward(m *Model, lw *LayerWeights, a act, n int) {
-	m.preNorm(a, lw.FFNNorm, n)
-	m.mixture(lw, a.xb2, a.xb, n)
+	xq := m.preNorm(a, lw.FFNNorm, n)
+	m.mixture(lw, a.xb2, a.xb, xq, n)
 	m.pending = true // x += xb2
 }
 
@@ -331,33 +331,34 @@ func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
 }
 
 // mixture computes dst [n][Embd] = Σ over each token's chosen experts of their
-// weighted SwiGLU outputs on xb [n][Embd].
-func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
-	st := m.routeTokens(lw, nil, xb, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
+// weighted SwiGLU outputs on xb [n][Embd] (xq: its 8-bit copy, or the zero
+// Q8).
+func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8, n int) {
+	st := m.routeTokens(lw, nil, xb, xq, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
 		route(logits, n, E, K, sel, w, m.moe.probs)
 	})
 	if st == nil {
 		return
 	}
 	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
-		m.mixtureDecode(lw, dst, xb)
+		m.mixtureDecode(lw, dst, xb, xq)
 		return
 	}
 	F := m.Cfg.ExpertFF
 	s := &m.s.moe
-	m.eachExpert(lw, dst, xb, n, func(ew *ExpertWeights, in, out kernels.Tensor, cnt int) {
+	m.eachExpert(lw, dst, xb, xq, n, func(ew *ExpertWeights, in kernels.Tensor, inQ kernels.Q8, out kernels.Tensor, cnt int) {
 		g, u, h := s.gate.View(0, cnt*F), s.up.View(0, cnt*F), s.hb.View(0, cnt*F)
-		m.matmul2(g, ew.Gate, u, ew.Up, in, cnt)
+		m.matmul2(g, ew.Gate, u, ew.Up, in, inQ, cnt)
 		m.siluMul(h, g, u, cnt*F)
-		m.matmul(out, ew.Down, h, cnt)
+		m.matmul(out, ew.Down, h, kernels.Q8{}, cnt)
 	})
 }
 
-// routeTokens runs layer lw's router on xb [n][Embd] (adding bias when
-// there is one), reads its logits back and lets pick choose each token's
+// routeTokens runs layer lw's router on xb [n][Embd] (xq: its 8-bit copy,
+// or the zero Q8; adding bias when there is one), reads its logits back and lets pick choose each token's
 // experts and weights into the mixture's state, which it returns; nil
 // when it failed (m.err says why).
-func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.Tensor, n int,
+func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.Tensor, xq kernels.Q8, n int,
 	pick func(logits []float32, n, experts, k int, sel []int32, w []float32)) *moeState {
 	if m.err != nil {
 		return nil
@@ -373,7 +374,7 @@ func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.T
 	}
 	st := m.moe
 	router := m.s.moe.router.View(0, n*E)
-	m.matmul(router, lw.GateInp, xb, n)
+	m.matmul(router, lw.GateInp, xb, xq, n)
 	if bias != nil {
 		m.addBias(router, bias, n)
 	}
@@ -392,8 +393,10 @@ func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.T
 // over those tokens' rows of xb (xb itself when every token chose it,
 // else the rows gathered), into the expert's rows of the mixture's out;
 // then dst gets the weighted sum. It stops where an expert cannot arrive
-// or ffn fails (m.err).
-func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn func(ew *ExpertWeights, in, out kernels.Tensor, cnt int)) {
+// or ffn fails (m.err). ffn's inQ is xq (xb's 8-bit copy, or the zero Q8)
+// where in is xb, else the zero Q8.
+func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8, n int,
+	ffn func(ew *ExpertWeights, in kernels.Tensor, inQ kernels.Q8, out kernels.Tensor, cnt int)) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
 	st.group(n, c.Experts, K)
@@ -407,15 +410,15 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 		if ew == nil {
 			return
 		}
-		in := xb
+		in, inQ := xb, xq
 		if cnt != n { // some tokens only: gather their rows
-			in = s.in.View(0, cnt*D)
+			in, inQ = s.in.View(0, cnt*D), kernels.Q8{}
 			for j, pair := range st.order[lo:hi] {
 				t := int(pair) / K
 				m.copyRow(in.View(j*D, D), xb.View(t*D, D))
 			}
 		}
-		ffn(ew, in, s.out.View(lo*D, cnt*D), cnt)
+		ffn(ew, in, inQ, s.out.View(lo*D, cnt*D), cnt)
 		if m.err != nil {
 			return
 		}
@@ -436,26 +439,27 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 // gates one SiLUMul, each down product one MatMul into its slot's row of
 // out; then the weighted sum in the router's order, as mixture's. Every
 // number is the per-expert path's, bit for bit (MatMuls is MatMul's).
-func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor) {
+func (m *Model) mixtureDecode(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F, D := c.ExpertsUsed, c.ExpertFF, c.Embd
-	if !m.decodeGateUp(lw, xb, nil) {
+	if !m.decodeGateUp(lw, xb, xq, nil) {
 		return
 	}
 	m.siluMul(s.hb.View(0, K*F), s.gate.View(0, K*F), s.up.View(0, K*F), K*F)
 	for j, e := range st.sel[:K] {
-		m.matmul(s.out.View(j*D, D), lw.Experts[e].Down, s.hb.View(j*F, F), 1) // waited for above
+		m.matmul(s.out.View(j*D, D), lw.Experts[e].Down, s.hb.View(j*F, F), kernels.Q8{}, 1) // waited for above
 	}
 	m.weightedSum(dst, 1)
 	m.usedOne(lw)
 }
 
 // decodeGateUp computes a one-token step's gate and up products of its
-// chosen experts (sel[:K]) as one MatMuls over their shared input xb,
-// expert slot j into row j of the mixture's gate and up. ok, when set,
+// chosen experts (sel[:K]) as one MatMuls over their shared input xb (on
+// xq, its 8-bit copy, where not empty), expert slot j into row j of the
+// mixture's gate and up. ok, when set,
 // checks each expert first (gpt-oss: its biases). false: an expert could
 // not arrive, was refused, or the product failed (m.err says why).
-func (m *Model) decodeGateUp(lw *LayerWeights, xb kernels.Tensor, ok func(*ExpertWeights) bool) bool {
+func (m *Model) decodeGateUp(lw *LayerWeights, xb kernels.Tensor, xq kernels.Q8, ok func(*ExpertWeights) bool) bool {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F := c.ExpertsUsed, c.ExpertFF
 	st.decodes++
@@ -468,7 +472,13 @@ func (m *Model) decodeGateUp(lw *LayerWeights, xb kernels.Tensor, ok func(*Exper
 		st.dsts[2*j+1], st.ws[2*j+1] = s.up.View(j*F, F), ew.Up
 		st.row[j] = int32(j)
 	}
-	if err := m.multi.MatMuls(st.dsts, st.ws, xb, 1); err != nil {
+	var err error
+	if m.q8 != nil {
+		err = m.q8.MatMulsQ8(st.dsts, st.ws, xb, xq, 1)
+	} else {
+		err = m.multi.MatMuls(st.dsts, st.ws, xb, 1)
+	}
+	if err != nil {
 		m.err = fmt.Errorf("matmuls %s… (%d experts' gate and up): %w", st.ws[0].Name, K, err)
 		return false
 	}

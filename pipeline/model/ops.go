@@ -16,6 +16,12 @@ type act struct {
 	// qk is q and k in one piece, [QDim + KVDim], for one token (n = 1);
 	// zero otherwise.
 	qk kernels.Tensor
+	// xbQ, attQ and hbQ are the storage of the 8-bit copies of xb, att and
+	// hb (kernels.Q8), where the scratch has them for these rows; empty
+	// otherwise. The ops that write xb, att and hb fill them (preNorm,
+	// attention, siluMulQ) and return the copy they made, which the block
+	// hands to the products on that input.
+	xbQ, attQ, hbQ kernels.Q8
 }
 
 // rows views rows [first, first+n) of every scratch buffer. One row's
@@ -33,7 +39,26 @@ func (s *scratch) rows(first, n int, c Config) act {
 		a.qk = s.qk1
 		a.q, a.k = s.qk1.View(0, c.QDim()), s.qk1.View(c.QDim(), c.KVDim())
 	}
+	q8 := func(q kernels.Q8) kernels.Q8 {
+		if first+n > q.Rows {
+			return kernels.Q8{} // rows past the copies' (or none)
+		}
+		return q.View(first, n)
+	}
+	a.xbQ, a.attQ, a.hbQ = q8(s.xbQ), q8(s.attQ), q8(s.hbQ)
 	return a
+}
+
+// q8Store is q, the storage of the 8-bit copy of an activation of n rows,
+// where the model makes one: on a backend that reads them (kernels.Q8Ops),
+// for up to kernels.MaxBatchRows rows (decode steps, short prompts and
+// prompt pieces; longer ones go through GEMMs that read floats). The zero
+// Q8 otherwise.
+func (m *Model) q8Store(q kernels.Q8, n int) kernels.Q8 {
+	if m.q8 == nil || n > kernels.MaxBatchRows || q.Rows != n {
+		return kernels.Q8{}
+	}
+	return q
 }
 
 // ropeQK rotates the queries and keys of n tokens with layer's RoPE: for
@@ -58,22 +83,49 @@ func (m *Model) ropeQK(a act, n, pos0, layer int) {
 // still pending: the residual add is deferred to here so that a backend
 // can fuse it with the norm (kernels.ResidualNormer); else Add, then
 // RMSNorm, as without the deferral.
-func (m *Model) preNorm(a act, w *kernels.Weight, n int) {
+//
+// It returns xb's 8-bit copy where the backend made one (kernels.Q8Ops),
+// else the zero Q8: the block passes it to the products on xb.
+func (m *Model) preNorm(a act, w *kernels.Weight, n int) kernels.Q8 {
+	q := m.q8Store(a.xbQ, n)
 	if !m.pending {
-		m.rmsnorm(a.xb, a.x, w, n)
-		return
+		return m.rmsnormQ(a.xb, a.x, w, n, q)
 	}
 	m.pending = false
-	if m.resNorm == nil {
+	if m.resNorm == nil && q.Empty() {
 		m.add(a.x, a.x, a.xb2, n*m.Cfg.Embd)
 		m.rmsnorm(a.xb, a.x, w, n)
-		return
+		return kernels.Q8{}
 	}
-	if m.err == nil {
-		if err := m.resNorm.AddRMSNorm(a.xb, a.x, a.xb2, w, n, m.Cfg.NormEps); err != nil {
-			m.err = fmt.Errorf("residual add and rmsnorm %s: %w", w.Name, err)
-		}
+	if m.err != nil {
+		return kernels.Q8{}
 	}
+	var err error
+	if q.Empty() {
+		err = m.resNorm.AddRMSNorm(a.xb, a.x, a.xb2, w, n, m.Cfg.NormEps)
+	} else {
+		q, err = m.q8.AddRMSNormQ8(a.xb, a.x, a.xb2, w, n, m.Cfg.NormEps, q)
+	}
+	if err != nil {
+		m.err = fmt.Errorf("residual add and rmsnorm %s: %w", w.Name, err)
+		return kernels.Q8{}
+	}
+	return q
+}
+
+// rmsnormQ is rmsnorm, filling q (when not empty) with dst's 8-bit copy
+// where the backend can; it returns the copy made, or the zero Q8.
+func (m *Model) rmsnormQ(dst, x kernels.Tensor, w *kernels.Weight, n int, q kernels.Q8) kernels.Q8 {
+	if q.Empty() || m.err != nil {
+		m.rmsnorm(dst, x, w, n)
+		return kernels.Q8{}
+	}
+	q, err := m.q8.RMSNormQ8(dst, x, w, n, m.Cfg.NormEps, q)
+	if err != nil {
+		m.err = fmt.Errorf("rmsnorm %s: %w", w.Name, err)
+		return kernels.Q8{}
+	}
+	return q
 }
 
 // The ops below call the backend and keep the first error in m.err, so a
@@ -89,50 +141,72 @@ func (m *Model) rmsnorm(dst, x kernels.Tensor, w *kernels.Weight, n int) {
 	}
 }
 
-func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) {
-	if m.err == nil {
-		mm := m.be.MatMul
-		if m.inPrompt && m.promptMM != nil {
-			mm = m.promptMM.MatMulPrompt // a prompt piece of a batched step
-		}
-		if err := mm(dst, w, x, n); err != nil {
-			m.err = fmt.Errorf("matmul %s (%v, %d×%d) by %d rows: %w", w.Name, w.Type, w.Rows, w.Cols, n, err)
-		}
+// matmul multiplies x by w; xq is x's 8-bit copy (a preNorm, attention or
+// siluMulQ returned it) or the zero Q8.
+func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) {
+	if m.err != nil {
+		return
+	}
+	var err error
+	switch {
+	case m.inPrompt && m.promptMM != nil && !xq.Empty() && m.promptMulti != nil:
+		m.mm1Dst[0], m.mm1W[0] = dst, w // a prompt piece of a batched step, on x's copy
+		err = m.promptMulti.MatMulsPrompt(m.mm1Dst[:], m.mm1W[:], x, xq, n)
+	case m.inPrompt && m.promptMM != nil:
+		err = m.promptMM.MatMulPrompt(dst, w, x, n) // a prompt piece of a batched step
+	case !xq.Empty():
+		err = m.q8.MatMulQ8(dst, w, x, xq, n)
+	default:
+		err = m.be.MatMul(dst, w, x, n)
+	}
+	if err != nil {
+		m.err = fmt.Errorf("matmul %s (%v, %d×%d) by %d rows: %w", w.Name, w.Type, w.Rows, w.Cols, n, err)
 	}
 }
 
 // matmul2 and matmul3 multiply one input by two or three weights: in one
-// op where the backend has it (kernels.SharedInputMatMuler), else one
-// MatMul each.
-func (m *Model) matmul2(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight, x kernels.Tensor, n int) {
-	if m.multi == nil || (m.inPrompt && m.promptMM != nil) {
-		m.matmul(d0, w0, x, n)
-		m.matmul(d1, w1, x, n)
-		return
-	}
+// op where the backend has it (kernels.SharedInputMatMuler, Q8Ops,
+// SharedInputPromptMatMuler for prompt pieces), which quantizes x at most
+// once (xq: x's copy, or the zero Q8), else one MatMul each.
+func (m *Model) matmul2(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) {
 	m.mmDst[0], m.mmDst[1] = d0, d1
 	m.mmW[0], m.mmW[1] = w0, w1
-	m.matmuls(x, n, 2)
+	m.matmuls(x, xq, n, 2)
 }
 
 func (m *Model) matmul3(d0 kernels.Tensor, w0 *kernels.Weight, d1 kernels.Tensor, w1 *kernels.Weight,
-	d2 kernels.Tensor, w2 *kernels.Weight, x kernels.Tensor, n int) {
-	if m.multi == nil || (m.inPrompt && m.promptMM != nil) {
-		m.matmul(d0, w0, x, n)
-		m.matmul(d1, w1, x, n)
-		m.matmul(d2, w2, x, n)
-		return
-	}
+	d2 kernels.Tensor, w2 *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) {
 	m.mmDst[0], m.mmDst[1], m.mmDst[2] = d0, d1, d2
 	m.mmW[0], m.mmW[1], m.mmW[2] = w0, w1, w2
-	m.matmuls(x, n, 3)
+	m.matmuls(x, xq, n, 3)
 }
 
-func (m *Model) matmuls(x kernels.Tensor, n, k int) {
-	if m.err == nil {
-		if err := m.multi.MatMuls(m.mmDst[:k], m.mmW[:k], x, n); err != nil {
-			m.err = fmt.Errorf("matmuls %s… (%d weights) by %d rows: %w", m.mmW[0].Name, k, n, err)
+// matmuls multiplies x by the k weights of mmW into mmDst.
+func (m *Model) matmuls(x kernels.Tensor, xq kernels.Q8, n, k int) {
+	if m.err != nil {
+		return
+	}
+	var err error
+	switch {
+	case m.inPrompt && m.promptMM != nil && m.promptMulti != nil:
+		err = m.promptMulti.MatMulsPrompt(m.mmDst[:k], m.mmW[:k], x, xq, n)
+	case m.inPrompt && m.promptMM != nil:
+		for i := range k {
+			m.matmul(m.mmDst[i], m.mmW[i], x, xq, n)
 		}
+		return
+	case m.q8 != nil:
+		err = m.q8.MatMulsQ8(m.mmDst[:k], m.mmW[:k], x, xq, n)
+	case m.multi != nil:
+		err = m.multi.MatMuls(m.mmDst[:k], m.mmW[:k], x, n)
+	default:
+		for i := range k {
+			m.matmul(m.mmDst[i], m.mmW[i], x, xq, n)
+		}
+		return
+	}
+	if err != nil {
+		m.err = fmt.Errorf("matmuls %s… (%d weights) by %d rows: %w", m.mmW[0].Name, k, n, err)
 	}
 }
 
@@ -162,18 +236,31 @@ func (m *Model) rope(x kernels.Tensor, n, heads, pos0 int, r kernels.Rope) {
 	}
 }
 
-func (m *Model) attention(out, q, k, v kernels.Tensor, layer, pos0, n int) {
-	if m.err == nil && m.bat != nil {
+// attention returns out's 8-bit copy, made in oq (the storage for n rows
+// of out, possibly empty) where the backend can (the single-sequence
+// path), else the zero Q8.
+func (m *Model) attention(out, q, k, v kernels.Tensor, oq kernels.Q8, layer, pos0, n int) kernels.Q8 {
+	if m.err != nil {
+		return kernels.Q8{}
+	}
+	if m.bat != nil {
 		if err := m.bat.be.PagedAttention(out, q, k, v, m.bat.pool, layer, n, m.attns[layer]); err != nil {
 			m.err = fmt.Errorf("paged attention: %w", err)
 		}
-		return
+		return kernels.Q8{}
 	}
-	if m.err == nil {
+	if oq = m.q8Store(oq, n); oq.Empty() {
 		if err := m.be.Attention(out, q, k, v, m.kv, layer-m.lo, pos0, n, m.attns[layer]); err != nil {
 			m.err = fmt.Errorf("attention: %w", err)
 		}
+		return kernels.Q8{}
 	}
+	oq, err := m.q8.AttentionQ8(out, q, k, v, m.kv, layer-m.lo, pos0, n, m.attns[layer], oq)
+	if err != nil {
+		m.err = fmt.Errorf("attention: %w", err)
+		return kernels.Q8{}
+	}
+	return oq
 }
 
 func (m *Model) siluMul(dst, gate, up kernels.Tensor, n int) {
@@ -182,6 +269,22 @@ func (m *Model) siluMul(dst, gate, up kernels.Tensor, n int) {
 			m.err = fmt.Errorf("silu·mul: %w", err)
 		}
 	}
+}
+
+// siluMulQ is siluMul over rows·Cols values of q's shape (q: the storage
+// of dst's 8-bit copy, possibly empty), returning the copy where the
+// backend made one, else the zero Q8.
+func (m *Model) siluMulQ(dst, gate, up kernels.Tensor, n int, q kernels.Q8) kernels.Q8 {
+	if q.Empty() || m.err != nil {
+		m.siluMul(dst, gate, up, n)
+		return kernels.Q8{}
+	}
+	q, err := m.q8.SiLUMulQ8(dst, gate, up, n, q)
+	if err != nil {
+		m.err = fmt.Errorf("silu·mul: %w", err)
+		return kernels.Q8{}
+	}
+	return q
 }
 
 func (m *Model) add(dst, a, b kernels.Tensor, n int) {

@@ -83,8 +83,8 @@ func phi3Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(0, n, c)
 
-	m.preNorm(a, lw.AttnNorm, n)
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	m.ropeQK(a, n, pos0, layer)
 	if f := c.RopeAttnFactor; f > 0 {
 		if n == 1 {
@@ -94,13 +94,13 @@ func phi3Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 			m.scale(a.k, f, n*c.KVDim())
 		}
 	}
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, c)
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err

@@ -44,19 +44,19 @@ func qwen2Block(c Config) []TensorSpec {
 func qwen2Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	a := m.s.rows(0, n, m.Cfg)
 
-	m.preNorm(a, lw.AttnNorm, n) // adds the previous block's pending output
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n) // adds the previous block's pending output
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	m.addBias(a.q, lw.QBias, n)
 	m.addBias(a.k, lw.KBias, n)
 	m.addBias(a.v, lw.VBias, n)
 	m.ropeQK(a, n, pos0, layer)
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, m.Cfg)
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err

@@ -59,18 +59,18 @@ func qwen3Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(0, n, c)
 
-	m.preNorm(a, lw.AttnNorm, n)
-	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, n)
+	xq := m.preNorm(a, lw.AttnNorm, n)
+	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
 	m.rmsnorm(a.q, a.q, lw.QNorm, n*c.Heads)
 	m.rmsnorm(a.k, a.k, lw.KNorm, n*c.KVHeads)
 	m.ropeQK(a, n, pos0, layer)
-	m.attention(a.att, a.q, a.k, a.v, layer, pos0, n)
+	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}
 
 	b := m.s.rows(n-nOut, nOut, c)
-	m.matmul(b.xb2, lw.O, b.att, nOut)
+	m.matmul(b.xb2, lw.O, b.att, aq.View(n-nOut, nOut), nOut)
 	m.pending = true // x += xb2
 	feedForward(m, lw, b, nOut)
 	return m.err

@@ -291,8 +291,8 @@ func (m *Model) splitHead(n, nOut int) error {
 	c := m.Cfg
 	a := m.s.rows(n-nOut, nOut, c)
 	m.err = nil
-	m.preNorm(a, m.g.OutputNorm, nOut)
-	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, nOut)
+	xq := m.preNorm(a, m.g.OutputNorm, nOut)
+	m.head(m.s.logits.View(0, nOut*c.Vocab), a.xb, xq, nOut)
 	if m.err != nil {
 		return fmt.Errorf("model: output head: %w", m.err)
 	}
