@@ -535,10 +535,10 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
 		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
 	}
-	if at.Sinks != nil {
-		return fmt.Errorf("gpu: %s: attention sinks (gpt-oss) are not supported on the GPU", op)
+	if store == "pool" && at.Sinks != nil {
+		return fmt.Errorf("gpu: %s: attention sinks are not supported on the paged pool (continuous batching) yet", op)
 	}
-	if store == "pool" && !at.Plain() {
+	if store == "pool" && (at.Window > 0 || at.Softcap > 0) {
 		return fmt.Errorf("gpu: %s: a sliding window or score soft-cap is not supported on the paged pool (continuous batching) yet", op)
 	}
 	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
@@ -598,6 +598,10 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	if b.step.on && n > 2 {
 		return fmt.Errorf("gpu: attention of %d tokens in a decode step", n)
 	}
+	sp, err := b.sinkPtr("attention", at)
+	if err != nil {
+		return err
+	}
 	return b.do(func(c *rocm.Ctx) error {
 		b.q8Forget()
 		var a rocm.Args
@@ -606,8 +610,8 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 			return err
 		}
 		a.Reset()
-		if !at.Plain() { // a sliding window or a soft-cap (archops.go)
-			return b.attnExt(c, sfx, out, q, kp, vp, pos0, n, at)
+		if !at.Plain() { // a sliding window, a soft-cap or sinks (archops.go)
+			return b.attnExt(c, sfx, out, q, kp, vp, sp, pos0, n, at)
 		}
 		if n <= 2 {
 			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at)
