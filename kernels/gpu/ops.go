@@ -535,11 +535,8 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
 		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
 	}
-	if store == "pool" && at.Sinks != nil {
-		return fmt.Errorf("gpu: %s: attention sinks are not supported on the paged pool (continuous batching) yet", op)
-	}
-	if store == "pool" && (at.Window > 0 || at.Softcap > 0) {
-		return fmt.Errorf("gpu: %s: a sliding window or score soft-cap is not supported on the paged pool (continuous batching) yet", op)
+	if store == "pool" && at.Softcap > 0 {
+		return fmt.Errorf("gpu: %s: a score soft-cap is not supported on the paged pool (continuous batching) yet", op)
 	}
 	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
 		return fmt.Errorf("gpu: %s: head dimension %d: only even sizes up to 256 are supported", op, at.HeadDim)

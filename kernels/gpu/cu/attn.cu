@@ -352,11 +352,16 @@ static __device__ void kv_store_paged(KT* kc, KT* vc, const float* k, const floa
 // acc_z / Σ_z e^(m_z−M)·l_z, z in order, over part [splits][D+2]. Splits
 // past the row's end hold m = −3e38, l = 0, acc = 0 and add exact zeros:
 // the result is that of the row's own splits, however many the grid has.
-DEV void paged_finish(float* out, const float* pp, int D, int splits) {
+// A sink logit sk (gpt-oss; sinks set) joins as one more score with no
+// value: M includes it and L gains e^(sk−M); without one (sinks null) the
+// arithmetic is the same as before sinks existed.
+DEV void paged_finish(float* out, const float* pp, int D, int splits, const float* sink) {
   float M = -3.0e38f;
   for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  if (sink) M = fmaxf(M, *sink);
   float L = 0.0f;
   for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  if (sink) L += expf(*sink - M);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float a = 0.0f;
     for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
@@ -365,7 +370,8 @@ DEV void paged_finish(float* out, const float* pp, int D, int splits) {
 }
 
 // Attention of row t, head h over positions [z·PAGED_SPLIT, (z+1)·
-// PAGED_SPLIT) ∩ [0, pos[t]] of its sequence, as attn_decode's split
+// PAGED_SPLIT) ∩ [first, pos[t]] of its sequence (first = pos[t]−window+1
+// with a sliding window, window > 0, else 0), as attn_decode's split
 // (scores one thread per position, values one thread per dimension, one
 // online-softmax chunk); its running max, sum and unnormalised output go to
 // part [n][heads][splits][D+2], which attn_paged_merge reduces. One block
@@ -375,7 +381,7 @@ DEV void paged_finish(float* out, const float* pp, int D, int splits) {
 template <class KT>
 static __device__ void attn_paged(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads,
                                   int D, float scale, int bs, const i32* pos, const i32* seq, const i32* toff,
-                                  const i32* tabs) {
+                                  const i32* tabs, int window) {
   __shared__ float qs[256];
   __shared__ float ps[PAGED_SPLIT];
   __shared__ u32 rowi[PAGED_SPLIT];
@@ -385,7 +391,9 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
   int kvh = h / (heads / kvHeads);
   int L = pos[t] + 1;
   const i32* tab = tabs + toff[seq[t]];
-  int p0 = z * PAGED_SPLIT, cl = min(L, p0 + PAGED_SPLIT) - p0;
+  int p0 = z * PAGED_SPLIT, cl = min(L, p0 + PAGED_SPLIT);
+  if (window > 0) p0 = max(p0, L - window);  // the window's first position
+  cl -= p0;
   float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
   int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
   if (cl <= 0) {  // past the row's end: an empty split
@@ -432,11 +440,13 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
   if (d1 < D) pp[2 + d1] = acc1;
 }
 
-// attn_paged_merge: out [n][heads][D] from the splits of attn_paged.
+// attn_paged_merge: out [n][heads][D] from the splits of attn_paged (and
+// attn_paged_fine), with head h's sink sinks[h] where sinks is set.
 //   grid (heads, n), block 128
-KERNEL void __launch_bounds__(128) attn_paged_merge(float* out, const float* part, int heads, int D, int splits) {
+KERNEL void __launch_bounds__(128)
+    attn_paged_merge(float* out, const float* part, int heads, int D, int splits, const float* sinks) {
   size_t th = (size_t)blockIdx.y * heads + blockIdx.x;
-  paged_finish(out + th * D, part + th * splits * (D + 2), D, splits);
+  paged_finish(out + th * D, part + th * splits * (D + 2), D, splits, sinks ? sinks + blockIdx.x : nullptr);
 }
 
 #define PAGED_KERNELS(sfx, KT)                                                                               \
@@ -446,8 +456,9 @@ KERNEL void __launch_bounds__(128) attn_paged_merge(float* out, const float* par
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
       attn_paged_##sfx(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D, \
-                       float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs) { \
-    attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs);                     \
+                       float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,  \
+                       int window) {                                                                         \
+    attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);             \
   }
 PAGED_KERNELS(f16, u16)
 PAGED_KERNELS(f32, float)
