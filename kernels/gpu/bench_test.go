@@ -272,7 +272,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			err = bk.do(func(cx *rocm.Ctx) error {
 				var err error
 				ms, err = timeOn(cx, bk.stream, 2, b.N, func(int) error {
-					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), ctx-1, 1, c.Ctx, a)
+					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), 0, ctx-1, 1, c.Ctx, a)
 				})
 				return err
 			})

@@ -53,7 +53,8 @@ func f16Round(v []float32) []float32 {
 // context split over the blocks planAttnDecodeSplits gives each device,
 // the last block of a head merging; one token also quantized for the
 // output projection) and the prompt attention, f16 and f32 caches, head
-// sizes 128 and 64, grouped queries, at both widths, against the CPU
+// sizes 128 and 64, grouped queries, with and without attention sinks, at
+// both widths, against the CPU
 // backend's Attention (with the f16 cache's keys and values rounded for
 // it).
 func TestEmuAttention(t *testing.T) {
@@ -67,6 +68,12 @@ func TestEmuAttention(t *testing.T) {
 		{100, 2, kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}},
 		{0, 11, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}},
 		{37, 20, kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 64}},
+		// gpt-oss's full-attention layers: sinks on the decode shape (one
+		// split and several) and the prompt shape.
+		{3, 1, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{300, 1, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{100, 2, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{37, 20, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
 	}
 	const ctx = 512
 	for _, ed := range emuDevices {
@@ -75,6 +82,9 @@ func TestEmuAttention(t *testing.T) {
 				for _, c := range cases {
 					emuAttnCase(t, rng, ed.dev, sfx, c.pos0, c.n, ctx, c.at)
 				}
+				// a cache of 64 positions: one split, the block normalises
+				// its own output (sink_inv)
+				emuAttnCase(t, rng, ed.dev, sfx, 30, 1, 64, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)})
 			}
 		})
 	}
@@ -116,12 +126,13 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 		}
 		job.launch(l.Kernel, l.Grid, l.Block,
 			eP(out, 0), part, eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0),
-			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda)
+			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda, emuSinks(&job, at))
 		what = fmt.Sprintf("attn_decode_%s %d splits", sfx, splits)
 	} else {
 		l := planAttnPrompt(sfx, at.Heads, n)
 		job.launch(l.Kernel, l.Grid, l.Block,
-			eP(out, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(n), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale))
+			eP(out, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(n), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale),
+			emuSinks(&job, at))
 		what = "attn_prompt_" + sfx
 	}
 	res := runEmu(t, d.Warp, &job)
@@ -130,7 +141,7 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 		kr, vr = f16Round(k), f16Round(v)
 	}
 	want := cpuAttention(t, q, kr, vr, pos0, n, ctx, at)
-	tag := fmt.Sprintf("warp %d: %s pos0 %d n %d heads %d/%d×%d", d.Warp, what, pos0, n, at.Heads, at.KVHeads, at.HeadDim)
+	tag := fmt.Sprintf("warp %d: %s pos0 %d n %d heads %d/%d×%d sinks %v", d.Warp, what, pos0, n, at.Heads, at.KVHeads, at.HeadDim, at.Sinks != nil)
 	got := res.f32(out)
 	emuCheck(t, tag, got, want, bound)
 	if oq >= 0 {

@@ -14,9 +14,10 @@ import (
 // the clamped SwiGLU (oai.cu). The MXFP4 experts need nothing here: every
 // product path reads MXFP4 (quants.h's TMXFP4).
 
-// AttentionSinks reports that Attention (attn_ext, archops.cu) and
-// PagedAttention (attn_paged_merge, attn.cu, after attn_paged or
-// attn_paged_fine; the prompt pieces' prefill.cu) honour Attn.Sinks.
+// AttentionSinks reports that Attention (attn_decode and attn_prompt,
+// attn.cu; attn_ext, archops.cu, with a window) and PagedAttention
+// (attn_paged_merge, attn.cu, after attn_paged or attn_paged_fine; the
+// prompt pieces' prefill.cu) honour Attn.Sinks.
 func (b *Backend) AttentionSinks() bool { return true }
 
 // sinkPtr is the device address of at's sink logits (one F32 per query

@@ -607,14 +607,14 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 			return err
 		}
 		a.Reset()
-		if !at.Plain() { // a sliding window, a soft-cap or sinks (archops.go)
+		if at.Window > 0 || at.Softcap > 0 { // a sliding window or a soft-cap, and any sinks (archops.go)
 			return b.attnExt(c, sfx, out, q, kp, vp, sp, pos0, n, at)
 		}
 		if n <= 2 {
-			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at)
+			return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos0, n, kc.Ctx, at)
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
-			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
+			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).Ptr(sp)
 		l := planAttnPrompt(sfx, at.Heads, n)
 		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
@@ -628,8 +628,9 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 // decode step, which reads its position on the device, runs the very
 // kernels and grid that the same step queued op by op runs: the two give
 // identical results. The kernel divides the pos0+n positions in use among
-// the splits (splits past the end are empty).
-func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
+// the splits (splits past the end are empty). sp is the sinks' address
+// (sinkPtr; 0 for none).
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn) error {
 	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
@@ -654,7 +655,7 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
-		Ptr(oq).Ptr(od)
+		Ptr(oq).Ptr(od).Ptr(sp)
 	if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil {
 		return err
 	}

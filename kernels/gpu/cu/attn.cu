@@ -95,11 +95,15 @@ DEV void put_out(float* out, size_t o, float v, i8* oq, float* od) {
 // out = Σ_z e^(m_z−M)·acc_z / Σ_z e^(m_z−M)·l_z into out[o0…o0+D). The
 // parts were written by other blocks of the same launch: read them past L1
 // (volatile).
-DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, int splits, i8* oq, float* od) {
+// A sink (sink set, gpt-oss) joins as in paged_finish.
+DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, int splits, i8* oq, float* od,
+                        const float* sink) {
   float M = -3.0e38f;
   for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  if (sink) M = fmaxf(M, *sink);
   float L = 0.0f;
   for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  if (sink) L += expf(*sink - M);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float a = 0.0f;
     for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
@@ -122,11 +126,13 @@ DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, 
 // whose grid was fixed at capture): each split then covers
 // ceil((pos0+n)/splits) positions, and splits past the end write an empty
 // part (m = -3e38, l = 0) that the merge weighs by zero.
+// sinks, when set, holds one logit per head (gpt-oss's attention sinks),
+// folded in where the output is normalised (combine_splits, sink_inv).
 //   grid (heads, n, splits), block 128, D ≤ 256
 template <class KT>
 static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
                                    int kvHeads, int D, int pos0, float scale, int splitLen, const i32* posp,
-                                   int* count, i8* oq, float* od) {
+                                   int* count, i8* oq, float* od, const float* sinks) {
   if (posp) {
     pos0 = *posp;
     splitLen = (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z;
@@ -179,12 +185,12 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     if (!last) return;
     __threadfence();
     combine_splits(out, ((size_t)t * heads + h) * D, part + ((size_t)t * heads + h) * gridDim.z * (D + 2), D,
-                   gridDim.z, oq, od);
+                   gridDim.z, oq, od, sinks ? sinks + h : nullptr);
     if (threadIdx.x == 0) count[t * heads + h] = 0;
     return;
   }
   size_t o0 = ((size_t)t * heads + h) * D;
-  float inv = 1.0f / l;
+  float inv = sink_inv(l, m, sinks, h);
   if (d0 < D) put_out(out, o0 + d0, acc0 * inv, oq, od);
   if (d1 < D) put_out(out, o0 + d1, acc1 * inv, oq, od);
 }
@@ -194,12 +200,13 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
 // keys and values is staged once in shared memory and used by all QT
 // queries of the tile, which cuts cache reads by QT against the decode
 // shape. Rows are padded by 4 bytes so the PCH threads scoring one query
-// read distinct banks.
+// read distinct banks. sinks, when set, holds one logit per head
+// (gpt-oss), folded in at the end (sink_inv).
 //   grid (heads, ceil(n/QT)), block 256, D ≤ 256
 #define QT 8
 template <class KT>
 static __device__ void attn_prompt(float* out, const float* q, const KT* kc, const KT* vc, int n, int heads,
-                                   int kvHeads, int D, int pos0, float scale) {
+                                   int kvHeads, int D, int pos0, float scale, const float* sinks) {
   constexpr int PCH = 64 / (int)sizeof(KT);  // 32 positions of f16, 16 of f32: 33 KB either way
   constexpr int PAD = 4 / (int)sizeof(KT);
   __shared__ float qs[QT][256];
@@ -208,6 +215,7 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   __shared__ float ps[QT][PCH];
   __shared__ float alph[QT];
   __shared__ float lsum[QT];
+  __shared__ float mfin[QT];  // each row's final running max (for its sink)
   int h = blockIdx.x, t0 = blockIdx.y * QT;
   int qn = min(QT, n - t0);
   int kvDim = kvHeads * D;
@@ -289,13 +297,20 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
       }
     }
   }
+  if (sinks && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+      if (w + nw * r < QT) mfin[w + nw * r] = mrow[r];
+  }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int o = threadIdx.x + nt * j;
     if (o < QT * D) {
       int qi = o / D, d = o % D;
-      if (qi < qn) out[((size_t)(t0 + qi) * heads + h) * D + d] = acc[j] / lsum[qi];
+      if (qi < qn)
+        out[((size_t)(t0 + qi) * heads + h) * D + d] =
+            sinks ? acc[j] * sink_inv(lsum[qi], mfin[qi], sinks, h) : acc[j] / lsum[qi];
     }
   }
 }
@@ -307,13 +322,13 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   }                                                                                                         \
   KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
-                                const i32* posp, int* count, i8* oq, float* od) {                            \
-    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od);   \
+                                const i32* posp, int* count, i8* oq, float* od, const float* sinks) {        \
+    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks); \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \
-                                                       int pos0, float scale) {                              \
-    attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale);                                     \
+                                                       int pos0, float scale, const float* sinks) {          \
+    attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale, sinks);                              \
   }
 ATTN_KERNELS(f16, u16)
 ATTN_KERNELS(f32, float)

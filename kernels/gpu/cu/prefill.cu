@@ -48,6 +48,7 @@
 // path's arithmetic as it was.
 //   grid (heads, ceil(n/64)), block 128, D = 64 or 128
 #include "common.h"
+#include "softmax.h"
 
 #define PF_ROWS 64
 #define PF_CH 64
@@ -65,20 +66,6 @@
 
 DEV size_t pf_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
 
-// sink_inv is the factor that normalises a row's output o (running max m,
-// sum l): 1/l without sinks (sinks null, bit for bit the kernels' old
-// arithmetic); with head h's sink sk (gpt-oss) one more score with no
-// value, 1/(l + e^(sk−m)), computed as e^(m−sk)/(l·e^(m−sk) + 1) where the
-// sink is the larger so that nothing overflows.
-DEV float sink_inv(float l, float m, const float* sinks, int h) {
-  if (!sinks) return 1.0f / l;
-  float sk = sinks[h];
-  if (sk > m) {
-    float r = expf(m - sk);
-    return r / (l * r + 1.0f);
-  }
-  return 1.0f / (l + expf(sk - m));
-}
 
 DEV float2 pf_f2(float x, float y) {
   float2 v;

@@ -46,3 +46,18 @@ DEV void sink_fold(float s, float& m, float& l, float& acc0, float& acc1) {
     l += expf(s - m);
   }
 }
+
+// sink_inv is the factor that normalises a row's output o (running max m,
+// sum l): 1/l without sinks (sinks null, bit for bit the kernels' old
+// arithmetic); with head h's sink sk (gpt-oss) one more score with no
+// value, 1/(l + e^(sk−m)), computed as e^(m−sk)/(l·e^(m−sk) + 1) where the
+// sink is the larger so that nothing overflows.
+DEV float sink_inv(float l, float m, const float* sinks, int h) {
+  if (!sinks) return 1.0f / l;
+  float sk = sinks[h];
+  if (sk > m) {
+    float r = expf(m - sk);
+    return r / (l * r + 1.0f);
+  }
+  return 1.0f / (l + expf(sk - m));
+}
