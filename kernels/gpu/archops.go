@@ -58,9 +58,9 @@ func (b *Backend) Softcap(x kernels.Tensor, cp float32, n int) error {
 	})
 }
 
-// attnExt queues attention with a sliding window, a score soft-cap and/or
-// attention sinks (kernels.Attn.Plain false) after Attention stored the new keys and
-// values: one block per (head, token), reading the position from the step
+// attnExt queues attention with a sliding window and/or a score soft-cap,
+// and any attention sinks, after Attention stored the new keys and values:
+// one block per (head, token), reading the position from the step
 // register in a recorded decode step. sp is the sinks' address (sinkPtr,
 // 0 for none). Called with b.mu held, inside b.do.
 func (b *Backend) attnExt(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n int, at kernels.Attn) error {
