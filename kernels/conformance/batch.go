@@ -90,6 +90,26 @@ func (s *suite) pagedAttention(t *testing.T) {
 		{"mha-small-blocks", kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 16}, 4, [][]int{{9, 1, 2}, {1, 1, 1}, {2, 7, 1}}},
 		{"mqa", kernels.Attn{Heads: 6, KVHeads: 1, HeadDim: 32}, 32, [][]int{{1, 40}, {1, 1}, {64, 1}}},
 		{"one-block", kernels.Attn{Heads: 2, KVHeads: 1, HeadDim: 64}, 256, [][]int{{3}, {1}, {100}}},
+		// Sliding windows (gpt-oss's even layers, Gemma's local ones):
+		// prompt pieces alone (the GPU's prefill kernels) and mixed steps,
+		// windows shorter than a piece and than a block.
+		{"window", kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 20}, 16, [][]int{{40, 0}, {1, 1}, {0, 30}, {1, 3}, {1, 1}}},
+		{"window-small", kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: 32, Window: 3}, 4, [][]int{{9, 1}, {1, 1}, {2, 7}}},
+	}
+	if sa, ok := kernels.As[kernels.SinkAttender](b); ok && sa.AttentionSinks() {
+		// gpt-oss's two kinds of layer: sinks with a window and without.
+		for _, w := range []int{24, 0} {
+			a := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: w}
+			v := RandomVector(rng, a.Heads, 2)
+			v[0] = 6 // a head whose sink outweighs its scores
+			a.Sinks = sinksWeight(t, b, v)
+			cases = append(cases, struct {
+				name      string
+				a         kernels.Attn
+				blockSize int
+				steps     [][]int
+			}{name("sinks-window-%d", w), a, 16, [][]int{{40, 0}, {1, 1}, {0, 30}, {1, 3}, {1, 1}}})
+		}
 	}
 	for _, c := range cases {
 		a := c.a

@@ -94,6 +94,8 @@ func RunWith(t *testing.T, newBackend func(t *testing.T) kernels.Backend, o Opti
 	t.Run("AddRMSNorm", s.addRMSNorm)
 	t.Run("RoPE", s.rope)
 	t.Run("Attention", s.attention)
+	t.Run("AttentionSinks", s.attentionSinks)
+	t.Run("SwiGLUOAI", s.swigluOAI)
 	t.Run("Embed", s.embed)
 	t.Run("MatMul", s.matMul)
 	t.Run("MatMulPrompt", s.matMulPrompt)

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/forge-llm/forge/kernels"
@@ -290,35 +291,42 @@ func (s *suite) attention(t *testing.T) {
 	for _, c := range cases {
 		a := c.a
 		a.Scale = float32(1 / math.Sqrt(float64(a.HeadDim)))
-		total := 0
-		for _, n := range c.steps {
-			total += n
+		attentionSteps(t, b, rng, c.name, a, c.steps)
+	}
+}
+
+// attentionSteps runs Attention over steps of the given token counts into
+// one cache layer and checks each step against attnRef.
+func attentionSteps(t *testing.T, b kernels.Backend, rng *rand.Rand, what string, a kernels.Attn, steps []int) {
+	t.Helper()
+	total := 0
+	for _, n := range steps {
+		total += n
+	}
+	const layers, layer = 3, 1
+	kvDim := a.KVHeads * a.HeadDim
+	cache, err := b.NewKVCache(layers, total+5, kvDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeKVCache(cache)
+	var keys, vals [][]float32 // reference history, one row per position
+	pos := 0
+	for si, n := range steps {
+		q := RandomVector(rng, n*a.Heads*a.HeadDim, 1)
+		k := RandomVector(rng, n*kvDim, 1)
+		v := RandomVector(rng, n*kvDim, 1)
+		out := alloc(t, b, n*a.Heads*a.HeadDim)
+		if err := b.Attention(out, upload(t, b, q), upload(t, b, k), upload(t, b, v), cache, layer, pos, n, a); err != nil {
+			t.Fatalf("%s step %d: %v", what, si, err)
 		}
-		const layers, layer = 3, 1
-		kvDim := a.KVHeads * a.HeadDim
-		cache, err := b.NewKVCache(layers, total+5, kvDim)
-		if err != nil {
-			t.Fatal(err)
+		for i := range n {
+			keys = append(keys, k[i*kvDim:(i+1)*kvDim])
+			vals = append(vals, v[i*kvDim:(i+1)*kvDim])
 		}
-		var keys, vals [][]float32 // reference history, one row per position
-		pos := 0
-		for si, n := range c.steps {
-			q := RandomVector(rng, n*a.Heads*a.HeadDim, 1)
-			k := RandomVector(rng, n*kvDim, 1)
-			v := RandomVector(rng, n*kvDim, 1)
-			out := alloc(t, b, n*a.Heads*a.HeadDim)
-			if err := b.Attention(out, upload(t, b, q), upload(t, b, k), upload(t, b, v), cache, layer, pos, n, a); err != nil {
-				t.Fatalf("%s step %d: %v", c.name, si, err)
-			}
-			for i := range n {
-				keys = append(keys, k[i*kvDim:(i+1)*kvDim])
-				vals = append(vals, v[i*kvDim:(i+1)*kvDim])
-			}
-			want := attnRef(q, keys, vals, pos, n, a)
-			check(t, name("attention %s step %d (pos %d, n %d)", c.name, si, pos, n), download(t, b, out), want, 2e-5)
-			pos += n
-		}
-		b.FreeKVCache(cache)
+		want := attnRef(q, keys, vals, pos, n, a)
+		check(t, name("attention %s step %d (pos %d, n %d)", what, si, pos, n), download(t, b, out), want, 2e-5)
+		pos += n
 	}
 }
 
@@ -351,7 +359,12 @@ func attnRef(q []float32, keys, vals [][]float32, pos0, n int, a kernels.Attn) [
 				}
 				mx = max(mx, sc[p])
 			}
-			var sum float64
+			sink := math.Inf(-1) // e^(sink−mx) = 0: no sink
+			if a.Sinks != nil {
+				sink = sinkLogit(a.Sinks, h)
+				mx = max(mx, sink)
+			}
+			sum := math.Exp(sink - mx)
 			for p := range sc {
 				sc[p] = math.Exp(sc[p] - mx)
 				sum += sc[p]

@@ -56,14 +56,15 @@ func (b *Backend) Softcap(x kernels.Tensor, cp float32, n int) error {
 	})
 }
 
-// attnExt queues attention with a sliding window and/or a score soft-cap
-// (kernels.Attn.Plain false) after Attention stored the new keys and
-// values: one block per (head, token), reading the position from the step
-// register in a recorded decode step. Called with b.mu held, inside b.do.
-func (b *Backend) attnExt(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n int, at kernels.Attn) error {
+// attnExt queues attention with a sliding window and/or a score soft-cap,
+// and any attention sinks, after Attention stored the new keys and values:
+// one block per (head, token), reading the position from the step
+// register in a recorded decode step. sp is the sinks' address (sinkPtr,
+// 0 for none). Called with b.mu held, inside b.do.
+func (b *Backend) attnExt(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n int, at kernels.Attn) error {
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
-		I32(int32(pos0)).F32(at.Scale).I32(int32(at.Window)).F32(at.Softcap).Ptr(b.stepPos())
+		I32(int32(pos0)).F32(at.Scale).I32(int32(at.Window)).F32(at.Softcap).Ptr(b.stepPos()).Ptr(sp)
 	l := planAttnExt(sfx, at.Heads, n)
 	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }

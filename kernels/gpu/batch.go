@@ -432,6 +432,10 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 	layerBytes := int64(p.Blocks) * int64(p.BlockSize) * int64(kvDim) * int64(kp.esize)
 	kc := kp.base + rocm.DevPtr(int64(2*layer)*layerBytes)
 	vc := kc + rocm.DevPtr(layerBytes)
+	sp, err := b.sinkPtr("paged attention", at)
+	if err != nil {
+		return err
+	}
 	return b.do(func(c *rocm.Ctx) error {
 		part, err := b.scratchBuf(c, "paged-part", int64(n)*int64(at.Heads)*int64(splits)*int64(at.HeadDim+2)*4)
 		if err != nil {
@@ -455,22 +459,24 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 				dst = pp
 			}
 			a.Ptr(dst).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
-				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr()).
+				I32(int32(at.Window)).Ptr(sp)
 			l := planPrefill(pfName, at.Heads, n, zs)
 			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil || zs == 0 {
 				return err
 			}
 			a.Reset()
-			a.Ptr(dptr(out)).Ptr(dst).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(zs))
+			a.Ptr(dptr(out)).Ptr(dst).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(zs)).Ptr(sp) // the sinks join in the merge
 			return b.launch(c, "attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128), &a)
 		}
 		a.Ptr(part).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).I32(int32(at.HeadDim)).
-			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr())
+			F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.posPtr()).Ptr(ls.seqPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr()).
+			I32(int32(at.Window))
 		if err := b.launch(c, attnL.Kernel, attnL.Grid, attnL.Block, &a); err != nil {
 			return err
 		}
 		a.Reset()
-		a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits))
+		a.Ptr(dptr(out)).Ptr(part).I32(int32(at.Heads)).I32(int32(at.HeadDim)).I32(int32(splits)).Ptr(sp)
 		return b.launch(c, mergeL.Kernel, mergeL.Grid, mergeL.Block, &a)
 	})
 }

@@ -43,6 +43,9 @@ func kernelNames(t *testing.T, module, src string) []string {
 		for _, kv := range []string{"f16", "f32"} {
 			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_prompt_"+kv, "kv_store_paged_"+kv, "attn_paged_"+kv)
 		}
+		names = append(names, "attn_paged_merge")
+	case "pagedfine.cu":
+		names = append(names, "attn_paged_fine_f16", "attn_paged_fine_f32")
 	case "prefill.cu":
 		for _, d := range []string{"64", "128"} {
 			names = append(names, "attn_prefill_f16_d"+d, "attn_prefill_v1_f16_d"+d, "attn_prefill_plain_f16_d"+d)

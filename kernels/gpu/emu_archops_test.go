@@ -13,8 +13,9 @@ import (
 
 // TestEmuArchOps: archops.cu's gelu_mul, scale_f32, softcap_f32 and the
 // attention with a sliding window and a score soft-cap (attn_ext, f16 and
-// f32 caches, 1 and 9 tokens), at both widths, launched as archops.go
-// launches them, against the CPU backend.
+// f32 caches, 1 and 9 tokens), and with gpt-oss's attention sinks (with
+// and without a window), at both widths, launched as archops.go launches
+// them, against the CPU backend.
 func TestEmuArchOps(t *testing.T) {
 	rng := emuRNG(t)
 	const n = 5000
@@ -50,6 +51,13 @@ func TestEmuArchOps(t *testing.T) {
 				at := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128, Window: 16, Softcap: 20}
 				at.Scale = float32(1 / math.Sqrt(128))
 				emuAttnExtCase(t, warp, sfx, c.pos0, c.n, at, rng.Uint64())
+				// gpt-oss's layers: sinks with a window (even layers) and
+				// without one (odd layers), head size 64.
+				for _, window := range []int{8, 0} {
+					at := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: window, Scale: 0.125 * 1.29}
+					at.Sinks = randomSinks(rng, at.Heads)
+					emuAttnExtCase(t, warp, sfx, c.pos0, c.n, at, rng.Uint64())
+				}
 			}
 		}
 	}
@@ -73,13 +81,13 @@ func emuAttnExtCase(t *testing.T, warp int, sfx string, pos0, n int, at kernels.
 	out := job.zeros(4*n*qDim, true)
 	l := planAttnExt(sfx, at.Heads, n)
 	job.launch(l.Kernel, l.Grid, l.Block, eP(out, 0), eP(job.f32(q[pos0*qDim:]), 0), eP(kc, 0), eP(vc, 0), eI(at.Heads),
-		eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale), eI(at.Window), eF(at.Softcap), eNull())
+		eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale), eI(at.Window), eF(at.Softcap), eNull(), emuSinks(&job, at))
 	res := runEmu(t, warp, &job)
 	kr, vr := k, v
 	if sfx == "f16" {
 		kr, vr = f16Round(k), f16Round(v)
 	}
 	want := cpuAttention(t, q, kr, vr, pos0, n, ctx, at)
-	emuCheck(t, fmt.Sprintf("warp %d: %s pos0 %d n %d window %d cap %g", warp, l.Kernel, pos0, n, at.Window, at.Softcap),
+	emuCheck(t, fmt.Sprintf("warp %d: %s pos0 %d n %d window %d cap %g sinks %v", warp, l.Kernel, pos0, n, at.Window, at.Softcap, at.Sinks != nil),
 		res.f32(out), want, 2e-5)
 }

@@ -53,7 +53,8 @@ func f16Round(v []float32) []float32 {
 // context split over the blocks planAttnDecodeSplits gives each device,
 // the last block of a head merging; one token also quantized for the
 // output projection) and the prompt attention, f16 and f32 caches, head
-// sizes 128 and 64, grouped queries, at both widths, against the CPU
+// sizes 128 and 64, grouped queries, with and without attention sinks, at
+// both widths, against the CPU
 // backend's Attention (with the f16 cache's keys and values rounded for
 // it).
 func TestEmuAttention(t *testing.T) {
@@ -67,6 +68,12 @@ func TestEmuAttention(t *testing.T) {
 		{100, 2, kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}},
 		{0, 11, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}},
 		{37, 20, kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 64}},
+		// gpt-oss's full-attention layers: sinks on the decode shape (one
+		// split and several) and the prompt shape.
+		{3, 1, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{300, 1, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{100, 2, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
+		{37, 20, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}},
 	}
 	const ctx = 512
 	for _, ed := range emuDevices {
@@ -75,6 +82,9 @@ func TestEmuAttention(t *testing.T) {
 				for _, c := range cases {
 					emuAttnCase(t, rng, ed.dev, sfx, c.pos0, c.n, ctx, c.at)
 				}
+				// a cache of 64 positions: one split, the block normalises
+				// its own output (sink_inv)
+				emuAttnCase(t, rng, ed.dev, sfx, 30, 1, 64, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)})
 			}
 		})
 	}
@@ -116,12 +126,13 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 		}
 		job.launch(l.Kernel, l.Grid, l.Block,
 			eP(out, 0), part, eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0),
-			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda)
+			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda, emuSinks(&job, at))
 		what = fmt.Sprintf("attn_decode_%s %d splits", sfx, splits)
 	} else {
 		l := planAttnPrompt(sfx, at.Heads, n)
 		job.launch(l.Kernel, l.Grid, l.Block,
-			eP(out, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(n), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale))
+			eP(out, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(n), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0), eF(at.Scale),
+			emuSinks(&job, at))
 		what = "attn_prompt_" + sfx
 	}
 	res := runEmu(t, d.Warp, &job)
@@ -130,7 +141,7 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 		kr, vr = f16Round(k), f16Round(v)
 	}
 	want := cpuAttention(t, q, kr, vr, pos0, n, ctx, at)
-	tag := fmt.Sprintf("warp %d: %s pos0 %d n %d heads %d/%d×%d", d.Warp, what, pos0, n, at.Heads, at.KVHeads, at.HeadDim)
+	tag := fmt.Sprintf("warp %d: %s pos0 %d n %d heads %d/%d×%d sinks %v", d.Warp, what, pos0, n, at.Heads, at.KVHeads, at.HeadDim, at.Sinks != nil)
 	got := res.f32(out)
 	emuCheck(t, tag, got, want, bound)
 	if oq >= 0 {
@@ -141,94 +152,108 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 // TestEmuPagedAttention: kv_store_paged, attn_paged and attn_paged_fine
 // over shuffled block tables and attn_paged_merge for a step of two sequences (one decoding at
 // position 300, one starting with 5 rows), both cache types, at both
-// widths, against the CPU backend's Attention over each sequence alone.
+// widths, against the CPU backend's Attention over each sequence alone;
+// plain, and (f16) with gpt-oss's sliding window and attention sinks (a
+// window of 100, which cuts the long row's first split, with sinks; a
+// window of 3, which the short sequence's rows cross).
 func TestEmuPagedAttention(t *testing.T) {
 	rng := emuRNG(t)
-	at := kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}
-	at.Scale = float32(1 / math.Sqrt(float64(at.HeadDim)))
-	qDim, kvDim := at.Heads*at.HeadDim, at.KVHeads*at.HeadDim
-	const bs, blocks, long = 16, 40, 300
 	for _, ed := range emuDevices {
 		for _, sfx := range []string{"f16", "f32"} {
-			es := 2
-			if sfx == "f32" {
-				es = 4
+			ats := []kernels.Attn{{Heads: 8, KVHeads: 2, HeadDim: 128}}
+			if sfx == "f16" {
+				ats = append(ats, kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 100, Sinks: randomSinks(rng, 8)},
+					kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 3})
 			}
-			// sequence 0: long+1 tokens, sequence 1: 5
-			lens := []int{long + 1, 5}
-			var qs, ks, vs [2][]float32
-			for s, l := range lens {
-				qs[s] = conformance.RandomVector(rng, l*qDim, 1)
-				ks[s] = conformance.RandomVector(rng, l*kvDim, 1)
-				vs[s] = conformance.RandomVector(rng, l*kvDim, 1)
+			for _, at := range ats {
+				at.Scale = float32(1 / math.Sqrt(float64(at.HeadDim)))
+				emuPagedCase(t, rng, ed.dev.Warp, sfx, at)
 			}
-			perm := rng.Perm(blocks)
-			tabs := [][]int32{{}, {}}
-			next := 0
-			for s, l := range lens {
-				for range ceilDiv(l, bs) {
-					tabs[s] = append(tabs[s], int32(perm[next]))
-					next++
-				}
+		}
+	}
+}
+
+func emuPagedCase(t *testing.T, rng *rand.Rand, warp int, sfx string, at kernels.Attn) {
+	qDim, kvDim := at.Heads*at.HeadDim, at.KVHeads*at.HeadDim
+	const bs, blocks, long = 16, 40, 300
+	es := 2
+	if sfx == "f32" {
+		es = 4
+	}
+	// sequence 0: long+1 tokens, sequence 1: 5
+	lens := []int{long + 1, 5}
+	var qs, ks, vs [2][]float32
+	for s, l := range lens {
+		qs[s] = conformance.RandomVector(rng, l*qDim, 1)
+		ks[s] = conformance.RandomVector(rng, l*kvDim, 1)
+		vs[s] = conformance.RandomVector(rng, l*kvDim, 1)
+	}
+	perm := rng.Perm(blocks)
+	tabs := [][]int32{{}, {}}
+	next := 0
+	for s, l := range lens {
+		for range ceilDiv(l, bs) {
+			tabs[s] = append(tabs[s], int32(perm[next]))
+			next++
+		}
+	}
+	var job emuJob
+	kc, vc := job.zeros(blocks*bs*kvDim*es, false), job.zeros(blocks*bs*kvDim*es, false)
+	tabsFlat := append(append([]int32{}, tabs[0]...), tabs[1]...)
+	toffb := job.i32([]int32{0, int32(len(tabs[0]))})
+	tabsb := job.i32(tabsFlat)
+	// the long sequence's first 300 positions, stored by an earlier step
+	pre := make([]int32, long)
+	for i := range pre {
+		pre[i] = int32(i)
+	}
+	prePos, preSeq := job.i32(pre), job.i32(make([]int32, long))
+	job.launch("kv_store_paged_"+sfx, grid1(long*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
+		eP(job.f32(ks[0][:long*kvDim]), 0), eP(job.f32(vs[0][:long*kvDim]), 0), eI(long), eI(kvDim), eI(bs),
+		eP(prePos, 0), eP(preSeq, 0), eP(toffb, 0), eP(tabsb, 0))
+	// the step: row 0 = sequence 0 at 300, rows 1…5 = sequence 1 at 0…4
+	const n = 6
+	pos := []int32{long, 0, 1, 2, 3, 4}
+	seq := []int32{0, 1, 1, 1, 1, 1}
+	stepQ := append(append([]float32{}, qs[0][long*qDim:]...), qs[1]...)
+	stepK := append(append([]float32{}, ks[0][long*kvDim:]...), ks[1]...)
+	stepV := append(append([]float32{}, vs[0][long*kvDim:]...), vs[1]...)
+	posb, seqb := job.i32(pos), job.i32(seq)
+	job.launch("kv_store_paged_"+sfx, grid1(n*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
+		eP(job.f32(stepK), 0), eP(job.f32(stepV), 0), eI(n), eI(kvDim), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
+	// attn_paged (splits of 256 positions) and attn_paged_fine (16
+	// splits by each row's length), each with the merge
+	qb := job.f32(stepQ)
+	var outs [2]int
+	var names [2]string
+	for fi := range outs {
+		splits, attnL, mergeL := planPaged(sfx, at.Heads, n, long)
+		if fi == 1 {
+			splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
+		}
+		part := job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true)
+		outs[fi], names[fi] = job.zeros(4*n*qDim, true), attnL.Kernel
+		job.launch(attnL.Kernel, attnL.Grid, attnL.Block,
+			eP(part, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim),
+			eF(at.Scale), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0), eI(at.Window))
+		job.launch(mergeL.Kernel, mergeL.Grid, mergeL.Block,
+			eP(outs[fi], 0), eP(part, 0), eI(at.Heads), eI(at.HeadDim), eI(splits), emuSinks(&job, at))
+	}
+	res := runEmu(t, warp, &job)
+	for fi, out := range outs {
+		got := res.f32(out)
+		for s, l := range lens {
+			kr, vr, bound := ks[s], vs[s], 2e-5
+			if sfx == "f16" {
+				kr, vr = f16Round(kr), f16Round(vr)
 			}
-			var job emuJob
-			kc, vc := job.zeros(blocks*bs*kvDim*es, false), job.zeros(blocks*bs*kvDim*es, false)
-			tabsFlat := append(append([]int32{}, tabs[0]...), tabs[1]...)
-			toffb := job.i32([]int32{0, int32(len(tabs[0]))})
-			tabsb := job.i32(tabsFlat)
-			// the long sequence's first 300 positions, stored by an earlier step
-			pre := make([]int32, long)
-			for i := range pre {
-				pre[i] = int32(i)
+			p0, m, row := long, 1, 0
+			if s == 1 {
+				p0, m, row = 0, 5, 1
 			}
-			prePos, preSeq := job.i32(pre), job.i32(make([]int32, long))
-			job.launch("kv_store_paged_"+sfx, grid1(long*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
-				eP(job.f32(ks[0][:long*kvDim]), 0), eP(job.f32(vs[0][:long*kvDim]), 0), eI(long), eI(kvDim), eI(bs),
-				eP(prePos, 0), eP(preSeq, 0), eP(toffb, 0), eP(tabsb, 0))
-			// the step: row 0 = sequence 0 at 300, rows 1…5 = sequence 1 at 0…4
-			const n = 6
-			pos := []int32{long, 0, 1, 2, 3, 4}
-			seq := []int32{0, 1, 1, 1, 1, 1}
-			stepQ := append(append([]float32{}, qs[0][long*qDim:]...), qs[1]...)
-			stepK := append(append([]float32{}, ks[0][long*kvDim:]...), ks[1]...)
-			stepV := append(append([]float32{}, vs[0][long*kvDim:]...), vs[1]...)
-			posb, seqb := job.i32(pos), job.i32(seq)
-			job.launch("kv_store_paged_"+sfx, grid1(n*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
-				eP(job.f32(stepK), 0), eP(job.f32(stepV), 0), eI(n), eI(kvDim), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			// attn_paged (splits of 256 positions) and attn_paged_fine (16
-			// splits by each row's length), each with the merge
-			qb := job.f32(stepQ)
-			var outs [2]int
-			var names [2]string
-			for fi := range outs {
-				splits, attnL, mergeL := planPaged(sfx, at.Heads, n, long)
-				if fi == 1 {
-					splits, attnL, mergeL = planPagedFine(sfx, at.Heads, n)
-				}
-				part := job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true)
-				outs[fi], names[fi] = job.zeros(4*n*qDim, true), attnL.Kernel
-				job.launch(attnL.Kernel, attnL.Grid, attnL.Block,
-					eP(part, 0), eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim),
-					eF(at.Scale), eI(bs), eP(posb, 0), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-				job.launch(mergeL.Kernel, mergeL.Grid, mergeL.Block,
-					eP(outs[fi], 0), eP(part, 0), eI(at.Heads), eI(at.HeadDim), eI(splits))
-			}
-			res := runEmu(t, ed.dev.Warp, &job)
-			for fi, out := range outs {
-				got := res.f32(out)
-				for s, l := range lens {
-					kr, vr, bound := ks[s], vs[s], 2e-5
-					if sfx == "f16" {
-						kr, vr = f16Round(kr), f16Round(vr)
-					}
-					p0, m, row := long, 1, 0
-					if s == 1 {
-						p0, m, row = 0, 5, 1
-					}
-					want := cpuAttention(t, qs[s], kr, vr, p0, m, ctxFor(l), at)
-					emuCheck(t, fmt.Sprintf("warp %d: %s sequence %d", ed.dev.Warp, names[fi], s), got[row*qDim:], want, bound)
-				}
-			}
+			want := cpuAttention(t, qs[s], kr, vr, p0, m, ctxFor(l), at)
+			emuCheck(t, fmt.Sprintf("warp %d: %s sequence %d window %d sinks %v", warp, names[fi], s, at.Window, at.Sinks != nil),
+				got[row*qDim:], want, bound)
 		}
 	}
 }
@@ -238,45 +263,59 @@ func ctxFor(l int) int { return max(l, 16) }
 // TestEmuPrefill: the paged prefill attention of a prompt piece
 // (prefill.cu, the plain path HIP compiles) of 70 rows at positions
 // 150…219 of one sequence (two tiles of prefillRows, the second partial)
-// over a shuffled block table, head sizes 64 and 128, at both widths,
-// against the CPU backend's Attention.
+// over a shuffled block table, head sizes 64 and 128, and gpt-oss's
+// window and sinks, at both widths, against the CPU backend's Attention.
 func TestEmuPrefill(t *testing.T) {
 	rng := emuRNG(t)
-	const bs, blocks, pos0, n = 16, 20, 150, 70
 	for _, ed := range emuDevices {
 		for _, hd := range []int{64, 128} {
 			at := kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: hd}
 			at.Scale = float32(1 / math.Sqrt(float64(hd)))
-			qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, pos0+n
-			q := conformance.RandomVector(rng, tot*qDim, 1)
-			k := conformance.RandomVector(rng, tot*kvDim, 1)
-			v := conformance.RandomVector(rng, tot*kvDim, 1)
-			perm := rng.Perm(blocks)
-			tab := make([]int32, ceilDiv(tot, bs))
-			for i := range tab {
-				tab[i] = int32(perm[i])
-			}
-			var job emuJob
-			kc, vc := job.zeros(blocks*bs*kvDim*2, false), job.zeros(blocks*bs*kvDim*2, false)
-			toffb, tabsb := job.i32([]int32{0}), job.i32(tab)
-			pos := make([]int32, tot)
-			for i := range pos {
-				pos[i] = int32(i)
-			}
-			posb, seqb := job.i32(pos), job.i32(make([]int32, tot))
-			// the prefix (an earlier step), then the piece
-			for _, r := range [][2]int{{0, pos0}, {pos0, n}} {
-				job.launch("kv_store_paged_f16", grid1(r[1]*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
-					eP(job.f32(k[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0), eP(job.f32(v[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0),
-					eI(r[1]), eI(kvDim), eI(bs), eP(posb, 4*r[0]), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
-			}
-			out := job.zeros(4*n*qDim, true)
-			l := planPrefill(fmt.Sprintf("attn_prefill_f16_d%d", hd), at.Heads, n, 0)
-			job.launch(l.Kernel, l.Grid, l.Block, eP(out, 0), eP(job.f32(q[pos0*qDim:]), 0), eP(kc, 0), eP(vc, 0),
-				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(bs), eI(pos0), eI(0), eP(toffb, 0), eP(tabsb, 0))
-			res := runEmu(t, ed.dev.Warp, &job)
-			want := cpuAttention(t, q, f16Round(k), f16Round(v), pos0, n, tot, at)
-			emuCheck(t, fmt.Sprintf("warp %d: %s pos0 %d n %d D %d", ed.dev.Warp, l.Kernel, pos0, n, hd), res.f32(out), want, 2e-5)
+			emuPrefillCase(t, rng, ed.dev.Warp, at)
+		}
+		// gpt-oss's layers (head size 64): a window of 40 (shorter than
+		// the piece: its rows' windows start inside it) with sinks, and
+		// sinks alone.
+		for _, window := range []int{40, 0} {
+			at := kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: 64, Window: window, Sinks: randomSinks(rng, 4), Scale: 0.125}
+			emuPrefillCase(t, rng, ed.dev.Warp, at)
 		}
 	}
+}
+
+func emuPrefillCase(t *testing.T, rng *rand.Rand, warp int, at kernels.Attn) {
+	const bs, blocks, pos0, n = 16, 20, 150, 70
+	hd := at.HeadDim
+	qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, pos0+n
+	q := conformance.RandomVector(rng, tot*qDim, 1)
+	k := conformance.RandomVector(rng, tot*kvDim, 1)
+	v := conformance.RandomVector(rng, tot*kvDim, 1)
+	perm := rng.Perm(blocks)
+	tab := make([]int32, ceilDiv(tot, bs))
+	for i := range tab {
+		tab[i] = int32(perm[i])
+	}
+	var job emuJob
+	kc, vc := job.zeros(blocks*bs*kvDim*2, false), job.zeros(blocks*bs*kvDim*2, false)
+	toffb, tabsb := job.i32([]int32{0}), job.i32(tab)
+	pos := make([]int32, tot)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	posb, seqb := job.i32(pos), job.i32(make([]int32, tot))
+	// the prefix (an earlier step), then the piece
+	for _, r := range [][2]int{{0, pos0}, {pos0, n}} {
+		job.launch("kv_store_paged_f16", grid1(r[1]*kvDim), rocm.D1(256), eP(kc, 0), eP(vc, 0),
+			eP(job.f32(k[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0), eP(job.f32(v[r[0]*kvDim:(r[0]+r[1])*kvDim]), 0),
+			eI(r[1]), eI(kvDim), eI(bs), eP(posb, 4*r[0]), eP(seqb, 0), eP(toffb, 0), eP(tabsb, 0))
+	}
+	out := job.zeros(4*n*qDim, true)
+	l := planPrefill(fmt.Sprintf("attn_prefill_f16_d%d", hd), at.Heads, n, 0)
+	job.launch(l.Kernel, l.Grid, l.Block, eP(out, 0), eP(job.f32(q[pos0*qDim:]), 0), eP(kc, 0), eP(vc, 0),
+		eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(bs), eI(pos0), eI(0), eP(toffb, 0), eP(tabsb, 0),
+		eI(at.Window), emuSinks(&job, at))
+	res := runEmu(t, warp, &job)
+	want := cpuAttention(t, q, f16Round(k), f16Round(v), pos0, n, tot, at)
+	emuCheck(t, fmt.Sprintf("warp %d: %s pos0 %d n %d D %d window %d sinks %v", warp, l.Kernel, pos0, n, hd, at.Window, at.Sinks != nil),
+		res.f32(out), want, 2e-5)
 }

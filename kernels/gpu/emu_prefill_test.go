@@ -13,11 +13,11 @@ import (
 // TestEmuPrefillTensor runs prefill.cu's sm_80 path (prefill_pipe: mma.sync
 // fragments, ldmatrix, the two-stage cp.async pipeline) on the emulator's
 // models of those operations (attn_prefill_emu_*, warp 32), and in its
-// last case the first sm_80 path (prefill_mma, which the H100 has run), a
+// v1 cases the first sm_80 path (prefill_mma, which the H100 has run), a
 // check of the emulator's mma.sync model itself: prompt pieces
 // over prefixes that span several chunks, block sizes that do and do not
-// divide a chunk, a partial last tile whose last warps hold no rows, and
-// grouped queries. Each piece is checked against the CPU backend (the
+// divide a chunk, a partial last tile whose last warps hold no rows,
+// grouped queries, and gpt-oss's sliding window and attention sinks. Each piece is checked against the CPU backend (the
 // query and the probabilities are rounded to f16 for the products, hence
 // the bound), and the same rows cut into smaller pieces must give the same
 // bits (batch invariance).
@@ -33,27 +33,37 @@ func TestEmuPrefillTensor(t *testing.T) {
 		n          int
 		cuts       []int
 		blocksMore int
+		v1         bool // prefill_mma, the H100-proven path, on the same models
+		split      bool // the split form (the default on the device) and attn.cu's merge
 	}{
-		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
-		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
-		{kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 128}, 32, 0, 45, []int{20}, 1},
-		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3},
-		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2},
-		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33}, 3},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3, false, false},
+		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2, false, false},
+		{kernels.Attn{Heads: 4, KVHeads: 1, HeadDim: 128}, 32, 0, 45, []int{20}, 1, false, false},
+		// gpt-oss's layers: a window of 40 (its rows' windows start inside
+		// the piece and inside chunks) with sinks, and sinks alone.
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 40, Sinks: randomSinks(rng, 8)}, 16, 150, 70, []int{33}, 3, false, false},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rng, 8)}, 16, 150, 70, []int{33}, 3, false, false},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 40, Sinks: randomSinks(rng, 8)}, 16, 150, 70, []int{33}, 3, true, false},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33}, 3, true, false},
+		// the split form, with the sinks folded in by the merge
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, 16, 150, 70, []int{33, 2}, 3, false, true},
+		{kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, 24, 37, 100, []int{64, 9}, 2, false, true},
+		{kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 40, Sinks: randomSinks(rng, 8)}, 16, 150, 70, []int{33}, 3, false, true},
 	}
-	for ci, c := range cases {
+	for _, c := range cases {
 		at := c.at
 		hd := at.HeadDim
 		at.Scale = float32(1 / math.Sqrt(float64(hd)))
 		qDim, kvDim, tot := at.Heads*hd, at.KVHeads*hd, c.pos0+c.n
 		name := fmt.Sprintf("attn_prefill_emu_f16_d%d", hd)
-		switch ci {
-		case len(cases) - 3, len(cases) - 2:
-			name = fmt.Sprintf("attn_prefill_emusplit_f16_d%d", hd) // the split form and its merge
-		case len(cases) - 1:
-			name = fmt.Sprintf("attn_prefill_emuv1_f16_d%d", hd) // the H100-proven path on the same models
+		switch {
+		case c.split:
+			name = fmt.Sprintf("attn_prefill_emusplit_f16_d%d", hd)
+		case c.v1:
+			name = fmt.Sprintf("attn_prefill_emuv1_f16_d%d", hd)
 		}
-		what := fmt.Sprintf("%s heads %d/%d bs %d pos0 %d n %d", name, at.Heads, at.KVHeads, c.bs, c.pos0, c.n)
+		what := fmt.Sprintf("%s heads %d/%d bs %d pos0 %d n %d window %d sinks %v", name, at.Heads, at.KVHeads, c.bs, c.pos0, c.n,
+			at.Window, at.Sinks != nil)
 		q := conformance.RandomVector(rng, tot*qDim, 1)
 		k := conformance.RandomVector(rng, tot*kvDim, 1)
 		v := conformance.RandomVector(rng, tot*kvDim, 1)
@@ -79,20 +89,23 @@ func TestEmuPrefillTensor(t *testing.T) {
 		// (at those rows' offsets).
 		piece := func(out, lo, hi int) {
 			n := hi - lo
-			if name != fmt.Sprintf("attn_prefill_emusplit_f16_d%d", hd) {
+			if !c.split {
 				l := planPrefill(name, at.Heads, n, 0)
 				job.launch(l.Kernel, l.Grid, l.Block, eP(out, 4*lo*qDim), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
-					eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+					eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0),
+					eI(at.Window), emuSinks(&job, at))
 				return
 			}
-			// the split form: parts of emuSplit positions, then attn.cu's merge
+			// the split form: parts of emuSplit positions, then attn.cu's
+			// merge, which folds the sinks in
 			zs := ceilDiv(c.pos0+hi, emuSplit)
 			part := job.zeros(4*n*at.Heads*zs*(hd+2), true)
 			l := planPrefill(name, at.Heads, n, zs)
 			job.launch(l.Kernel, l.Grid, l.Block, eP(part, 0), eP(qb, 4*(c.pos0+lo)*qDim), eP(kc, 0), eP(vc, 0),
-				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0))
+				eI(n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0+lo), eI(0), eP(toffb, 0), eP(tabsb, 0),
+				eI(at.Window), eNull())
 			job.launch("attn_paged_merge", rocm.Dim3{X: uint32(at.Heads), Y: uint32(n), Z: 1}, rocm.D1(128),
-				eP(out, 4*lo*qDim), eP(part, 0), eI(at.Heads), eI(hd), eI(zs))
+				eP(out, 4*lo*qDim), eP(part, 0), eI(at.Heads), eI(hd), eI(zs), emuSinks(&job, at))
 		}
 		whole := job.zeros(4*c.n*qDim, true)
 		piece(whole, 0, c.n)

@@ -190,7 +190,8 @@ func addMatvec(job *emuJob, d LaunchDevice, w *kernels.Weight, wb, xb, xq, xd, n
 // for every GPU weight type, at both widths, against the CPU backend's
 // MatMul. Rows of 67 leave partial warps and blocks; the capped variants
 // also run on a one-CU device so their warps stride over rows; 3840
-// columns (15 super-blocks) take the staged Q6_K kernels' fallback.
+// columns (15 super-blocks) take the staged Q6_K kernels' fallback; 2880
+// columns of MXFP4 are gpt-oss's expert rows.
 func TestEmuMatvec(t *testing.T) {
 	rng := emuRNG(t)
 	for _, ed := range emuDevices {
@@ -199,6 +200,9 @@ func TestEmuMatvec(t *testing.T) {
 				shapes := [][2]int{{67, 4096}}
 				if typ == gguf.TypeQ4_K || typ == gguf.TypeQ6_K {
 					shapes = append(shapes, [2]int{40, 3840})
+				}
+				if typ == gguf.TypeMXFP4 {
+					shapes = append(shapes, [2]int{40, 2880}) // gpt-oss's experts: rows of 1530 bytes, not 16-byte aligned
 				}
 				for _, sh := range shapes {
 					emuMatvecCase(t, rng, ed.dev, typ, sh[0], sh[1])

@@ -569,11 +569,8 @@ func checkAttn(op, store string, at kernels.Attn, kvDim, layers, layer int) erro
 	if at.Heads <= 0 || at.KVHeads <= 0 || at.HeadDim <= 0 || at.Heads%at.KVHeads != 0 {
 		return fmt.Errorf("gpu: %s: bad heads=%d kvHeads=%d headDim=%d", op, at.Heads, at.KVHeads, at.HeadDim)
 	}
-	if at.Sinks != nil {
-		return fmt.Errorf("gpu: %s: attention sinks (gpt-oss) are not supported on the GPU", op)
-	}
-	if store == "pool" && !at.Plain() {
-		return fmt.Errorf("gpu: %s: a sliding window or score soft-cap is not supported on the paged pool (continuous batching) yet", op)
+	if store == "pool" && at.Softcap > 0 {
+		return fmt.Errorf("gpu: %s: a score soft-cap is not supported on the paged pool (continuous batching) yet", op)
 	}
 	if at.HeadDim > 256 || at.HeadDim%2 != 0 {
 		return fmt.Errorf("gpu: %s: head dimension %d: only even sizes up to 256 are supported", op, at.HeadDim)
@@ -652,6 +649,10 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	if b.step.on && n > 2 {
 		return kernels.Q8{}, fmt.Errorf("gpu: attention of %d tokens in a decode step", n)
 	}
+	sp, err := b.sinkPtr("attention", at)
+	if err != nil {
+		return kernels.Q8{}, err
+	}
 	err = b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
 		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0)).Ptr(b.stepPos())
@@ -659,14 +660,14 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 			return err
 		}
 		a.Reset()
-		if !at.Plain() { // a sliding window or a soft-cap (archops.go)
-			return b.attnExt(c, sfx, out, q, kp, vp, pos0, n, at)
+		if at.Window > 0 || at.Softcap > 0 { // a sliding window or a soft-cap, and any sinks (archops.go)
+			return b.attnExt(c, sfx, out, q, kp, vp, sp, pos0, n, at)
 		}
 		if n <= 2 {
-			return b.attnDecode(c, sfx, out, q, kp, vp, pos0, n, kc.Ctx, at, dq)
+			return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos0, n, kc.Ctx, at, dq)
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
-			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale)
+			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).Ptr(sp)
 		l := planAttnPrompt(sfx, at.Heads, n)
 		return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 	})
@@ -684,9 +685,10 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 // decode step, which reads its position on the device, runs the very
 // kernels and grid that the same step queued op by op runs: the two give
 // identical results. The kernel divides the pos0+n positions in use among
-// the splits (splits past the end are empty). With oq (one token), it also
-// quantizes the output into it.
-func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x) error {
+// the splits (splits past the end are empty). sp is the sinks' address
+// (sinkPtr; 0 for none). With oq (one token), it also quantizes the output
+// into it.
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x) error {
 	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
@@ -702,7 +704,7 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
-		Ptr(oq.codes).Ptr(oq.scales)
+		Ptr(oq.codes).Ptr(oq.scales).Ptr(sp)
 	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }
 

@@ -36,7 +36,8 @@ func pieceSchedule(pieces []int, upTo int) []int {
 // tables in shuffled and reversed order) on the GPU and on the CPU backend,
 // and compares every piece's attention output by relative error: the
 // tiled prompt kernel (tensor cores on sm_80+), its first sm_80 version,
-// its plain path, and the per-row kernel it replaces.
+// its plain path, and the per-row kernel it replaces; plain, and with
+// gpt-oss's sliding window and attention sinks.
 func TestPrefillMatchesCPU(t *testing.T) {
 	b := gpuBackend(t, false)
 	cb := cpu.New(0)
@@ -49,10 +50,16 @@ func TestPrefillMatchesCPU(t *testing.T) {
 	cases := []prefillCase{
 		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 128}, bs: 16, upTo: 3000, pieces: grow},
 		{a: kernels.Attn{Heads: 4, KVHeads: 4, HeadDim: 64}, bs: 32, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17}},
+		// gpt-oss's layers: a sliding window of 128 with attention sinks,
+		// and sinks alone.
+		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 128, Sinks: randomSinks(rand.New(rand.NewPCG(5, 7)), 8)},
+			bs: 16, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17, 200}},
+		{a: kernels.Attn{Heads: 8, KVHeads: 2, HeadDim: 64, Sinks: randomSinks(rand.New(rand.NewPCG(6, 7)), 8)},
+			bs: 16, upTo: 700, pieces: []int{33, 1, 64, 65, 5, 17}},
 	}
 	for _, mode := range []int{prefillAuto, prefillWhole, prefillV1, prefillPlain, prefillOff} {
 		for _, pc := range cases {
-			name := fmt.Sprintf("mode=%d/D=%d", mode, pc.a.HeadDim)
+			name := fmt.Sprintf("mode=%d/D=%d/window=%d/sinks=%v", mode, pc.a.HeadDim, pc.a.Window, pc.a.Sinks != nil)
 			t.Run(name, func(t *testing.T) {
 				defer func(m int) { prefillMode = m }(prefillMode)
 				prefillMode = mode

@@ -24,9 +24,9 @@ import (
 //     g·σ(1.702·g)·(u+1) (kernels.SwiGLUOAIer);
 //   - experts stored as MXFP4 in the published files.
 //
-// Attention sinks and the clamped SwiGLU are ops only the CPU backend has,
-// so the model refuses the GPU (Requires) rather than compute something
-// else there.
+// Attention sinks and the clamped SwiGLU are optional ops (the CPU and GPU
+// backends have them), so the model refuses a backend without them
+// (Requires) rather than compute something else there.
 var gptossArch = Arch{
 	Name:      "gpt-oss",
 	Configure: gptossConfigure,

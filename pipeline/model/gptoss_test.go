@@ -96,8 +96,7 @@ func TestGptOssBadFiles(t *testing.T) {
 type plainBackend struct{ kernels.Backend }
 
 // TestGptOssRefusesBackendWithoutSinks: a backend without attention sinks
-// and the clamped SwiGLU (the GPU's) gets a clear error at New, not
-// wrong numbers.
+// and the clamped SwiGLU gets a clear error at New, not wrong numbers.
 func TestGptOssRefusesBackendWithoutSinks(t *testing.T) {
 	p := tinyGptOss(t, t.TempDir(), synth.MixF32)
 	f, err := gguf.Open(p)

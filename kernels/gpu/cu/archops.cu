@@ -3,9 +3,10 @@
 //   gelu_mul      dst = gelu_tanh(gate) ⊙ up            (Gemma's feed-forward)
 //   scale_f32     dst = x·s                             (Gemma's embedding ×√d)
 //   softcap_f32   x = c·tanh(x/c) in place              (Gemma 2's final logits)
-//   attn_ext_*    causal grouped-query attention with a sliding window and/or
-//                 a score soft-cap (Mistral, Gemma 2/3), over the same f16 or
-//                 f32 KV cache layout as attn.cu.
+//   attn_ext_*    causal grouped-query attention with a sliding window, a
+//                 score soft-cap and/or attention sinks (Mistral, Gemma 2/3,
+//                 gpt-oss), over the same f16 or f32 KV cache layout as
+//                 attn.cu.
 #include "common.h"
 #include "softmax.h"
 
@@ -39,12 +40,15 @@ DEV float ext_ld(const float* p, size_t i) { return p[i]; }
 // (pos0 from posp in a recorded decode step) and attends to positions
 // first…pos0+t, first = pos0+t-window+1 clamped at 0 when window > 0; each
 // scaled score s becomes cap·tanh(s/cap) when cap > 0. The positions are
-// walked in chunks with an online softmax, as attn.cu does.
+// walked in chunks with an online softmax, as attn.cu does. sinks, when
+// set, holds one logit per query head that joins the softmax's denominator
+// with no value (gpt-oss; sink_fold in softmax.h).
 //   q, out [n][heads][D]; kc, vc [ctx][kvHeads·D] (one layer)
 //   grid (heads, n), block 128, D ≤ 256
 template <class KT>
 static __device__ void attn_ext(float* out, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D,
-                                int pos0, float scale, int window, float cap, const i32* posp) {
+                                int pos0, float scale, int window, float cap, const i32* posp,
+                                const float* sinks) {
   if (posp) pos0 = *posp;
   __shared__ float qs[256];
   __shared__ float ps[EXT_CH];
@@ -82,6 +86,7 @@ static __device__ void attn_ext(float* out, const float* q, const KT* kc, const 
     }
     __syncthreads();
   }
+  if (sinks) sink_fold(sinks[h], m, l, acc0, acc1);
   size_t o0 = ((size_t)t * heads + h) * D;
   float inv = 1.0f / l;
   if (d0 < D) out[o0 + d0] = acc0 * inv;
@@ -91,8 +96,8 @@ static __device__ void attn_ext(float* out, const float* q, const KT* kc, const 
 #define EXT_KERNELS(sfx, KT)                                                                                    \
   KERNEL void __launch_bounds__(128)                                                                            \
       attn_ext_##sfx(float* out, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D,     \
-                     int pos0, float scale, int window, float cap, const i32* posp) {                          \
-    attn_ext<KT>(out, q, kc, vc, heads, kvHeads, D, pos0, scale, window, cap, posp);                           \
+                     int pos0, float scale, int window, float cap, const i32* posp, const float* sinks) {      \
+    attn_ext<KT>(out, q, kc, vc, heads, kvHeads, D, pos0, scale, window, cap, posp, sinks);                    \
   }
 EXT_KERNELS(f16, u16)
 EXT_KERNELS(f32, float)

@@ -95,11 +95,15 @@ DEV void put_out(float* out, size_t o, float v, i8* oq, float* od) {
 // out = Σ_z e^(m_z−M)·acc_z / Σ_z e^(m_z−M)·l_z into out[o0…o0+D). The
 // parts were written by other blocks of the same launch: read them past L1
 // (volatile).
-DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, int splits, i8* oq, float* od) {
+// A sink (sink set, gpt-oss) joins as in paged_finish.
+DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, int splits, i8* oq, float* od,
+                        const float* sink) {
   float M = -3.0e38f;
   for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  if (sink) M = fmaxf(M, *sink);
   float L = 0.0f;
   for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  if (sink) L += expf(*sink - M);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float a = 0.0f;
     for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
@@ -122,11 +126,13 @@ DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, 
 // whose grid was fixed at capture): each split then covers
 // ceil((pos0+n)/splits) positions, and splits past the end write an empty
 // part (m = -3e38, l = 0) that the merge weighs by zero.
+// sinks, when set, holds one logit per head (gpt-oss's attention sinks),
+// folded in where the output is normalised (combine_splits, sink_inv).
 //   grid (heads, n, splits), block 128, D ≤ 256
 template <class KT>
 static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
                                    int kvHeads, int D, int pos0, float scale, int splitLen, const i32* posp,
-                                   int* count, i8* oq, float* od) {
+                                   int* count, i8* oq, float* od, const float* sinks) {
   if (posp) {
     pos0 = *posp;
     splitLen = (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z;
@@ -179,12 +185,12 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     if (!last) return;
     __threadfence();
     combine_splits(out, ((size_t)t * heads + h) * D, part + ((size_t)t * heads + h) * gridDim.z * (D + 2), D,
-                   gridDim.z, oq, od);
+                   gridDim.z, oq, od, sinks ? sinks + h : nullptr);
     if (threadIdx.x == 0) count[t * heads + h] = 0;
     return;
   }
   size_t o0 = ((size_t)t * heads + h) * D;
-  float inv = 1.0f / l;
+  float inv = sink_inv(l, m, sinks, h);
   if (d0 < D) put_out(out, o0 + d0, acc0 * inv, oq, od);
   if (d1 < D) put_out(out, o0 + d1, acc1 * inv, oq, od);
 }
@@ -194,12 +200,13 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
 // keys and values is staged once in shared memory and used by all QT
 // queries of the tile, which cuts cache reads by QT against the decode
 // shape. Rows are padded by 4 bytes so the PCH threads scoring one query
-// read distinct banks.
+// read distinct banks. sinks, when set, holds one logit per head
+// (gpt-oss), folded in at the end (sink_inv).
 //   grid (heads, ceil(n/QT)), block 256, D ≤ 256
 #define QT 8
 template <class KT>
 static __device__ void attn_prompt(float* out, const float* q, const KT* kc, const KT* vc, int n, int heads,
-                                   int kvHeads, int D, int pos0, float scale) {
+                                   int kvHeads, int D, int pos0, float scale, const float* sinks) {
   constexpr int PCH = 64 / (int)sizeof(KT);  // 32 positions of f16, 16 of f32: 33 KB either way
   constexpr int PAD = 4 / (int)sizeof(KT);
   __shared__ float qs[QT][256];
@@ -208,6 +215,7 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   __shared__ float ps[QT][PCH];
   __shared__ float alph[QT];
   __shared__ float lsum[QT];
+  __shared__ float mfin[QT];  // each row's final running max (for its sink)
   int h = blockIdx.x, t0 = blockIdx.y * QT;
   int qn = min(QT, n - t0);
   int kvDim = kvHeads * D;
@@ -289,13 +297,20 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
       }
     }
   }
+  if (sinks && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+      if (w + nw * r < QT) mfin[w + nw * r] = mrow[r];
+  }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int o = threadIdx.x + nt * j;
     if (o < QT * D) {
       int qi = o / D, d = o % D;
-      if (qi < qn) out[((size_t)(t0 + qi) * heads + h) * D + d] = acc[j] / lsum[qi];
+      if (qi < qn)
+        out[((size_t)(t0 + qi) * heads + h) * D + d] =
+            sinks ? acc[j] * sink_inv(lsum[qi], mfin[qi], sinks, h) : acc[j] / lsum[qi];
     }
   }
 }
@@ -307,13 +322,13 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   }                                                                                                         \
   KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
-                                const i32* posp, int* count, i8* oq, float* od) {                            \
-    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od);   \
+                                const i32* posp, int* count, i8* oq, float* od, const float* sinks) {        \
+    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks); \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \
-                                                       int pos0, float scale) {                              \
-    attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale);                                     \
+                                                       int pos0, float scale, const float* sinks) {          \
+    attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale, sinks);                              \
   }
 ATTN_KERNELS(f16, u16)
 ATTN_KERNELS(f32, float)
@@ -352,11 +367,16 @@ static __device__ void kv_store_paged(KT* kc, KT* vc, const float* k, const floa
 // acc_z / Σ_z e^(m_z−M)·l_z, z in order, over part [splits][D+2]. Splits
 // past the row's end hold m = −3e38, l = 0, acc = 0 and add exact zeros:
 // the result is that of the row's own splits, however many the grid has.
-DEV void paged_finish(float* out, const float* pp, int D, int splits) {
+// A sink logit sk (gpt-oss; sinks set) joins as one more score with no
+// value: M includes it and L gains e^(sk−M); without one (sinks null) the
+// arithmetic is the same as before sinks existed.
+DEV void paged_finish(float* out, const float* pp, int D, int splits, const float* sink) {
   float M = -3.0e38f;
   for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (D + 2)]);
+  if (sink) M = fmaxf(M, *sink);
   float L = 0.0f;
   for (int z = 0; z < splits; z++) L += pp[z * (D + 2) + 1] * expf(pp[z * (D + 2)] - M);
+  if (sink) L += expf(*sink - M);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float a = 0.0f;
     for (int z = 0; z < splits; z++) a += pp[z * (D + 2) + 2 + d] * expf(pp[z * (D + 2)] - M);
@@ -365,7 +385,8 @@ DEV void paged_finish(float* out, const float* pp, int D, int splits) {
 }
 
 // Attention of row t, head h over positions [z·PAGED_SPLIT, (z+1)·
-// PAGED_SPLIT) ∩ [0, pos[t]] of its sequence, as attn_decode's split
+// PAGED_SPLIT) ∩ [first, pos[t]] of its sequence (first = pos[t]−window+1
+// with a sliding window, window > 0, else 0), as attn_decode's split
 // (scores one thread per position, values one thread per dimension, one
 // online-softmax chunk); its running max, sum and unnormalised output go to
 // part [n][heads][splits][D+2], which attn_paged_merge reduces. One block
@@ -375,7 +396,7 @@ DEV void paged_finish(float* out, const float* pp, int D, int splits) {
 template <class KT>
 static __device__ void attn_paged(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads,
                                   int D, float scale, int bs, const i32* pos, const i32* seq, const i32* toff,
-                                  const i32* tabs) {
+                                  const i32* tabs, int window) {
   __shared__ float qs[256];
   __shared__ float ps[PAGED_SPLIT];
   __shared__ u32 rowi[PAGED_SPLIT];
@@ -385,7 +406,9 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
   int kvh = h / (heads / kvHeads);
   int L = pos[t] + 1;
   const i32* tab = tabs + toff[seq[t]];
-  int p0 = z * PAGED_SPLIT, cl = min(L, p0 + PAGED_SPLIT) - p0;
+  int p0 = z * PAGED_SPLIT, cl = min(L, p0 + PAGED_SPLIT);
+  if (window > 0) p0 = max(p0, L - window);  // the window's first position
+  cl -= p0;
   float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
   int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
   if (cl <= 0) {  // past the row's end: an empty split
@@ -432,11 +455,13 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
   if (d1 < D) pp[2 + d1] = acc1;
 }
 
-// attn_paged_merge: out [n][heads][D] from the splits of attn_paged.
+// attn_paged_merge: out [n][heads][D] from the splits of attn_paged (and
+// attn_paged_fine), with head h's sink sinks[h] where sinks is set.
 //   grid (heads, n), block 128
-KERNEL void __launch_bounds__(128) attn_paged_merge(float* out, const float* part, int heads, int D, int splits) {
+KERNEL void __launch_bounds__(128)
+    attn_paged_merge(float* out, const float* part, int heads, int D, int splits, const float* sinks) {
   size_t th = (size_t)blockIdx.y * heads + blockIdx.x;
-  paged_finish(out + th * D, part + th * splits * (D + 2), D, splits);
+  paged_finish(out + th * D, part + th * splits * (D + 2), D, splits, sinks ? sinks + blockIdx.x : nullptr);
 }
 
 #define PAGED_KERNELS(sfx, KT)                                                                               \
@@ -446,8 +471,9 @@ KERNEL void __launch_bounds__(128) attn_paged_merge(float* out, const float* par
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
       attn_paged_##sfx(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D, \
-                       float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs) { \
-    attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs);                     \
+                       float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,  \
+                       int window) {                                                                         \
+    attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);             \
   }
 PAGED_KERNELS(f16, u16)
 PAGED_KERNELS(f32, float)

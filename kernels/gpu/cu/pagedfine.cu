@@ -75,14 +75,16 @@ DEV int pf_split_len(int L) {
 // pf_row is the pool row of position p of the sequence whose table is tab.
 DEV size_t pf_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
 
-// Attention of row t, head h over split z of its positions 0…pos[t]
-// (chunks of PF_CH with an online softmax where a split is longer):
-// scores one thread per position, values one thread per dimension.
+// Attention of row t, head h over split z of its positions first…pos[t]
+// (first = pos[t]−window+1 with a sliding window, window > 0, else 0: the
+// splits cut the window alone; chunks of PF_CH with an online softmax
+// where a split is longer): scores one thread per position, values one
+// thread per dimension. attn_paged_merge adds the sinks, if any.
 //   grid (heads, n, PF_SPLITS), block 128, D ≤ 256
 template <class KT>
 static __device__ void attn_paged_fine(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads,
                                        int D, float scale, int bs, const i32* pos, const i32* seq, const i32* toff,
-                                       const i32* tabs) {
+                                       const i32* tabs, int window) {
   __shared__ float qs[256];
   __shared__ float ps[PF_CH];
   __shared__ u32 rowi[PF_CH];
@@ -91,8 +93,9 @@ static __device__ void attn_paged_fine(float* part, const float* q, const KT* kc
   int kvDim = kvHeads * D;
   int kvh = h / (heads / kvHeads);
   int L = pos[t] + 1;
-  int sl = pf_split_len(L);
-  int p0 = z * sl, p1 = min(L, p0 + sl);
+  int F = window > 0 ? max(0, L - window) : 0;
+  int sl = pf_split_len(L - F);
+  int p0 = F + z * sl, p1 = min(L, p0 + sl);
   float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
   int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
   if (p0 >= p1) {  // past the row's end: an empty split
@@ -137,11 +140,13 @@ static __device__ void attn_paged_fine(float* part, const float* q, const KT* kc
 
 KERNEL void __launch_bounds__(128)
     attn_paged_fine_f16(float* part, const float* q, const u16* kc, const u16* vc, int heads, int kvHeads, int D,
-                        float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {
-  attn_paged_fine<u16>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs);
+                        float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,
+                        int window) {
+  attn_paged_fine<u16>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);
 }
 KERNEL void __launch_bounds__(128)
     attn_paged_fine_f32(float* part, const float* q, const float* kc, const float* vc, int heads, int kvHeads, int D,
-                        float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {
-  attn_paged_fine<float>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs);
+                        float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,
+                        int window) {
+  attn_paged_fine<float>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);
 }

@@ -41,8 +41,14 @@
 // comparisons. Under the wavefront emulator at warp 32 (FORGE_EMU_TENSOR,
 // emu/wave.h) attn_prefill_emu_* runs prefill_pipe on the emulator's
 // mma.sync, ldmatrix and cp.async (attn_prefill_emuv1_*: prefill_mma).
+// A sliding window (window > 0: row t sees positions pos0+t−window+1 …
+// pos0+t) masks the scores before it, as the causal mask masks those
+// after; sinks (one logit per head, gpt-oss) join each row's softmax
+// denominator at the end (sink_inv). window 0 and sinks null leave every
+// path's arithmetic as it was.
 //   grid (heads, ceil(n/64)), block 128, D = 64 or 128
 #include "common.h"
+#include "softmax.h"
 
 #define PF_ROWS 64
 #define PF_CH 64
@@ -59,6 +65,7 @@
 #endif
 
 DEV size_t pf_row(const i32* tab, int p, int bs) { return (size_t)tab[p / bs] * bs + p % bs; }
+
 
 DEV float2 pf_f2(float x, float y) {
   float2 v;
@@ -162,7 +169,7 @@ DEV void pp_wait_prev() { emu_cp_wait(1); }
 // g+8 and columns 2t, 2t+1 of every 8-column tile.
 template <int D>
 DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                     float scale, int bs, int pos0, const i32* tab) {
+                     float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
   constexpr int KS = D + 8;
   __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
   __shared__ __attribute__((aligned(16))) u16 vt[D * PF_VS];
@@ -175,6 +182,8 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
   int r0 = t0 + 16 * w + g, r1 = r0 + 8;  // this lane's rows
   int wlast = min(t0 + 16 * w + 15, last);  // the warp's last row (< its first: no rows)
   int P0 = pos0 + r0, P1 = pos0 + r1;
+  // the rows' first positions (a sliding window; 0 without one)
+  int F0 = window > 0 ? P0 - window + 1 : 0, F1 = window > 0 ? P1 - window + 1 : 0;
 
   u32 qa[D / 16][4];
   {
@@ -217,10 +226,10 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
 #pragma unroll
     for (int nt = 0; nt < PF_CH / 8; nt++) {
       int p = c0 + nt * 8 + 2 * t;
-      s[nt][0] = p <= P0 ? s[nt][0] * scale : -3.0e38f;
-      s[nt][1] = p + 1 <= P0 ? s[nt][1] * scale : -3.0e38f;
-      s[nt][2] = p <= P1 ? s[nt][2] * scale : -3.0e38f;
-      s[nt][3] = p + 1 <= P1 ? s[nt][3] * scale : -3.0e38f;
+      s[nt][0] = p <= P0 && p >= F0 ? s[nt][0] * scale : -3.0e38f;
+      s[nt][1] = p + 1 <= P0 && p + 1 >= F0 ? s[nt][1] * scale : -3.0e38f;
+      s[nt][2] = p <= P1 && p >= F1 ? s[nt][2] * scale : -3.0e38f;
+      s[nt][3] = p + 1 <= P1 && p + 1 >= F1 ? s[nt][3] * scale : -3.0e38f;
       cm0 = fmaxf(cm0, fmaxf(s[nt][0], s[nt][1]));
       cm1 = fmaxf(cm1, fmaxf(s[nt][2], s[nt][3]));
     }
@@ -264,7 +273,7 @@ DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, i
         mma16816(o[dt], pa[kk], *(const u32*)(vr + 16 * kk), *(const u32*)(vr + 16 * kk + 8));
     }
   }
-  float i0 = 1.0f / l0, i1 = 1.0f / l1;
+  float i0 = sink_inv(l0, m0, sinks, h), i1 = sink_inv(l1, m1, sinks, h);
 #pragma unroll
   for (int dt = 0; dt < D / 8; dt++) {
     int c = dt * 8 + 2 * t;
@@ -353,7 +362,7 @@ DEV void pp_issue(pp_sa ks, pp_sa vs, const u16* kc, const u16* vc, const i32* t
 // zeros in the merge.
 template <int D, bool SPLIT>
 DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                      float scale, int bs, int pos0, const i32* tab) {
+                      float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
   constexpr int CP = PP_CH / (128 / (D / 8));
   constexpr int STAGE = PP_CH * D;
   __shared__ __attribute__((aligned(16))) u16 ks[PP_STAGES * STAGE];
@@ -373,6 +382,8 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
   int wlast = min(t0 + 16 * w + 15, last);  // the warp's last row
   bool rows = wlast >= t0 + 16 * w;         // (a partial tile's last warps may have none)
   int P0 = pos0 + r0, P1 = pos0 + r1;
+  // the rows' first positions (a sliding window; 0 without one)
+  int F0 = window > 0 ? P0 - window + 1 : 0, F1 = window > 0 ? P1 - window + 1 : 0;
 
   int bsh = -1;  // log2 of the block size where it is a power of two (the serving pool's 16)
   if ((bs & (bs - 1)) == 0) {
@@ -447,10 +458,10 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 #pragma unroll
     for (int nt = 0; nt < PP_CH / 8; nt++) {
       int p = c0 + nt * 8 + 2 * t;
-      s[nt][0] = p <= P0 ? s[nt][0] * scale : -3.0e38f;
-      s[nt][1] = p + 1 <= P0 ? s[nt][1] * scale : -3.0e38f;
-      s[nt][2] = p <= P1 ? s[nt][2] * scale : -3.0e38f;
-      s[nt][3] = p + 1 <= P1 ? s[nt][3] * scale : -3.0e38f;
+      s[nt][0] = p <= P0 && p >= F0 ? s[nt][0] * scale : -3.0e38f;
+      s[nt][1] = p + 1 <= P0 && p + 1 >= F0 ? s[nt][1] * scale : -3.0e38f;
+      s[nt][2] = p <= P1 && p >= F1 ? s[nt][2] * scale : -3.0e38f;
+      s[nt][3] = p + 1 <= P1 && p + 1 >= F1 ? s[nt][3] * scale : -3.0e38f;
       cm0 = fmaxf(cm0, fmaxf(s[nt][0], s[nt][1]));
       cm1 = fmaxf(cm1, fmaxf(s[nt][2], s[nt][3]));
     }
@@ -516,7 +527,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
     }
     return;
   }
-  float i0 = 1.0f / l0, i1 = 1.0f / l1;
+  float i0 = sink_inv(l0, m0, sinks, h), i1 = sink_inv(l1, m1, sinks, h);
 #pragma unroll
   for (int dt = 0; dt < D / 8; dt++) {
     int c = dt * 8 + 2 * t;
@@ -532,7 +543,7 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 // correct everywhere, not fast).
 template <int D>
 DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                       float scale, int bs, int pos0, const i32* tab) {
+                       float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
   constexpr int KS = D + 8;
   constexpr int H = D / 2;
   __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
@@ -543,6 +554,7 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
   int L = pos0 + last + 1;
   int r = t0 + (int)threadIdx.x / 2, half = threadIdx.x & 1;
   int P = pos0 + min(r, last);  // a row past the tile's end reads like the last (never written)
+  int F = window > 0 ? P - window + 1 : 0;  // the row's first position (a sliding window)
   float qf[H], o[H];
   const float* qr = q + ((size_t)min(r, n - 1) * heads + h) * D + half * H;
 #pragma unroll
@@ -562,7 +574,7 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 #pragma unroll
       for (int d = 0; d < H; d++) s = fmaf(qf[d], h2f(kr[d]), s);
       s += SHFL_XOR(s, 1);
-      if (c0 + j <= P) cm = fmaxf(cm, s * scale);
+      if (c0 + j <= P && c0 + j >= F) cm = fmaxf(cm, s * scale);
     }
     float mn = fmaxf(m, cm);
     float a = expf(m - mn);
@@ -575,7 +587,7 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 #pragma unroll
       for (int d = 0; d < H; d++) s = fmaf(qf[d], h2f(kr[d]), s);
       s += SHFL_XOR(s, 1);
-      float p = c0 + j <= P ? expf(s * scale - mn) : 0.0f;
+      float p = c0 + j <= P && c0 + j >= F ? expf(s * scale - mn) : 0.0f;
       l += p;
 #pragma unroll
       for (int d = 0; d < H; d++) o[d] = fmaf(p, h2f(vt[(half * H + d) * PF_VS + j]), o[d]);
@@ -584,7 +596,7 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
   }
   if (r < n) {
     float* orow = out + ((size_t)r * heads + h) * D + half * H;
-    float inv = 1.0f / l;
+    float inv = sink_inv(l, m, sinks, h);
 #pragma unroll
     for (int d = 0; d < H; d++) orow[d] = o[d] * inv;
   }
@@ -600,8 +612,8 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 
 #define PREFILL_PARAMS                                                                                         \
   float *out, const float *q, const u16 *kc, const u16 *vc, int n, int heads, int kvHeads, float scale, int bs, \
-      int pos0, int s, const i32 *toff, const i32 *tabs
-#define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s]
+      int pos0, int s, const i32 *toff, const i32 *tabs, int window, const float *sinks
+#define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s], window, sinks
 
 #define PREFILL_KERNELS(DD)                                                                                        \
   KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { PREFILL_BODY(DD)(PREFILL_ARGS); }     \

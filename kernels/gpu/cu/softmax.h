@@ -29,3 +29,35 @@ DEV void softmax_chunk(float* ps, int cl, float& m, float& l, float& acc0, float
   acc0 *= alpha;
   acc1 *= alpha;
 }
+
+// sink_fold adds an attention sink (gpt-oss: one more score s with no
+// value) to a finished online softmax's running max m, sum l and value
+// accumulators, as ggml does: the sum gains e^(s − m), or, where s is the
+// larger, everything is rescaled by e^(m − s) and the sum gains 1, so
+// nothing overflows. The output is then acc/l as without a sink.
+DEV void sink_fold(float s, float& m, float& l, float& acc0, float& acc1) {
+  if (s > m) {
+    float r = expf(m - s);
+    l = l * r + 1.0f;
+    acc0 *= r;
+    acc1 *= r;
+    m = s;
+  } else {
+    l += expf(s - m);
+  }
+}
+
+// sink_inv is the factor that normalises a row's output o (running max m,
+// sum l): 1/l without sinks (sinks null, bit for bit the kernels' old
+// arithmetic); with head h's sink sk (gpt-oss) one more score with no
+// value, 1/(l + e^(sk−m)), computed as e^(m−sk)/(l·e^(m−sk) + 1) where the
+// sink is the larger so that nothing overflows.
+DEV float sink_inv(float l, float m, const float* sinks, int h) {
+  if (!sinks) return 1.0f / l;
+  float sk = sinks[h];
+  if (sk > m) {
+    float r = expf(m - sk);
+    return r / (l * r + 1.0f);
+  }
+  return 1.0f / (l + expf(sk - m));
+}
