@@ -174,7 +174,7 @@ func expertBiases(l *LayerWeights, x *ExpertWeights, e int, part string) error {
 // step of B rows; each is used from its start (not by token row).
 type moeScratch struct {
 	router       kernels.Tensor // [B][Experts]  the router's logits
-	in           kernels.Tensor // [B][Embd]     one expert's tokens' rows, gathered
+	in           kernels.Tensor // [B·ExpertsUsed][Embd] the (token, slot) pairs' rows, gathered (by expert)
 	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
 	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
 }
@@ -186,7 +186,7 @@ func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
 	}
 	rows := max(B, c.ExpertsUsed) // a decode step's experts side by side (mixtureDecode)
 	return []scratchPiece{
-		{&s.router, B * c.Experts}, {&s.in, B * c.Embd},
+		{&s.router, B * c.Experts}, {&s.in, B * c.ExpertsUsed * c.Embd},
 		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
 		{&s.out, B * c.ExpertsUsed * c.Embd},
 	}
@@ -213,6 +213,12 @@ type moeState struct {
 	// decodes counts the steps it ran.
 	perExpert bool
 	decodes   int
+	// mixer moves the rows of a step in one op each where the backend
+	// can (kernels.RowMixer); src is its gather list, the token of each
+	// pair in expert order [B·ExpertsUsed]. noMixer turns it off (tests).
+	mixer   kernels.RowMixer
+	src     []int32
+	noMixer bool
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -220,7 +226,7 @@ func newMoeState(c Config, B int) *moeState {
 	return &moeState{
 		logits: make([]float32, B*c.Experts), probs: make([]float32, c.Experts),
 		sel: make([]int32, B*k), wts: make([]float32, B*k),
-		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k),
+		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k), src: make([]int32, B*k),
 		dsts: make([]kernels.Tensor, 2*k), ws: make([]*kernels.Weight, 2*k),
 	}
 }
@@ -368,10 +374,7 @@ func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.T
 		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
 		return nil
 	}
-	if m.moe == nil {
-		m.moe = newMoeState(c, m.batch)
-	}
-	st := m.moe
+	st := m.moeState()
 	router := m.s.moe.router.View(0, n*E)
 	m.matmul(router, lw.GateInp, xb, n)
 	if bias != nil {
@@ -397,6 +400,15 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
 	st.group(n, c.Experts, K)
+	mixer := st.rowMixer()
+	if mixer != nil { // every pair's row in one op, in expert order
+		for p, pair := range st.order[:n*K] {
+			st.src[p] = pair / int32(K)
+		}
+		if err := mixer.GatherRows(s.in.View(0, n*K*D), xb, st.src[:n*K], D); err != nil && m.err == nil {
+			m.err = fmt.Errorf("mixture of experts: gathering %d rows: %w", n*K, err)
+		}
+	}
 	for e := range c.Experts {
 		lo, hi := int(st.start[e]), int(st.start[e+1])
 		cnt := hi - lo
@@ -408,7 +420,9 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, n int, ffn 
 			return
 		}
 		in := xb
-		if cnt != n { // some tokens only: gather their rows
+		if mixer != nil {
+			in = s.in.View(lo*D, cnt*D)
+		} else if cnt != n { // some tokens only: gather their rows
 			in = s.in.View(0, cnt*D)
 			for j, pair := range st.order[lo:hi] {
 				t := int(pair) / K
@@ -490,6 +504,14 @@ func (m *Model) usedOne(lw *LayerWeights) {
 func (m *Model) weightedSum(dst kernels.Tensor, n int) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
+	if mixer := st.rowMixer(); mixer != nil {
+		if m.err == nil {
+			if err := mixer.MixRows(dst, s.out, st.row[:n*K], st.wts[:n*K], n, K, D); err != nil {
+				m.err = fmt.Errorf("mixture of experts: weighted sum of %d rows: %w", n*K, err)
+			}
+		}
+		return
+	}
 	for t := range n {
 		d := dst.View(t*D, D)
 		for j := range K {
@@ -514,4 +536,22 @@ func (m *Model) scaleInto(dst, x kernels.Tensor, s float32) {
 			m.err = fmt.Errorf("mixture of experts: scale: %w", err)
 		}
 	}
+}
+
+// moeState is the mixture's host state, made on first use.
+func (m *Model) moeState() *moeState {
+	if m.moe == nil {
+		m.moe = newMoeState(m.Cfg, m.batch)
+		m.moe.mixer, _ = kernels.As[kernels.RowMixer](m.be)
+	}
+	return m.moe
+}
+
+// rowMixer is the backend's RowMixer, nil where it has none or tests
+// turned it off (the composition of Scale and Add then runs).
+func (st *moeState) rowMixer() kernels.RowMixer {
+	if st.noMixer {
+		return nil
+	}
+	return st.mixer
 }

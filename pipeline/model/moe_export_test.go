@@ -24,3 +24,14 @@ func MoESharedDecodes(m *Model) int {
 func StepBatchMatchesForward(t *testing.T, path string, merge bool) {
 	stepBatchMatchesForward(t, path, merge)
 }
+
+// MoENoMixer makes m move its mixture's rows with Scale and Add (the
+// composition) even where the backend has kernels.RowMixer.
+func MoENoMixer(m *Model) {
+	m.moe = newMoeState(m.Cfg, m.batch)
+	m.moe.noMixer = true
+}
+
+// MoEMixer reports whether m's mixtures move their rows with the
+// backend's RowMixer.
+func MoEMixer(m *Model) bool { return m.moe != nil && m.moe.rowMixer() != nil }
