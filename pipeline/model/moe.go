@@ -31,12 +31,15 @@ import (
 // expert used by some token of the step then runs once over those tokens'
 // rows (gathered with Scale by 1 unless it is every row), its matrices
 // being row views of the layer's stacked 3-D tensors; the weighted sum is
-// Scale and Add on each token's rows. A decode step (one token) runs its
-// experts' gate and up products as one MatMuls where the backend has it
+// Scale and Add on each token's rows. A backend with kernels.RowMixer
+// gathers every (token, expert) pair's row in one op and sums in one op
+// instead (the same bits). A decode step (one token) runs its experts'
+// gate and up products as one MatMuls where the backend has it
 // (mixtureDecode: on the CPU, one quantized input and one parallel loop
-// for all of them). The read-back costs one wait per
-// layer on a GPU and rules out a recorded decode step (model.go); a device
-// router and a grouped expert product are the GPU's next step.
+// for all of them). The read-back costs one wait per layer on a GPU and
+// rules out a recorded decode step (model.go): a backend with
+// kernels.ExpertRouter routes a decode step on the device instead, where
+// nothing needs the host (moe_gpu.go).
 //
 // Experts are asked for one at a time (Model.expert), after the router has
 // chosen them, so that a loader with per-(layer, expert) readiness has a
@@ -177,6 +180,9 @@ type moeScratch struct {
 	in           kernels.Tensor // [B·ExpertsUsed][Embd] the (token, slot) pairs' rows, gathered (by expert)
 	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
 	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
+	// A decode step routed on the device (moe_gpu.go): its experts' ids
+	// (int32 in float32 slots) and weights.
+	ids, wts kernels.Tensor // [ExpertsUsed]
 }
 
 // pieces lists the buffers for batches of B rows (none for a dense model).
@@ -189,6 +195,7 @@ func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
 		{&s.router, B * c.Experts}, {&s.in, B * c.ExpertsUsed * c.Embd},
 		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
 		{&s.out, B * c.ExpertsUsed * c.Embd},
+		{&s.ids, c.ExpertsUsed}, {&s.wts, c.ExpertsUsed},
 	}
 }
 
@@ -219,6 +226,8 @@ type moeState struct {
 	mixer   kernels.RowMixer
 	src     []int32
 	noMixer bool
+	// dev is the device routing of a decode step (moe_gpu.go).
+	dev devRouting
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -339,6 +348,12 @@ func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
 // mixture computes dst [n][Embd] = Σ over each token's chosen experts of their
 // weighted SwiGLU outputs on xb [n][Embd].
 func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, n int) {
+	if n == 1 {
+		if t := m.deviceRoutable(lw); t != nil {
+			m.mixtureDevice(lw, t, dst, xb)
+			return
+		}
+	}
 	st := m.routeTokens(lw, nil, xb, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
 		route(logits, n, E, K, sel, w, m.moe.probs)
 	})
@@ -543,6 +558,7 @@ func (m *Model) moeState() *moeState {
 	if m.moe == nil {
 		m.moe = newMoeState(m.Cfg, m.batch)
 		m.moe.mixer, _ = kernels.As[kernels.RowMixer](m.be)
+		m.moe.dev.router, _ = kernels.As[kernels.ExpertRouter](m.be)
 	}
 	return m.moe
 }
