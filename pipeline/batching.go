@@ -128,7 +128,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		return nil, fmt.Errorf("pipeline: backend %s cannot batch requests", be.Name())
 	}
 	tw := time.Now()
-	w, err := newWeights(m.sys, be, m.cfg)
+	w, err := newWeights(m.sys, be, m.cfg, m.opts.ExpertProfiles != "")
 	if err != nil {
 		return nil, err
 	}

@@ -158,7 +158,7 @@ func (m *Model) Evaluate(ctx context.Context, o EvalOptions, fn func(ev *Evaluat
 		return err
 	}
 	run := func(ctx context.Context) error {
-		w, err := newWeights(m.sys, be, m.cfg)
+		w, err := newWeights(m.sys, be, m.cfg, m.opts.ExpertProfiles != "")
 		if err != nil {
 			return err
 		}

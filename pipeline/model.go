@@ -198,7 +198,7 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 			m.builtAt.Store(int64(time.Since(start)))
 			return batchedOnly{}, nil
 		}
-		w, err := newWeights(sys, be, cfg)
+		w, err := newWeights(sys, be, cfg, o.ExpertProfiles != "")
 		if err != nil {
 			return nil, err
 		}

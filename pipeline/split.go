@@ -480,7 +480,7 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 	m.exec = actors.StartExecutor(sys, func(ctx context.Context) (actors.Generator[job], error) {
 		parts := make([]model.Part, len(devs))
 		for k, d := range devs {
-			w, err := newWeights(sys, d.be, cfg)
+			w, err := newWeights(sys, d.be, cfg, o.ExpertProfiles != "")
 			if err != nil {
 				return nil, err
 			}

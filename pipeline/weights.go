@@ -19,12 +19,17 @@ type weights struct {
 	cfg model.Config
 	g   model.GlobalWeights
 
+	// countUse counts each expert's routed tokens (LayerWeights.ExpertUsed)
+	// for the usage profiles; without profiles it stays off, which lets a
+	// GPU route a mixture's decode steps on the device.
+	countUse bool
+
 	mu     sync.Mutex
 	layers []*model.LayerWeights // built on first use
 }
 
-func newWeights(sys *actors.System, be kernels.Backend, cfg model.Config) (*weights, error) {
-	w := &weights{sys: sys, be: be, cfg: cfg, layers: make([]*model.LayerWeights, cfg.Layers)}
+func newWeights(sys *actors.System, be kernels.Backend, cfg model.Config, countUse bool) (*weights, error) {
+	w := &weights{sys: sys, be: be, cfg: cfg, countUse: countUse, layers: make([]*model.LayerWeights, cfg.Layers)}
 	for _, s := range model.GlobalTensors(cfg) {
 		if t, ok := sys.Weight(s.Name); ok {
 			s.Place(&w.g, nil, t)
@@ -83,7 +88,10 @@ func (w *weights) Layer(ctx context.Context, i int) (*model.LayerWeights, error)
 	}
 	if w.sys.Experts(i) > 0 {
 		lw.ExpertReady = func(ctx context.Context, e int) error { return w.expert(ctx, i, e) }
-		lw.ExpertUsed = func(e, tokens int) { w.sys.AddExpertUse(i, e, int64(tokens)) }
+		lw.ExpertsReady = func() bool { return w.sys.ExpertsResident(i) == w.sys.Experts(i) }
+		if w.countUse {
+			lw.ExpertUsed = func(e, tokens int) { w.sys.AddExpertUse(i, e, int64(tokens)) }
+		}
 	}
 	w.layers[i] = lw
 	return lw, nil

@@ -207,8 +207,9 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	m.batch = min(m.batch, m.ctx)
 	m.lws = make([]*LayerWeights, cfg.Layers)
 	// A mixture of experts reads its router's choice back to the host
-	// mid-step (moe.go), which a recorded step cannot replay.
-	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && cfg.Experts == 0 {
+	// mid-step (moe.go), which a recorded step cannot replay, unless the
+	// backend routes a decode step on the device (moe_gpu.go).
+	if sc, ok := kernels.As[kernels.StepCapturer](be); ok && !o.NoGraph && (cfg.Experts == 0 || deviceRouted(be, cfg)) {
 		m.graphs = sc
 	}
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
@@ -320,6 +321,7 @@ func (m *Model) Close() {
 		m.graphs.FreeStep(m.graph)
 		m.graph = nil
 	}
+	m.freeTables() // after the graph that reads them
 	if m.kv != nil {
 		m.be.FreeKVCache(m.kv)
 		m.be.Free(m.s.all)

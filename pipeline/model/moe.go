@@ -31,12 +31,15 @@ import (
 // expert used by some token of the step then runs once over those tokens'
 // rows (gathered with Scale by 1 unless it is every row), its matrices
 // being row views of the layer's stacked 3-D tensors; the weighted sum is
-// Scale and Add on each token's rows. A decode step (one token) runs its
-// experts' gate and up products as one MatMuls where the backend has it
+// Scale and Add on each token's rows. A backend with kernels.RowMixer
+// gathers every (token, expert) pair's row in one op and sums in one op
+// instead (the same bits). A decode step (one token) runs its experts'
+// gate and up products as one MatMuls where the backend has it
 // (mixtureDecode: on the CPU, one quantized input and one parallel loop
-// for all of them). The read-back costs one wait per
-// layer on a GPU and rules out a recorded decode step (model.go); a device
-// router and a grouped expert product are the GPU's next step.
+// for all of them). The read-back costs one wait per layer on a GPU and
+// rules out a recorded decode step (model.go): a backend with
+// kernels.ExpertRouter routes a decode step on the device instead, where
+// nothing needs the host (moe_gpu.go).
 //
 // Experts are asked for one at a time (Model.expert), after the router has
 // chosen them, so that a loader with per-(layer, expert) readiness has a
@@ -174,9 +177,12 @@ func expertBiases(l *LayerWeights, x *ExpertWeights, e int, part string) error {
 // step of B rows; each is used from its start (not by token row).
 type moeScratch struct {
 	router       kernels.Tensor // [B][Experts]  the router's logits
-	in           kernels.Tensor // [B][Embd]     one expert's tokens' rows, gathered
+	in           kernels.Tensor // [B·ExpertsUsed][Embd] the (token, slot) pairs' rows, gathered (by expert)
 	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
 	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
+	// A decode step routed on the device (moe_gpu.go): its experts' ids
+	// (int32 in float32 slots) and weights.
+	ids, wts kernels.Tensor // [ExpertsUsed]
 }
 
 // pieces lists the buffers for batches of B rows (none for a dense model).
@@ -186,9 +192,10 @@ func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
 	}
 	rows := max(B, c.ExpertsUsed) // a decode step's experts side by side (mixtureDecode)
 	return []scratchPiece{
-		{&s.router, B * c.Experts}, {&s.in, B * c.Embd},
+		{&s.router, B * c.Experts}, {&s.in, B * c.ExpertsUsed * c.Embd},
 		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
 		{&s.out, B * c.ExpertsUsed * c.Embd},
+		{&s.ids, c.ExpertsUsed}, {&s.wts, c.ExpertsUsed},
 	}
 }
 
@@ -213,6 +220,14 @@ type moeState struct {
 	// decodes counts the steps it ran.
 	perExpert bool
 	decodes   int
+	// mixer moves the rows of a step in one op each where the backend
+	// can (kernels.RowMixer); src is its gather list, the token of each
+	// pair in expert order [B·ExpertsUsed]. noMixer turns it off (tests).
+	mixer   kernels.RowMixer
+	src     []int32
+	noMixer bool
+	// dev is the device routing of a decode step (moe_gpu.go).
+	dev devRouting
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -220,7 +235,7 @@ func newMoeState(c Config, B int) *moeState {
 	return &moeState{
 		logits: make([]float32, B*c.Experts), probs: make([]float32, c.Experts),
 		sel: make([]int32, B*k), wts: make([]float32, B*k),
-		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k),
+		start: make([]int32, c.Experts+1), order: make([]int32, B*k), row: make([]int32, B*k), src: make([]int32, B*k),
 		dsts: make([]kernels.Tensor, 2*k), ws: make([]*kernels.Weight, 2*k),
 	}
 }
@@ -334,6 +349,12 @@ func (m *Model) expert(lw *LayerWeights, e int) *ExpertWeights {
 // weighted SwiGLU outputs on xb [n][Embd] (xq: its 8-bit copy, or the zero
 // Q8).
 func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8, n int) {
+	if n == 1 {
+		if t := m.deviceRoutable(lw); t != nil {
+			m.mixtureDevice(lw, t, dst, xb, xq)
+			return
+		}
+	}
 	st := m.routeTokens(lw, nil, xb, xq, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
 		route(logits, n, E, K, sel, w, m.moe.probs)
 	})
@@ -369,10 +390,7 @@ func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.T
 		m.err = fmt.Errorf("mixture of experts: the layer has %d of %d experts' weights", len(lw.Experts), E)
 		return nil
 	}
-	if m.moe == nil {
-		m.moe = newMoeState(c, m.batch)
-	}
-	st := m.moe
+	st := m.moeState()
 	router := m.s.moe.router.View(0, n*E)
 	m.matmul(router, lw.GateInp, xb, xq, n)
 	if bias != nil {
@@ -400,6 +418,15 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
 	st.group(n, c.Experts, K)
+	mixer := st.rowMixer()
+	if mixer != nil { // every pair's row in one op, in expert order
+		for p, pair := range st.order[:n*K] {
+			st.src[p] = pair / int32(K)
+		}
+		if err := mixer.GatherRows(s.in.View(0, n*K*D), xb, st.src[:n*K], D); err != nil && m.err == nil {
+			m.err = fmt.Errorf("mixture of experts: gathering %d rows: %w", n*K, err)
+		}
+	}
 	for e := range c.Experts {
 		lo, hi := int(st.start[e]), int(st.start[e+1])
 		cnt := hi - lo
@@ -411,7 +438,9 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 			return
 		}
 		in, inQ := xb, xq
-		if cnt != n { // some tokens only: gather their rows
+		if mixer != nil {
+			in, inQ = s.in.View(lo*D, cnt*D), kernels.Q8{}
+		} else if cnt != n { // some tokens only: gather their rows
 			in, inQ = s.in.View(0, cnt*D), kernels.Q8{}
 			for j, pair := range st.order[lo:hi] {
 				t := int(pair) / K
@@ -500,6 +529,14 @@ func (m *Model) usedOne(lw *LayerWeights) {
 func (m *Model) weightedSum(dst kernels.Tensor, n int) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
+	if mixer := st.rowMixer(); mixer != nil {
+		if m.err == nil {
+			if err := mixer.MixRows(dst, s.out, st.row[:n*K], st.wts[:n*K], n, K, D); err != nil {
+				m.err = fmt.Errorf("mixture of experts: weighted sum of %d rows: %w", n*K, err)
+			}
+		}
+		return
+	}
 	for t := range n {
 		d := dst.View(t*D, D)
 		for j := range K {
@@ -524,4 +561,23 @@ func (m *Model) scaleInto(dst, x kernels.Tensor, s float32) {
 			m.err = fmt.Errorf("mixture of experts: scale: %w", err)
 		}
 	}
+}
+
+// moeState is the mixture's host state, made on first use.
+func (m *Model) moeState() *moeState {
+	if m.moe == nil {
+		m.moe = newMoeState(m.Cfg, m.batch)
+		m.moe.mixer, _ = kernels.As[kernels.RowMixer](m.be)
+		m.moe.dev.router, _ = kernels.As[kernels.ExpertRouter](m.be)
+	}
+	return m.moe
+}
+
+// rowMixer is the backend's RowMixer, nil where it has none or tests
+// turned it off (the composition of Scale and Add then runs).
+func (st *moeState) rowMixer() kernels.RowMixer {
+	if st.noMixer {
+		return nil
+	}
+	return st.mixer
 }

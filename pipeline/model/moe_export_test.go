@@ -24,3 +24,32 @@ func MoESharedDecodes(m *Model) int {
 func StepBatchMatchesForward(t *testing.T, path string, merge bool) {
 	stepBatchMatchesForward(t, path, merge)
 }
+
+// MoENoMixer makes m move its mixture's rows with Scale and Add (the
+// composition) even where the backend has kernels.RowMixer.
+func MoENoMixer(m *Model) {
+	m.moe = newMoeState(m.Cfg, m.batch)
+	m.moe.noMixer = true
+}
+
+// MoEMixer reports whether m's mixtures move their rows with the
+// backend's RowMixer.
+func MoEMixer(m *Model) bool { return m.moe != nil && m.moe.rowMixer() != nil }
+
+// RouteOnHost is the host router of Mixtral and Qwen3-MoE (route), for a
+// test backend that routes "on the device" with it.
+func RouteOnHost(logits []float32, n, experts, k int, sel []int32, w []float32) {
+	route(logits, n, experts, k, sel, w, make([]float32, experts))
+}
+
+// MoEDeviceSteps is how many layers' one-token mixtures m routed on the
+// device (kernels.ExpertRouter).
+func MoEDeviceSteps(m *Model) int {
+	if m.moe == nil {
+		return 0
+	}
+	return m.moe.dev.steps
+}
+
+// DecodeGraphRecorded reports whether m replays a recorded decode step.
+func DecodeGraphRecorded(m *Model) bool { return m.graph != nil }

@@ -68,6 +68,12 @@ type LayerWeights struct {
 	// never hang, when they can not arrive or ctx is done. nil: every
 	// expert is there with the block.
 	ExpertReady func(ctx context.Context, e int) error
+	// ExpertsReady, when set beside ExpertReady, reports without blocking
+	// whether every expert of the block is usable (ExpertReady would
+	// return nil at once for each): a decode step then routes on the
+	// device (moe_gpu.go), which cannot wait for one expert. nil with
+	// ExpertReady set: not known, so the step routes on the host.
+	ExpertsReady func() bool
 	// ExpertUsed, when set, is told after each step's mixture that the
 	// router sent tokens of its rows to expert e: the one count of
 	// routing (usage profiles), whichever path ran the step (a single

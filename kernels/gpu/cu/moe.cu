@@ -1,0 +1,196 @@
+// moe.cu: a mixture of experts' own kernels (pipeline/model/moe.go).
+//
+//   gather_rows   dst[i] = src[rows[i]]                          (prompt: each
+//                 (token, expert) pair's input row, in expert order)
+//   mix_rows      dst[t] = Σ_j w[t·k+j]·src[rows[t·k+j]]         (the weighted
+//                 sum of the experts' outputs, rows and w from the host, or
+//                 from moe_route on the device)
+//   moe_route     one token's router logits -> its k experts' ids and
+//                 weights, by the architecture's rule
+//   moe_mv_*      the chosen experts' matrix-vector products, each expert's
+//                 matrix found through a device table of addresses by the
+//                 id moe_route wrote: gate and up of k experts in one
+//                 launch, down in another; each the arithmetic of the
+//                 kernel MatMul picks for one row of that matrix
+#include "common.h"
+#include "mvbody.h"
+
+// The products and sums of mix_rows are rounded one by one, as the Scale
+// and Add kernels they replace round them: no fused multiply-add.
+#if defined(FORGE_CUDA)
+DEV float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+DEV float add_rn(float a, float b) { return __fadd_rn(a, b); }
+#else
+#pragma clang fp contract(off)
+DEV float mul_rn(float a, float b) { return a * b; }
+DEV float add_rn(float a, float b) { return a + b; }
+#endif
+
+// grid (⌈cols/256⌉, min(nrows, 65535)), block 256; rows [nrows].
+KERNEL void __launch_bounds__(256) gather_rows(float* dst, const float* src, const i32* rows, int nrows, int cols) {
+  for (int i = blockIdx.y; i < nrows; i += gridDim.y) {
+    const float* s = src + (size_t)rows[i] * cols;
+    float* d = dst + (size_t)i * cols;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) d[c] = s[c];
+  }
+}
+
+// grid (⌈cols/256⌉, min(n, 65535)), block 256. rows null: token t's slot j
+// is row t·k+j of src.
+KERNEL void __launch_bounds__(256) mix_rows(float* dst, const float* src, const i32* rows, const float* w, int n, int k,
+                                            int cols) {
+  for (int t = blockIdx.y; t < n; t += gridDim.y) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; j++) {
+        int i = t * k + j;
+        size_t r = rows ? (size_t)rows[i] : (size_t)i;
+        float p = mul_rn(src[r * cols + c], w[i]);
+        acc = j == 0 ? p : add_rn(acc, p);
+      }
+      dst[(size_t)t * cols + c] = acc;
+    }
+  }
+}
+
+#define MOE_MAXE 512  // pipeline/model's maxExperts
+
+// route_better: value a beats b (NaN below any number, -inf included).
+DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
+
+// moe_route: one block of one warp per token. mode 0 (Mixtral, Qwen3-MoE):
+// p = softmax(logits) as moe.go's route computes it on the host (each
+// exponential in double rounded to float, their sum in double in expert
+// order, NaN probabilities taken as 0), the k largest best first (ties:
+// the lower expert), weights p renormalised by their float sum clamped at
+// 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
+// those k (routeTopK). ids, w [n][k].
+KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float* w, int experts, int k, int mode) {
+  __shared__ float p[MOE_MAXE];
+  __shared__ unsigned char taken[MOE_MAXE];
+  __shared__ int sel[MOE_MAXE];
+  __shared__ float inv;
+  if (threadIdx.x >= warpSize) return;
+  int lane = threadIdx.x;
+  const float* row = logits + (size_t)blockIdx.x * experts;
+  if (mode == 0) {
+    // the largest logit, NaN if one is NaN (Go's max)
+    float m = __uint_as_float(0xff800000u), nan = 0.0f;
+    for (int e = lane; e < experts; e += warpSize) {
+      float v = row[e];
+      if (v != v)
+        nan = 1.0f;
+      else
+        m = fmaxf(m, v);
+    }
+    m = warp_max(m);
+    if (warp_max(nan) > 0.0f) m = __uint_as_float(0x7fc00000u);
+    for (int e = lane; e < experts; e += warpSize) p[e] = (float)exp((double)(row[e] - m));
+    WARP_SYNC();
+    if (lane == 0) {
+      double s = 0.0;
+      for (int e = 0; e < experts; e++) s += (double)p[e];
+      inv = (float)(1.0 / s);
+    }
+    WARP_SYNC();
+    for (int e = lane; e < experts; e += warpSize) {
+      float q = p[e] * inv;
+      p[e] = q >= 0.0f ? q : 0.0f;
+    }
+  } else {
+    for (int e = lane; e < experts; e += warpSize) p[e] = row[e];
+  }
+  for (int e = lane; e < experts; e += warpSize) taken[e] = 0;
+  WARP_SYNC();
+  for (int j = 0; j < k; j++) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int e = lane; e < experts; e += warpSize)
+      if (!taken[e] && (bi < 0 || route_better(p[e], bv))) {
+        bv = p[e];
+        bi = e;
+      }
+    for (int o = warpSize / 2; o > 0; o >>= 1) {
+      float ov = SHFL_XOR(bv, o);
+      int oi = SHFL_XOR(bi, o);
+      if (oi >= 0 && (bi < 0 || route_better(ov, bv) || (!route_better(bv, ov) && oi < bi))) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      sel[j] = bi;
+      taken[bi] = 1;
+    }
+    WARP_SYNC();
+  }
+  if (lane != 0) return;
+  i32* id = ids + (size_t)blockIdx.x * k;
+  float* wt = w + (size_t)blockIdx.x * k;
+  if (mode == 0) {
+    float total = 0.0f;
+    for (int j = 0; j < k; j++) total += p[sel[j]];
+    total = fmaxf(total, 6.103515625e-5f);
+    for (int j = 0; j < k; j++) {
+      id[j] = sel[j];
+      wt[j] = p[sel[j]] / total;
+    }
+  } else {
+    float mx = p[sel[0]], sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+      wt[j] = (float)exp((double)(p[sel[j]] - mx));
+      sum += wt[j];
+    }
+    for (int j = 0; j < k; j++) {
+      id[j] = sel[j];
+      wt[j] /= sum;
+    }
+  }
+}
+
+// moe_mv_*: for table i < 2 (t1 null: one table) and slot j < k (blockIdx.y
+// = i·k + j), y_i[j] [rows] = x_j · (expert ids[j]'s matrix of table i)ᵀ.
+// Each body is the one-vector kernel's that MatMul picks for such a
+// matrix alone (mvbody.h), so every row is MatMul's bit for bit:
+//   moe_mv_q4_k, moe_mv_q6_k, moe_mv_{type}_b: on 8-bit activations, x_j at
+//     xq + j·xstride, its scales at xd + j·xstride/32 (xstride 0: one
+//     shared input)
+//   moe_mv_g_{type}: the generic float kernel, x_j at x + j·xstride
+// grid (row groups, k·tables), block 128.
+#define MOE_SLOT()                                                                                           \
+  int s = blockIdx.y, tab = s / k, j = s - tab * k;                                                         \
+  const u8* w = (const u8*)(tab ? t1 : t0)[ids[j]];                                                         \
+  float* y = (tab ? y1 : y0) + (size_t)j * rows;
+#define MOE_MV(name, body)                                                                                   \
+  KERNEL void __launch_bounds__(128) moe_mv_##name(const u64* t0, const u64* t1, float* y0, float* y1,        \
+                                                    const i32* ids, const i8* xq, const float* xd, int rows,  \
+                                                    int cols, int k, int xstride) {                           \
+    MOE_SLOT()                                                                                               \
+    body(w, xq + (size_t)j * xstride, xd + (size_t)j * (xstride / 32), y, rows, cols);                       \
+  }
+MOE_MV(q4_k, (mv_q4_k_q8<1, 2, true>))
+MOE_MV(q6_k, (mv_q6_k_q8<2, 1>))
+MOE_MV(q4_0_b, (mv_b32_q8<B8Q4_0, 2>))
+MOE_MV(q4_1_b, (mv_b32_q8<B8Q4_1, 2>))
+MOE_MV(q5_0_b, (mv_b32_q8<B8Q5_0, 2>))
+MOE_MV(q5_1_b, (mv_b32_q8<B8Q5_1, 2>))
+MOE_MV(q8_0_b, (mv_b32_q8<B8Q8_0, 2>))
+
+#define MOE_MV_G(name, body)                                                                                 \
+  KERNEL void __launch_bounds__(128) moe_mv_g_##name(const u64* t0, const u64* t1, float* y0, float* y1,      \
+                                                      const i32* ids, const float* x, int rows, int cols,     \
+                                                      int k, int xstride) {                                   \
+    MOE_SLOT()                                                                                               \
+    body(w, x + (size_t)j * xstride, y, rows, cols, 1);                                                      \
+  }
+#define MOE_MV_BLOCK(name, T) MOE_MV_G(name, mv_block<T>)
+#define MOE_MV_PLAIN(name, T) MOE_MV_G(name, mv_plain<T>)
+FOR_BLOCK_TYPES(MOE_MV_BLOCK)
+FOR_PLAIN_TYPES(MOE_MV_PLAIN)
+
+// moe_table fills a table of n addresses base + i·stride (experts laid out
+// back to back; the tests build their tables with it).
+KERNEL void __launch_bounds__(256) moe_table(u64* t, const u8* base, int stride, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) t[i] = (u64)(base + (size_t)i * stride);
+}

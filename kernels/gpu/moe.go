@@ -1,0 +1,343 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/rocm"
+)
+
+// A mixture of experts' ops (kernels.RowMixer, kernels.ExpertRouter); the
+// kernels are in cu/moe.cu.
+
+var (
+	_ kernels.RowMixer     = (*Backend)(nil)
+	_ kernels.ExpertRouter = (*Backend)(nil)
+)
+
+// planMoeRows is the grid of gather_rows and mix_rows: 256-thread blocks
+// over a row's cols values, one block row per row (grid-striding past
+// 65535).
+func planMoeRows(n, cols int) rocm.Dim3 {
+	return rocm.Dim3{X: uint32(min(ceilDiv(max(cols, 1), 256), 65535)), Y: uint32(min(max(n, 1), 65535)), Z: 1}
+}
+
+// upload copies raw to the scratch buffer key once the queued work is done
+// (an earlier op may still read the buffer). Call with b.mu held, on the
+// worker; never while capturing.
+func (b *Backend) upload(c *rocm.Ctx, key string, raw []byte) (rocm.DevPtr, error) {
+	if b.step.capturing {
+		return 0, fmt.Errorf("gpu: uploading %s while capturing a decode step", key)
+	}
+	p, err := b.scratchBuf(c, key, int64(len(raw)))
+	if err != nil {
+		return 0, err
+	}
+	if err := c.SyncStream(b.stream); err != nil {
+		return 0, err
+	}
+	return p, c.CopyHtoD(p, raw)
+}
+
+// checkMoeRows checks row indices against a source of srcRows rows.
+func checkMoeRows(op string, rows []int32, srcRows int) error {
+	for i, r := range rows {
+		if r < 0 || int(r) >= srcRows {
+			return fmt.Errorf("gpu: %s: row %d (entry %d) outside the source's %d rows", op, r, i, srcRows)
+		}
+	}
+	return nil
+}
+
+// GatherRows implements kernels.RowMixer: the row list is uploaded (after
+// the queued work), then one launch copies every row.
+func (b *Backend) GatherRows(dst, src kernels.Tensor, rows []int32, cols int) error {
+	if len(rows) == 0 || cols <= 0 {
+		return nil
+	}
+	if err := checkTensor("gather rows: dst", dst, len(rows)*cols); err != nil {
+		return err
+	}
+	if err := checkTensor("gather rows: src", src, cols); err != nil {
+		return err
+	}
+	if err := checkMoeRows("gather rows", rows, src.Len/cols); err != nil {
+		return err
+	}
+	raw := make([]byte, 4*len(rows))
+	for i, r := range rows {
+		binary.LittleEndian.PutUint32(raw[4*i:], uint32(r))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		p, err := b.upload(c, "moe-gather", raw)
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(dptr(src)).Ptr(p).I32(int32(len(rows))).I32(int32(cols))
+		return b.launch(c, "gather_rows", planMoeRows(len(rows), cols), rocm.D1(256), &a)
+	})
+}
+
+// MixRows implements kernels.RowMixer: rows and weights are uploaded
+// together (after the queued work), then one launch sums every token's
+// rows.
+func (b *Backend) MixRows(dst, src kernels.Tensor, rows []int32, w []float32, n, k, cols int) error {
+	if n <= 0 || cols <= 0 {
+		return nil
+	}
+	if k <= 0 || len(rows) < n*k || len(w) < n*k {
+		return fmt.Errorf("gpu: mix rows: %d rows and %d weights for %d tokens of %d", len(rows), len(w), n, k)
+	}
+	if err := checkTensor("mix rows: dst", dst, n*cols); err != nil {
+		return err
+	}
+	if err := checkTensor("mix rows: src", src, cols); err != nil {
+		return err
+	}
+	if err := checkMoeRows("mix rows", rows[:n*k], src.Len/cols); err != nil {
+		return err
+	}
+	raw := make([]byte, 8*n*k)
+	for i := range n * k {
+		binary.LittleEndian.PutUint32(raw[4*i:], uint32(rows[i]))
+		binary.LittleEndian.PutUint32(raw[4*(n*k+i):], math.Float32bits(w[i]))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		p, err := b.upload(c, "moe-mix", raw)
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(dptr(src)).Ptr(p).Ptr(p + rocm.DevPtr(4*n*k)).I32(int32(n)).I32(int32(k)).I32(int32(cols))
+		return b.launch(c, "mix_rows", planMoeRows(n, cols), rocm.D1(256), &a)
+	})
+}
+
+// MixSlots implements kernels.ExpertRouter: mix_rows over one token's k
+// consecutive rows, the weights read on the device.
+func (b *Backend) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
+	if k <= 0 || cols <= 0 {
+		return fmt.Errorf("gpu: mix slots: %d slots of %d values", k, cols)
+	}
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"dst", dst, cols}, {"src", src, k * cols}, {"w", w, k}} {
+		if err := checkTensor("mix slots: "+c.what, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(dptr(src)).Ptr(0).Ptr(dptr(w)).I32(1).I32(int32(k)).I32(int32(cols))
+		return b.launch(c, "mix_rows", planMoeRows(1, cols), rocm.D1(256), &a)
+	})
+}
+
+// moeMaxExperts is moe.cu's MOE_MAXE.
+const moeMaxExperts = 512
+
+// RouteTopK implements kernels.ExpertRouter: one warp per token
+// (moe_route).
+func (b *Backend) RouteTopK(ids, w, logits kernels.Tensor, n, experts, k int, r kernels.Routing) error {
+	if experts <= 0 || experts > moeMaxExperts || k <= 0 || k > experts || n <= 0 {
+		return fmt.Errorf("gpu: route: top-%d of %d experts for %d tokens (at most %d experts)", k, experts, n, moeMaxExperts)
+	}
+	if r != kernels.RouteSoftmax && r != kernels.RouteTopKSoftmax {
+		return fmt.Errorf("gpu: route: unknown rule %d", r)
+	}
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"ids", ids, n * k}, {"w", w, n * k}, {"logits", logits, n * experts}} {
+		if err := checkTensor("route: "+c.what, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(logits)).Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(experts)).I32(int32(k)).I32(int32(r))
+		return b.launch(c, "moe_route", rocm.D1(n), rocm.D1(b.warp), &a)
+	})
+}
+
+// expertTable is the kernels.ExpertTable of this backend: the device
+// array of every expert's matrix address, the matrices' type and shape,
+// and the launch of their products.
+type expertTable struct {
+	p          rocm.DevPtr
+	n          int
+	typ        gguf.Type
+	rows, cols int
+	plan       moePlan
+}
+
+// moePlan is the experts' product for one kind of matrix: its kernel, the
+// weight rows per warp, and whether x goes in as 8 bits (else floats).
+type moePlan struct {
+	Kernel string
+	R      int
+	Q8     bool
+}
+
+// planMoe chooses the expert product for matrices of type t and cols
+// columns (aligned: they start 16-byte aligned on the device): the family
+// planMatvec picks for one of them alone with no overrides, so each row
+// is that MatMul's bit for bit.
+func planMoe(warp int, t gguf.Type, cols int, aligned bool) (moePlan, error) {
+	kt, ok := kernelType(t)
+	if !ok {
+		return moePlan{}, fmt.Errorf("gpu: expert product: type %s is not supported on the GPU", t)
+	}
+	switch {
+	case (t == gguf.TypeQ4_K || t == gguf.TypeQ6_K) && aligned:
+		r := 1
+		if t == gguf.TypeQ6_K {
+			r = 2
+		}
+		return moePlan{"moe_mv_" + kt, r, true}, nil
+	case b32Fits(warp, t, cols, aligned):
+		return moePlan{"moe_mv_" + kt + "_b", 2, true}, nil
+	}
+	return moePlan{"moe_mv_g_" + kt, 1, false}, nil
+}
+
+// NewExpertTable implements kernels.ExpertRouter. Every weight is made
+// resident (uploaded if it is not) and must be of one type and shape, and
+// all aligned alike (so one product family serves them all); the
+// backend's test overrides of the matrix-vector kernels (which change
+// MatMul's choice) refuse it.
+func (b *Backend) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, error) {
+	if len(ws) == 0 || ws[0] == nil {
+		return nil, fmt.Errorf("gpu: expert table: no weights")
+	}
+	w0 := ws[0]
+	if b.mvVariant != "" {
+		return nil, fmt.Errorf("gpu: expert table %q: matrix-vector variant %q forced", w0.Name, b.mvVariant)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	raw := make([]byte, 8*len(ws))
+	var plan moePlan
+	for i, w := range ws {
+		if w == nil || w.Type != w0.Type || w.Rows != w0.Rows || w.Cols != w0.Cols {
+			return nil, fmt.Errorf("gpu: expert table %q: expert %d is not of its type and shape", w0.Name, i)
+		}
+		p, err := b.weightPtr(w)
+		if err != nil {
+			return nil, err
+		}
+		pl, err := planMoe(b.warp, w.Type, w.Cols, uintptr(p)%16 == 0)
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 && pl != plan {
+			return nil, fmt.Errorf("gpu: expert table %q: experts 0 and %d are aligned differently on the device", w0.Name, i)
+		}
+		plan = pl
+		binary.LittleEndian.PutUint64(raw[8*i:], uint64(p))
+	}
+	t := &expertTable{n: len(ws), typ: w0.Type, rows: w0.Rows, cols: w0.Cols, plan: plan}
+	err := b.do(func(c *rocm.Ctx) error {
+		p, err := c.Malloc(int64(len(raw)))
+		if err != nil {
+			return err
+		}
+		if err := c.CopyHtoD(p, raw); err != nil {
+			c.Free(p, int64(len(raw)))
+			return err
+		}
+		t.p = p
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: expert table %q: %w", w0.Name, err)
+	}
+	return t, nil
+}
+
+// FreeExpertTable implements kernels.ExpertRouter (after the queued work,
+// which may still read it).
+func (b *Backend) FreeExpertTable(t kernels.ExpertTable) {
+	if et, ok := t.(*expertTable); ok && et != nil && et.p != 0 {
+		b.freeAfterQueue("expert table", et.p, int64(8*et.n))
+		et.p = 0
+	}
+}
+
+// ExpertMatMuls implements kernels.ExpertRouter: one launch of the tables'
+// product (planMoe) over every table (at most two, of one type, shape and
+// kernel) and slot; on 8-bit x, x quantized once for all slots (a vector
+// already quantized by the op that wrote it is not quantized again: the
+// decode step's SiLUMul quantizes the experts' rows side by side, each
+// block of 32 alone, as a product of one row would).
+func (b *Backend) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTable, ids, x kernels.Tensor, k int, shared bool) error {
+	if len(tables) == 0 || len(tables) > 2 || len(dsts) != len(tables) || k <= 0 {
+		return fmt.Errorf("gpu: expert matmuls: %d outputs for %d tables (1 or 2) of %d slots", len(dsts), len(tables), k)
+	}
+	var ts [2]*expertTable
+	for i, t := range tables {
+		et, ok := t.(*expertTable)
+		if !ok || et == nil || et.p == 0 {
+			return fmt.Errorf("gpu: expert matmuls: table %d is not a live table of this backend", i)
+		}
+		if i > 0 && (et.typ != ts[0].typ || et.rows != ts[0].rows || et.cols != ts[0].cols) {
+			return fmt.Errorf("gpu: expert matmuls: the tables differ in type or shape")
+		}
+		ts[i] = et
+		if err := checkTensor("expert matmuls: dst", dsts[i], k*et.rows); err != nil {
+			return err
+		}
+	}
+	t0 := ts[0]
+	xn, xstride := t0.cols, 0
+	if !shared {
+		xn, xstride = k*t0.cols, t0.cols
+	}
+	if err := checkTensor("expert matmuls: x", x, xn); err != nil {
+		return err
+	}
+	if err := checkTensor("expert matmuls: ids", ids, k); err != nil {
+		return err
+	}
+	pl := t0.plan
+	var t1p, y1 rocm.DevPtr
+	if ts[1] != nil {
+		if ts[1].plan != pl {
+			return fmt.Errorf("gpu: expert matmuls: the tables take different kernels")
+		}
+		t1p, y1 = ts[1].p, dptr(dsts[1])
+	}
+	grid := rocm.Dim3{X: uint32(ceilDiv(t0.rows, mvBlock/b.warp*pl.R)), Y: uint32(k * len(tables)), Z: 1}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(t0.p).Ptr(t1p).Ptr(dptr(dsts[0])).Ptr(y1).Ptr(dptr(ids))
+		if pl.Q8 {
+			xq, xd, err := b.quantizeX(c, dptr(x), xn)
+			if err != nil {
+				return err
+			}
+			a.Ptr(xq).Ptr(xd)
+		} else {
+			a.Ptr(dptr(x))
+		}
+		a.I32(int32(t0.rows)).I32(int32(t0.cols)).I32(int32(k)).I32(int32(xstride))
+		return b.launch(c, pl.Kernel, grid, rocm.D1(mvBlock), &a)
+	})
+}

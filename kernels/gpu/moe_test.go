@@ -1,0 +1,166 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/conformance"
+	"github.com/forge-llm/forge/kernels/cpu"
+)
+
+// TestMoEOpsMatchComposition: on the device, one token's mixture routed
+// and run by the ExpertRouter ops gives what the host path composes from
+// MatMul, Scale and Add, bit for bit: RouteTopK's ids and weights are the
+// host router's (routeRef), ExpertMatMuls' rows each expert's MatMul
+// (gate and up in one launch on the shared input, down on one input row
+// per slot, the rows quantized together as SiLUMul leaves them), MixSlots
+// the Scale/Add sum; GatherRows and MixRows are the CPU backend's. Each
+// for experts of Q4_K, Q6_K, Q8_0 (8-bit blocks and the float kernel) and
+// F32, 128 experts, k = 1…8.
+func TestMoEOpsMatchComposition(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 21))
+	const E = 128
+	for _, c := range []struct {
+		typ        gguf.Type
+		rows, cols int // gate/up: rows×cols; down: cols×rows
+	}{{gguf.TypeQ4_K, 768, 2048}, {gguf.TypeQ6_K, 512, 1024}, {gguf.TypeQ8_0, 768, 2048}, {gguf.TypeF32, 64, 96}} {
+		for _, k := range []int{1, 3, 8} {
+			t.Run(fmt.Sprintf("%s/k%d", c.typ, k), func(t *testing.T) {
+				moeOpsCase(t, b, rng, c.typ, E, c.rows, c.cols, k)
+			})
+		}
+	}
+}
+
+func moeOpsCase(t *testing.T, b *Backend, rng *rand.Rand, typ gguf.Type, E, F, D, k int) {
+	alloc := func(n int) kernels.Tensor {
+		x, err := b.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Free(x) })
+		return x
+	}
+	var kinds [3][]*kernels.Weight // gate, up [F][D]; down [D][F]
+	for i := range kinds {
+		for range E {
+			r, cl := F, D
+			if i == 2 {
+				r, cl = D, F
+			}
+			w := conformance.RandomWeight(rng, "w", typ, r, cl)
+			kinds[i] = append(kinds[i], w)
+			t.Cleanup(func() { b.FreeWeight(w) })
+		}
+	}
+	var tabs [3]kernels.ExpertTable
+	for i := range tabs {
+		tab, err := b.NewExpertTable(kinds[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tabs[i] = tab
+		t.Cleanup(func() { b.FreeExpertTable(tab) })
+	}
+	logits := randVec(rng, E, 2)
+	lt, ids, wts := upload(t, b, logits), alloc(k), alloc(k)
+	if err := b.RouteTopK(ids, wts, lt, 1, E, k, kernels.RouteSoftmax); err != nil {
+		t.Fatal(err)
+	}
+	sel, w := routeRef(logits, 1, E, k, kernels.RouteSoftmax)
+	gotIDs, gotW := download(t, b, ids), download(t, b, wts)
+	for j := range sel {
+		if kernels.IDOf(gotIDs[j]) != sel[j] || math.Float32bits(gotW[j]) != math.Float32bits(w[j]) {
+			t.Fatalf("route: slot %d: expert %d weight %v, host %d %v", j, kernels.IDOf(gotIDs[j]), gotW[j], sel[j], w[j])
+		}
+	}
+	x := upload(t, b, randVec(rng, D, 1))
+	gate, up, hb, out, dst := alloc(k*F), alloc(k*F), alloc(k*F), alloc(k*D), alloc(D)
+	if err := b.ExpertMatMuls([]kernels.Tensor{gate, up}, []kernels.ExpertTable{tabs[0], tabs[1]}, ids, x, k, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SiLUMul(hb, gate, up, k*F); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{tabs[2]}, ids, hb, k, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MixSlots(dst, out, wts, k, D); err != nil {
+		t.Fatal(err)
+	}
+	// the composition, expert by expert
+	rg, ru, rh, ro, rd := alloc(F), alloc(F), alloc(F), alloc(k*D), alloc(D)
+	for j, e := range sel {
+		if err := b.MatMul(rg, kinds[0][e], x, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.MatMul(ru, kinds[1][e], x, 1); err != nil {
+			t.Fatal(err)
+		}
+		same(t, fmt.Sprintf("gate of slot %d", j), download(t, b, gate)[j*F:(j+1)*F], download(t, b, rg))
+		same(t, fmt.Sprintf("up of slot %d", j), download(t, b, up)[j*F:(j+1)*F], download(t, b, ru))
+		if err := b.SiLUMul(rh, rg, ru, F); err != nil {
+			t.Fatal(err)
+		}
+		o := ro.View(j*D, D)
+		if err := b.MatMul(o, kinds[2][e], rh, 1); err != nil {
+			t.Fatal(err)
+		}
+		same(t, fmt.Sprintf("down of slot %d", j), download(t, b, out)[j*D:(j+1)*D], download(t, b, o))
+		if j == 0 {
+			if err := b.Scale(rd, o, w[0], D); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := b.Scale(o, o, w[j], D); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Add(rd, rd, o, D); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same(t, "weighted sum", download(t, b, dst), download(t, b, rd))
+	// the prompt ops against the CPU backend's
+	const n = 5
+	src := randVec(rng, n*k*D, 1)
+	rows := make([]int32, n*k)
+	ws := make([]float32, n*k)
+	for i := range rows {
+		rows[i], ws[i] = int32(rng.IntN(n*k)), float32(rng.Float64())
+	}
+	st, g, m := upload(t, b, src), alloc(n*k*D), alloc(n*D)
+	if err := b.GatherRows(g, st, rows, D); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MixRows(m, st, rows, ws, n, k, D); err != nil {
+		t.Fatal(err)
+	}
+	cpuRef(t, func(c *cpu.Backend) {
+		cs := cpuTensor(t, c, src)
+		cg, _ := c.Alloc(n * k * D)
+		cm, _ := c.Alloc(n * D)
+		if err := c.GatherRows(cg, cs, rows, D); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.MixRows(cm, cs, rows, ws, n, k, D); err != nil {
+			t.Fatal(err)
+		}
+		same(t, "gather rows", download(t, b, g), cpuRead(t, c, cg))
+		same(t, "mix rows", download(t, b, m), cpuRead(t, c, cm))
+	})
+}
+
+func same(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: value %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}

@@ -1,0 +1,76 @@
+package kernels
+
+import "math"
+
+// The row shuffles and the device routing of a mixture of experts
+// (pipeline/model/moe.go). Both are optional capabilities: the model
+// composes the same numbers from Scale, Add and MatMul where a backend
+// lacks them, so a backend implements them only to save launches and the
+// router's read-back.
+
+// RowMixer is a Backend that moves a mixture's rows in one op each, where
+// the composition takes one Scale (a copy) per row gathered and one Scale
+// and one Add per (token, expert) pair summed.
+type RowMixer interface {
+	// GatherRows copies len(rows) rows of cols values:
+	//   dst[i] = src[rows[i]]      dst [len(rows)][cols]
+	GatherRows(dst, src Tensor, rows []int32, cols int) error
+	// MixRows is the weighted sum of a mixture's expert outputs, for t < n:
+	//   dst[t] = Σ_{j<k} w[t·k+j] · src[rows[t·k+j]]     dst [n][cols]
+	// each product rounded to float32 and the sum taken in j order, as
+	// Scale then Add compute it (no fused multiply-add): the composition's
+	// bits.
+	MixRows(dst, src Tensor, rows []int32, w []float32, n, k, cols int) error
+}
+
+// Routing is a router's rule for one token's logits over the experts.
+type Routing int
+
+const (
+	// RouteSoftmax (Mixtral, Qwen3-MoE): the softmax over every expert's
+	// logit, its k largest probabilities best first (ties: the lower
+	// expert; NaN below any number), renormalised to sum to 1 with the
+	// sum clamped at 2⁻¹⁴.
+	RouteSoftmax Routing = iota
+	// RouteTopKSoftmax (gpt-oss): the k largest logits best first (ties
+	// and NaN as above), weighted by the softmax over those k alone.
+	RouteTopKSoftmax
+)
+
+// ExpertTable is a backend's table of the device addresses of one kind of
+// matrix (gate, up or down) of every expert of a layer, in expert order;
+// only the backend that made it knows what it holds.
+type ExpertTable any
+
+// ExpertRouter is a Backend that runs a one-token mixture with its routing
+// on the device: the chosen experts' ids and weights never reach the host,
+// so a decode step of a mixture waits for nothing and can be recorded
+// (StepCapturer). An ids tensor holds int32 values in its float32 slots
+// (IDBits, IDOf).
+type ExpertRouter interface {
+	// NewExpertTable lists the device addresses of ws (every expert's
+	// matrix of one kind: one type and shape), which must all be
+	// resident; an error where the backend's expert products cannot run
+	// them (type, alignment), so the model keeps its host path.
+	NewExpertTable(ws []*Weight) (ExpertTable, error)
+	FreeExpertTable(t ExpertTable)
+	// RouteTopK routes n tokens: logits [n][experts] to ids [n][k] (int32
+	// in float32 slots) and their weights w [n][k], by rule r.
+	RouteTopK(ids, w, logits Tensor, n, experts, k int, r Routing) error
+	// ExpertMatMuls computes, for every table i and slot j < k,
+	//   dsts[i][j] [rows] = x_j · T_i[ids[j]]ᵀ
+	// with x_j = x [cols] for every j when shared, else row j of x
+	// [k][cols]; each row bit for bit what MatMul of that expert gives.
+	ExpertMatMuls(dsts []Tensor, tables []ExpertTable, ids, x Tensor, k int, shared bool) error
+	// MixSlots is MixRows for one token whose k expert outputs are the
+	// rows of src [k][cols] and whose weights are on the device:
+	//   dst = Σ_{j<k} w[j]·src[j]   (rounded as MixRows)
+	MixSlots(dst, src, w Tensor, k, cols int) error
+}
+
+// IDBits is the float32 whose bits are the int32 id: how an ids tensor
+// holds an expert's id on a backend with host storage.
+func IDBits(id int32) float32 { return math.Float32frombits(uint32(id)) }
+
+// IDOf is the id an ids tensor's slot v holds.
+func IDOf(v float32) int32 { return int32(math.Float32bits(v)) }

@@ -1,0 +1,198 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/forge-llm/forge/kernels"
+)
+
+// A decode step's mixture routed on the device (kernels.ExpertRouter): the
+// router's logits never come back to the host, so the layer waits for
+// nothing and a decode step of a mixture can be recorded as a graph like a
+// dense model's. Per layer it queues
+//
+//	router MatMul → RouteTopK (ids, weights on the device)
+//	→ ExpertMatMuls (gate and up of the K experts, one launch)
+//	→ SiLUMul → ExpertMatMuls (the K down products, one launch)
+//	→ MixSlots (the weighted sum, weights read on the device)
+//
+// where the host path (mixtureDecode) reads the logits back and queues
+// K down products, K Scales and K-1 Adds. Every number is the host path's
+// bit for bit: the router kernel rounds as route does, each expert product
+// is the one-row MatMul kernel's arithmetic, MixSlots rounds as Scale then
+// Add. It runs only where nothing needs the host: every expert of the
+// layer resident, no usage profile to count, a backend that can run the
+// layer's expert types; otherwise the host path runs.
+
+// devRouting is the device path's state: the backend's router and the
+// expert tables made for each layer.
+type devRouting struct {
+	router kernels.ExpertRouter
+	off    bool // tests: the host path always
+	tables map[*LayerWeights]*expertTables
+	steps  int // decode steps' layers routed on the device (tests)
+}
+
+// expertTables are one layer's gate, up and down tables, and the device
+// addresses they were made from (a weight moved: made again).
+type expertTables struct {
+	gate, up, down kernels.ExpertTable
+	devs           []uintptr // [3·Experts] gate, up, down of each expert
+	pair           bool      // gate and up of one type and shape: one launch
+	failed         bool      // the backend cannot run this layer's experts
+}
+
+// expertsResident reports whether every expert of lw is usable without a
+// wait.
+func expertsResident(lw *LayerWeights) bool {
+	if lw.ExpertReady == nil {
+		return true
+	}
+	return lw.ExpertsReady != nil && lw.ExpertsReady()
+}
+
+// deviceRoutable reports whether a one-token mixture of lw may route on the
+// device, making the layer's tables if needed.
+func (m *Model) deviceRoutable(lw *LayerWeights) *expertTables {
+	st := m.moeState()
+	d := &st.dev
+	if d.router == nil || d.off || st.perExpert || lw.ExpertUsed != nil || m.inPrompt || m.err != nil ||
+		lw.GateInp == nil || len(lw.Experts) != m.Cfg.Experts || !expertsResident(lw) {
+		return nil
+	}
+	t := d.tables[lw]
+	if t != nil && (t.failed || sameDevs(t.devs, lw)) {
+		if t.failed {
+			return nil
+		}
+		return t
+	}
+	if t != nil {
+		d.free(t)
+	}
+	t = d.makeTables(lw)
+	if d.tables == nil {
+		d.tables = map[*LayerWeights]*expertTables{}
+	}
+	d.tables[lw] = t
+	if t.failed {
+		return nil
+	}
+	return t
+}
+
+// sameDevs reports whether lw's experts are still at the device addresses
+// devs lists.
+func sameDevs(devs []uintptr, lw *LayerWeights) bool {
+	if len(devs) != 3*len(lw.Experts) {
+		return false
+	}
+	for e, x := range lw.Experts {
+		if x.Gate.Dev != devs[3*e] || x.Up.Dev != devs[3*e+1] || x.Down.Dev != devs[3*e+2] {
+			return false
+		}
+	}
+	return true
+}
+
+// makeTables makes lw's three tables (uploading any expert not on the
+// device yet); a table the backend refuses marks the layer failed: it
+// keeps the host path, which needs no table.
+func (d *devRouting) makeTables(lw *LayerWeights) *expertTables {
+	t := &expertTables{}
+	kinds := [3][]*kernels.Weight{}
+	for _, x := range lw.Experts {
+		kinds[0] = append(kinds[0], x.Gate)
+		kinds[1] = append(kinds[1], x.Up)
+		kinds[2] = append(kinds[2], x.Down)
+	}
+	dst := [3]*kernels.ExpertTable{&t.gate, &t.up, &t.down}
+	for i, ws := range kinds {
+		tab, err := d.router.NewExpertTable(ws)
+		if err != nil {
+			d.free(t)
+			return &expertTables{failed: true}
+		}
+		*dst[i] = tab
+	}
+	for _, x := range lw.Experts {
+		t.devs = append(t.devs, x.Gate.Dev, x.Up.Dev, x.Down.Dev)
+	}
+	g, u := lw.Experts[0].Gate, lw.Experts[0].Up
+	t.pair = g.Type == u.Type && g.Rows == u.Rows && g.Cols == u.Cols
+	return t
+}
+
+func (d *devRouting) free(t *expertTables) {
+	for _, tab := range []kernels.ExpertTable{t.gate, t.up, t.down} {
+		if tab != nil {
+			d.router.FreeExpertTable(tab)
+		}
+	}
+	t.gate, t.up, t.down = nil, nil, nil
+}
+
+// freeTables releases every layer's tables (Model.Close).
+func (m *Model) freeTables() {
+	if m.moe == nil {
+		return
+	}
+	d := &m.moe.dev
+	for lw, t := range d.tables {
+		d.free(t)
+		delete(d.tables, lw)
+	}
+}
+
+// mixtureDevice is the mixture of one token xb [Embd] (xq: its 8-bit copy,
+// or the zero Q8, for the router's product) into dst, routed on the device
+// with lw's tables t (see above).
+func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels.Tensor, xq kernels.Q8) {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
+	rt := st.dev.router
+	router := s.router.View(0, E)
+	ids, wts := s.ids.View(0, K), s.wts.View(0, K)
+	gate, up, hb := s.gate.View(0, K*F), s.up.View(0, K*F), s.hb.View(0, K*F)
+	out := s.out.View(0, K*D)
+	m.matmul(router, lw.GateInp, xb, xq, 1)
+	if m.err != nil {
+		return
+	}
+	st.dev.steps++
+	fail := func(what string, err error) {
+		if err != nil && m.err == nil {
+			m.err = fmt.Errorf("mixture of experts (routed on the device): %s: %w", what, err)
+		}
+	}
+	fail("route", rt.RouteTopK(ids, wts, router, 1, E, K, kernels.RouteSoftmax))
+	if m.err != nil {
+		return
+	}
+	if t.pair { // gate and up in one launch
+		fail("gate and up", rt.ExpertMatMuls([]kernels.Tensor{gate, up}, []kernels.ExpertTable{t.gate, t.up}, ids, xb, K, true))
+	} else {
+		fail("gate", rt.ExpertMatMuls([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, ids, xb, K, true))
+		fail("up", rt.ExpertMatMuls([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, ids, xb, K, true))
+	}
+	m.siluMul(hb, gate, up, K*F)
+	if m.err != nil {
+		return
+	}
+	fail("down", rt.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, ids, hb, K, false))
+	if m.err != nil {
+		return
+	}
+	fail("weighted sum", rt.MixSlots(dst, out, wts, K, D))
+}
+
+// deviceRouted reports whether a decode step of a mixture of shape cfg may
+// route on be's device, and so be recorded: a backend with
+// kernels.ExpertRouter, for the softmax-routed mixtures (gpt-oss's experts
+// with their biases keep the host path). A layer that cannot (an expert
+// not resident, a usage profile, a type without an expert product) still
+// reads back, and the recording then fails and leaves the model op by op.
+func deviceRouted(be kernels.Backend, cfg Config) bool {
+	_, ok := kernels.As[kernels.ExpertRouter](be)
+	return ok && cfg.Arch != "gpt-oss"
+}

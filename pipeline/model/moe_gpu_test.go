@@ -1,0 +1,181 @@
+package model_test
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/model"
+	"github.com/forge-llm/forge/pipeline/synth"
+)
+
+// hostRouter is the CPU backend with kernels.ExpertRouter composed of its
+// own ops and the host router: the model's device-routed decode path
+// (moe_gpu.go) runs on it without a GPU, so its wiring (which buffers,
+// which slots, which order) is checked against the host path.
+type hostRouter struct{ *cpu.Backend }
+
+var _ kernels.ExpertRouter = hostRouter{}
+
+func (hostRouter) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, error) {
+	return slices.Clone(ws), nil
+}
+
+func (hostRouter) FreeExpertTable(kernels.ExpertTable) {}
+
+func (r hostRouter) RouteTopK(ids, w, logits kernels.Tensor, n, experts, k int, rule kernels.Routing) error {
+	if rule != kernels.RouteSoftmax {
+		return nil // the model asks only for the softmax rule
+	}
+	sel := make([]int32, n*k)
+	model.RouteOnHost(logits.Host[:n*experts], n, experts, k, sel, w.Host[:n*k])
+	for i, e := range sel {
+		ids.Host[i] = kernels.IDBits(e)
+	}
+	return nil
+}
+
+func (r hostRouter) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTable, ids, x kernels.Tensor, k int, shared bool) error {
+	for i, t := range tables {
+		ws := t.([]*kernels.Weight)
+		rows, cols := ws[0].Rows, ws[0].Cols
+		for j := range k {
+			xj := x.View(0, cols)
+			if !shared {
+				xj = x.View(j*cols, cols)
+			}
+			if err := r.MatMul(dsts[i].View(j*rows, rows), ws[kernels.IDOf(ids.Host[j])], xj, 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
+	seq := make([]int32, k)
+	for j := range seq {
+		seq[j] = int32(j)
+	}
+	return r.MixRows(dst, src, seq, w.Host[:k], 1, k, cols)
+}
+
+// layerHook is the file's weights with each layer changed by mod first.
+type layerHook struct {
+	*model.FileWeights
+	mod func(*model.LayerWeights)
+}
+
+func (h layerHook) Layer(ctx context.Context, i int) (*model.LayerWeights, error) {
+	lw, err := h.FileWeights.Layer(ctx, i)
+	if err == nil && h.mod != nil {
+		h.mod(lw)
+	}
+	return lw, err
+}
+
+func openHooked(t *testing.T, path string, be kernels.Backend, mod func(*model.LayerWeights)) *model.Model {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	cfg, err := model.ConfigFromFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := model.NewFileWeights(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.New(be, cfg, layerHook{w, mod}, model.Options{Ctx: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// sameGreedy runs a prompt and 8 greedy decode steps on a and b and fails
+// unless every step's logits are the same bits.
+func sameGreedy(t *testing.T, a, b *model.Model) {
+	t.Helper()
+	ctx := context.Background()
+	toks, pos := []int32{1, 403, 407, 261, 378}, 0
+	for step := range 9 {
+		got, err := a.Forward(ctx, toks, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = slices.Clone(got)
+		want, err := b.Forward(ctx, toks, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("step %d, logit %d: %v, host-routed expert by expert %v", step, i, got[i], want[i])
+			}
+		}
+		pos += len(toks)
+		toks = []int32{argmaxOf(got)}
+	}
+}
+
+// TestMoEDeviceRoutedDecode: the device-routed decode path (router,
+// expert products by id, weighted sum from device weights), run on the
+// CPU through hostRouter, gives the host path's logits bit for bit for
+// both softmax-routed mixtures in float and quantized mixes, and runs in
+// every layer of every decode step; it stays off where a layer records a
+// usage profile or cannot say that all its experts are resident.
+func TestMoEDeviceRoutedDecode(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+		for _, mix := range []synth.Mix{synth.MixF32, synth.MixQ4_KM} {
+			path := filepath.Join(dir, preset+"-"+string(mix)+".gguf")
+			if err := synth.WriteFile(ctx, path, synth.Options{Shape: synth.Presets[preset], Mix: mix, Seed: 11}); err != nil {
+				t.Fatal(err)
+			}
+			layers := synth.Presets[preset].Layers
+			t.Run(preset+"/"+string(mix), func(t *testing.T) {
+				plain := cpu.New(2)
+				defer plain.Close()
+				dev := hostRouter{cpu.New(2)}
+				defer dev.Close()
+				// every decode step's layers, and the prompt's last layer
+				// (its feed-forward runs on the one row that needs logits)
+				all := 8*layers + 1
+				for _, c := range []struct {
+					name  string
+					mod   func(*model.LayerWeights)
+					steps int
+				}{
+					{"resident", nil, all},
+					{"all experts ready", func(lw *model.LayerWeights) {
+						lw.ExpertReady = func(context.Context, int) error { return nil }
+						lw.ExpertsReady = func() bool { return true }
+					}, all},
+					{"readiness unknown", func(lw *model.LayerWeights) {
+						lw.ExpertReady = func(context.Context, int) error { return nil }
+					}, 0},
+					{"usage profile", func(lw *model.LayerWeights) { lw.ExpertUsed = func(int, int) {} }, 0},
+				} {
+					m := openHooked(t, path, dev, c.mod)
+					host := model.OpenModel(t, path, plain, model.Options{Ctx: 64})
+					model.MoEPerExpert(host)
+					sameGreedy(t, m, host)
+					if got := model.MoEDeviceSteps(m); got != c.steps {
+						t.Errorf("%s: %d layers routed on the device, want %d", c.name, got, c.steps)
+					}
+				}
+			})
+		}
+	}
+}
