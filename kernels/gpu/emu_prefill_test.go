@@ -116,7 +116,26 @@ func TestEmuPrefillTensor(t *testing.T) {
 				piece(cut[i], lo, min(c.n, lo+size))
 			}
 		}
+		// The unsplit form, which normalises as the merge does: a row whose
+		// positions all lie in the first split gets the split form's bits.
+		unsplit := -1
+		if c.split && at.Sinks == nil && c.pos0 < emuSplit {
+			unsplit = job.zeros(4*c.n*qDim, true)
+			l := planPrefill(fmt.Sprintf("attn_prefill_emu_f16_d%d", hd), at.Heads, c.n, 0)
+			job.launch(l.Kernel, l.Grid, l.Block, eP(unsplit, 0), eP(qb, 4*c.pos0*qDim), eP(kc, 0), eP(vc, 0),
+				eI(c.n), eI(at.Heads), eI(at.KVHeads), eF(at.Scale), eI(c.bs), eI(c.pos0), eI(0), eP(toffb, 0), eP(tabsb, 0),
+				eI(at.Window), eNull())
+		}
 		res := runEmu(t, 32, &job)
+		if unsplit >= 0 {
+			a, b := res.f32(whole), res.f32(unsplit)
+			for j := range (emuSplit - c.pos0) * qDim {
+				if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
+					t.Errorf("%s: row %d element %d: split form %g, unsplit %g", what, j/qDim, j%qDim, a[j], b[j])
+					break
+				}
+			}
+		}
 		want := cpuAttention(t, q, f16Round(k), f16Round(v), c.pos0, c.n, tot, at)
 		emuCheck(t, what, res.f32(whole), want, 4e-3)
 		got := res.f32(whole)

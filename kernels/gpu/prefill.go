@@ -12,7 +12,7 @@ const prefillRows = 64
 
 // Prefill kernel choice for PagedAttention's prompt pieces (prefill.cu).
 const (
-	prefillAuto  = iota // attn_prefill_split_f16_d* + attn_paged_merge on sm_80+ (tensor cores, pipelined copies, fixed splits of the prefix), else attn_prefill_f16_d*
+	prefillAuto  = iota // on sm_80+ attn_prefill_split_f16_d* + attn_paged_merge where a row lies past the first split (fixed splits of the prefix), else attn_prefill_f16_d*
 	prefillPlain        // attn_prefill_plain_f16_d*: the plain path on every device
 	prefillOff          // attn_paged for every row (the per-row kernel)
 	prefillV1           // attn_prefill_v1_f16_d*: the first tensor-core path (synchronous staging), for comparisons
@@ -60,8 +60,13 @@ func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string,
 		name = "attn_prefill_plain_f16_" + sfx
 	case prefillMode == prefillV1:
 		name = "attn_prefill_v1_f16_" + sfx
-	case prefillMode == prefillAuto && d.Backend == rocm.CUDA && d.CCMajor >= 8 && b.warp == 32:
-		name = "attn_prefill_split_f16_" + sfx // every piece, so a row's bits never depend on its piece
+	case prefillMode == prefillAuto && d.Backend == rocm.CUDA && d.CCMajor >= 8 && b.warp == 32 &&
+		(at.Sinks != nil || int(pos0)+n > prefillSplit):
+		// A piece with a row past the first split (or with sinks, which the
+		// merge folds in): its rows' bits are the split form's wherever they
+		// are computed, since a piece within the first split takes the
+		// unsplit form, which normalises as the merge does.
+		name = "attn_prefill_split_f16_" + sfx
 	default:
 		name = "attn_prefill_f16_" + sfx
 	}

@@ -527,6 +527,18 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
     }
     return;
   }
+  if (!sinks) {
+    // o / l, the division attn_paged_merge makes of a row whose positions
+    // all lie in its first split: this form and the split one give such a
+    // row the same bits, so prefill.go may choose by the piece's positions.
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+      int c = dt * 8 + 2 * t;
+      if (r0 < n) *(float2*)(out + ((size_t)r0 * heads + h) * D + c) = pf_f2(o[dt][0] / l0, o[dt][1] / l0);
+      if (r1 < n) *(float2*)(out + ((size_t)r1 * heads + h) * D + c) = pf_f2(o[dt][2] / l1, o[dt][3] / l1);
+    }
+    return;
+  }
   float i0 = sink_inv(l0, m0, sinks, h), i1 = sink_inv(l1, m1, sinks, h);
 #pragma unroll
   for (int dt = 0; dt < D / 8; dt++) {
