@@ -256,28 +256,6 @@ func (s *System) ExpertFence(ctx context.Context, i, e int) (Fence, error) {
 	return s.waitExpert(ctx, i, e, true)
 }
 
-// DemandExperts asks for experts es of block i at once, ahead of
-// everything queued, in that order: a router chose them, and a step waits
-// for each in turn. Asked one by one, as each wait begins, their loads ran
-// one after another (about 0.7 ms each on the H100 for qwen3-30b-a3b's
-// experts, 12 ms a layer for an 8-token prompt); asked together, they
-// stream back to back. Experts already resident or asked for are skipped.
-func (s *System) DemandExperts(i int, es []int) {
-	var us []*Unit
-	for _, e := range es {
-		u := s.plan.Expert(i, e)
-		if u == nil {
-			continue
-		}
-		if st, _ := u.Future.State(); st == Pending && u.demanded.CompareAndSwap(false, true) {
-			us = append(us, u)
-		}
-	}
-	if len(us) > 0 {
-		s.send(s.loader, &loadUnits{units: us, front: true})
-	}
-}
-
 func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence, error) {
 	u := s.plan.Expert(i, e)
 	if u == nil {

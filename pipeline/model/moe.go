@@ -228,29 +228,6 @@ type moeState struct {
 	noMixer bool
 	// dev is the device routing of a decode step (moe_gpu.go).
 	dev devRouting
-	// wanted is the list of a step's chosen experts for
-	// LayerWeights.ExpertsWanted.
-	wanted []int
-}
-
-// want tells lw's loader the experts a step's router chose (experts of
-// which use[e] is true, or those in sel), before the step waits for the
-// first: their loads then run together rather than one per wait.
-func (m *Model) want(lw *LayerWeights, use []int32, sel []int32) {
-	if lw.ExpertsWanted == nil || lw.ExpertReady == nil {
-		return
-	}
-	st := m.moe
-	st.wanted = st.wanted[:0]
-	for e := 0; e+1 < len(use); e++ {
-		if use[e+1] > use[e] {
-			st.wanted = append(st.wanted, e)
-		}
-	}
-	for _, e := range sel {
-		st.wanted = append(st.wanted, int(e))
-	}
-	lw.ExpertsWanted(st.wanted)
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -441,7 +418,6 @@ func (m *Model) eachExpert(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, D := c.ExpertsUsed, c.Embd
 	st.group(n, c.Experts, K)
-	m.want(lw, st.start[:c.Experts+1], nil)
 	mixer := st.rowMixer()
 	if mixer != nil { // every pair's row in one op, in expert order
 		for p, pair := range st.order[:n*K] {
@@ -516,7 +492,6 @@ func (m *Model) decodeGateUp(lw *LayerWeights, xb kernels.Tensor, xq kernels.Q8,
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	K, F := c.ExpertsUsed, c.ExpertFF
 	st.decodes++
-	m.want(lw, nil, st.sel[:K])
 	for j, e := range st.sel[:K] {
 		ew := m.expert(lw, int(e))
 		if ew == nil || (ok != nil && !ok(ew)) {

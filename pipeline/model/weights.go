@@ -74,10 +74,6 @@ type LayerWeights struct {
 	// device (moe_gpu.go), which cannot wait for one expert. nil with
 	// ExpertReady set: not known, so the step routes on the host.
 	ExpertsReady func() bool
-	// ExpertsWanted, when set beside ExpertReady, is told the experts a
-	// step's router chose before the step waits for the first of them, so
-	// that their loads can all be under way at once.
-	ExpertsWanted func(experts []int)
 	// ExpertUsed, when set, is told after each step's mixture that the
 	// router sent tokens of its rows to expert e: the one count of
 	// routing (usage profiles), whichever path ran the step (a single
