@@ -499,8 +499,30 @@ func TestServeKeepAliveZeroAndBudget(t *testing.T) {
 		t.Errorf("after an idle keep-alive 0: memory %d (start %d), %+v", st.MemoryBytes, start, st.Models)
 	}
 
-	// Budget: room for one of the two.
-	budget := int64(1_000_000) // b needs 889312 bytes, a 991456, together well over (single-sequence sizes)
+	// Budget: room for one of the two, from their sizes as served alone
+	// (single-sequence: about 0.9 and 1 MB, which grow with the model's
+	// scratch, so they are measured, not written here).
+	sizes := map[string]int64{}
+	tu := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{KeepAlive: new(time.Duration(-1)), SingleSequence: true}})
+	for _, m := range []string{a, b} {
+		resp, err := tu.post(t.Context(), "/v1/completions", map[string]any{"model": m, "prompt": "Hi", "max_tokens": 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s alone: status %d", m, resp.StatusCode)
+		}
+	}
+	tu.getJSON(t, "/forge/status", &st)
+	for _, m := range st.Models {
+		sizes[m.ID] = m.MemoryBytes
+	}
+	if sizes[a] <= 0 || sizes[b] <= 0 {
+		t.Fatalf("sizes served alone: %v", sizes)
+	}
+	budget := max(sizes[a], sizes[b]) + min(sizes[a], sizes[b])/2
 	tb := startServer(t, serveConfig{allowPaths: []string{filepath.Dir(a)}, engine: pipeline.EngineOptions{Budget: budget, KeepAlive: new(time.Duration(-1)), SingleSequence: true}})
 	for _, m := range []string{a, b} {
 		resp, err := tb.post(t.Context(), "/v1/completions", map[string]any{"model": m, "prompt": "Hi", "max_tokens": 2})
