@@ -2,9 +2,7 @@ package model_test
 
 import (
 	"context"
-	"math"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/kernels/cpu"
@@ -34,25 +32,7 @@ func TestGptOssDecodeSharedInputBitIdentical(t *testing.T) {
 			shared := model.OpenModel(t, path, be, model.Options{Ctx: 64})
 			each := model.OpenModel(t, path, be, model.Options{Ctx: 64})
 			model.MoEPerExpert(each)
-			toks, pos := prompt, 0
-			for step := range 9 {
-				got, err := shared.Forward(ctx, toks, pos)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got = slices.Clone(got)
-				want, err := each.Forward(ctx, toks, pos)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range want {
-					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-						t.Fatalf("step %d, logit %d: %v, expert by expert %v", step, i, got[i], want[i])
-					}
-				}
-				pos += len(toks)
-				toks = []int32{argmaxOf(got)}
-			}
+			sameLogitBits(t, shared, each, prompt, 9, "expert by expert")
 			// 8 decode steps of 4 blocks each, and the prompt's last block,
 			// which runs its mixture on the one row whose logits are read.
 			if n := model.MoESharedDecodes(shared); n != 8*synth.Presets["tiny-gpt-oss"].Layers+1 {

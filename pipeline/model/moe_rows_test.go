@@ -34,29 +34,38 @@ func TestMoERowMixerBitIdentical(t *testing.T) {
 				rows := model.OpenModel(t, path, be, model.Options{Ctx: 64})
 				plain := model.OpenModel(t, path, be, model.Options{Ctx: 64})
 				model.MoENoMixer(plain)
-				toks, pos := prompt, 0
-				for step := range 9 {
-					got, err := rows.Forward(ctx, toks, pos)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got = slices.Clone(got)
-					want, err := plain.Forward(ctx, toks, pos)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for i := range want {
-						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("step %d, logit %d: %v, composed %v", step, i, got[i], want[i])
-						}
-					}
-					pos += len(toks)
-					toks = []int32{argmaxOf(got)}
-				}
+				sameLogitBits(t, rows, plain, prompt, 9, "composed")
 				if !model.MoEMixer(rows) || model.MoEMixer(plain) {
 					t.Fatalf("row mixer in use: %v, in the composed model: %v", model.MoEMixer(rows), model.MoEMixer(plain))
 				}
 			})
 		}
+	}
+}
+
+// sameLogitBits runs a and b over prompt and steps−1 greedy tokens (a's
+// choice fed to both) and fails at the first logit whose bits differ;
+// what names b in the message.
+func sameLogitBits(t *testing.T, a, b *model.Model, prompt []int32, steps int, what string) {
+	t.Helper()
+	ctx := context.Background()
+	toks, pos := prompt, 0
+	for step := range steps {
+		got, err := a.Forward(ctx, toks, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = slices.Clone(got)
+		want, err := b.Forward(ctx, toks, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("step %d, logit %d: %v, %s %v", step, i, got[i], what, want[i])
+			}
+		}
+		pos += len(toks)
+		toks = []int32{argmaxOf(got)}
 	}
 }
