@@ -68,6 +68,17 @@ type ExpertRouter interface {
 	MixSlots(dst, src, w Tensor, k, cols int) error
 }
 
+// ExpertBiaser is an ExpertRouter that also adds each chosen expert's
+// bias (gpt-oss): for slot j < k,
+//
+//	dst[j] [cols] += T[ids[j]]
+//
+// with T a table (NewExpertTable) of the experts' F32 bias rows of cols
+// values, each add rounded as AddBias rounds it.
+type ExpertBiaser interface {
+	AddExpertBias(dst Tensor, table ExpertTable, ids Tensor, k, cols int) error
+}
+
 // IDBits is the float32 whose bits are the int32 id: how an ids tensor
 // holds an expert's id on a backend with host storage.
 func IDBits(id int32) float32 { return math.Float32frombits(uint32(id)) }

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -330,4 +331,44 @@ func emuMoeMatvecCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Typ
 	// and the whole against the CPU's MatMul, within the 8-bit bound
 	want := cpuMatMul(t, stacks[1][ids[k-1]], x, 1)
 	emuCheck(t, what+": up of the last slot vs the CPU", res.f32(y1)[(k-1)*rows:k*rows], want, conformance.MatMulBound(typ))
+}
+
+// TestEmuMoeAddBias: moe_add_bias adds each slot's expert's bias row,
+// found through a table moe_table built over one stack of E rows, at both
+// warp widths, against float32 adds done here (the AddBias rounding: one
+// add per value), ids repeated and out of order.
+func TestEmuMoeAddBias(t *testing.T) {
+	rng := emuRNG(t)
+	for _, ed := range emuDevices {
+		const experts, cols = 32, 300 // cols past one block of 256
+		for k := 1; k <= 8; k++ {
+			bias := conformance.RandomVector(rng, experts*cols, 1)
+			dst := conformance.RandomVector(rng, k*cols, 1)
+			ids := make([]int32, k)
+			for j := range ids {
+				ids[j] = int32(rng.IntN(experts))
+			}
+			if k > 2 {
+				ids[k-1] = ids[0]
+			}
+			raw := make([]byte, 4*len(bias))
+			for i, v := range bias {
+				binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+			}
+			var job emuJob
+			table := job.zeros(8*experts, false)
+			job.launch("moe_table", grid1(experts), rocm.D1(256), eP(table, 0), eP(job.bytes(raw), 0), eI(4*cols), eI(experts))
+			db := job.f32(dst)
+			job.launch("moe_add_bias", rocm.Dim3{X: uint32(ceilDiv(cols, 256)), Y: uint32(k), Z: 1}, rocm.D1(256),
+				eP(db, 0), eP(table, 0), eP(job.i32(ids), 0), eI(k), eI(cols))
+			res := runEmu(t, ed.dev.Warp, &job)
+			want := make([]float32, len(dst))
+			for j, e := range ids {
+				for c := range cols {
+					want[j*cols+c] = dst[j*cols+c] + bias[int(e)*cols+c]
+				}
+			}
+			emuSame(t, fmt.Sprintf("warp %d k %d: moe_add_bias", ed.dev.Warp, k), res.f32(db), want)
+		}
+	}
 }

@@ -145,6 +145,35 @@ func (b *Backend) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	})
 }
 
+// AddExpertBias implements kernels.ExpertBiaser (moe_add_bias).
+func (b *Backend) AddExpertBias(dst kernels.Tensor, table kernels.ExpertTable, ids kernels.Tensor, k, cols int) error {
+	t, ok := table.(*expertTable)
+	if !ok || t == nil {
+		return fmt.Errorf("gpu: expert bias: not a table of this backend")
+	}
+	if t.typ != gguf.TypeF32 || t.rows*t.cols != cols || k <= 0 {
+		return fmt.Errorf("gpu: expert bias: a table of %s %d×%d for %d slots of %d values", t.typ, t.rows, t.cols, k, cols)
+	}
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"dst", dst, k * cols}, {"ids", ids, k}} {
+		if err := checkTensor("expert bias: "+c.what, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(t.p).Ptr(dptr(ids)).I32(int32(k)).I32(int32(cols))
+		return b.launch(c, "moe_add_bias", rocm.Dim3{X: uint32(ceilDiv(cols, 256)), Y: uint32(k), Z: 1}, rocm.D1(256), &a)
+	})
+}
+
+var _ kernels.ExpertBiaser = (*Backend)(nil)
+
 // moeMaxExperts is moe.cu's MOE_MAXE.
 const moeMaxExperts = 512
 

@@ -232,6 +232,12 @@ func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 	if lw.GateInpBias == nil && m.err == nil {
 		m.err = fmt.Errorf("mixture of experts: the layer has no router bias")
 	}
+	if n == 1 && m.err == nil && len(lw.Experts) > 0 && lw.Experts[0].GateB != nil {
+		if t := m.deviceRoutable(lw); t != nil { // routed on the device (moe_gpu.go)
+			m.mixtureDevice(lw, t, dst, xb, xq)
+			return
+		}
+	}
 	st := m.routeTokens(lw, lw.GateInpBias, xb, xq, n, routeTopK)
 	if st == nil {
 		return

@@ -15,13 +15,14 @@ import (
 // launch each, the weighted sum from device weights) and recorded as a
 // graph give the logits of the host-routed path run expert by expert op
 // by op, bit for bit, over a prompt and 8 greedy steps, for both
-// softmax-routed mixtures in a Q4_K/Q6_K mix and a Q8_0 one (experts 256
-// wide, so every product has its kernel on 8-bit activations).
+// softmax-routed mixtures and gpt-oss (its router bias, top-k softmax,
+// expert biases and clamped SwiGLU; MXFP4 experts) in a Q4_K/Q6_K mix and a
+// Q8_0 one (experts 256 wide).
 func TestGPUMoEDeviceRoutedDecode(t *testing.T) {
 	be := model.OpenGPU(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"} {
 		for _, mix := range []synth.Mix{synth.MixQ4_KM, synth.MixQ8_0} {
 			s := synth.Presets[preset]
 			s.ExpertFF = 256

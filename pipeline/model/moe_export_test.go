@@ -53,3 +53,9 @@ func MoEDeviceSteps(m *Model) int {
 
 // DecodeGraphRecorded reports whether m replays a recorded decode step.
 func DecodeGraphRecorded(m *Model) bool { return m.graph != nil }
+
+// RouteTopKOnHost is gpt-oss's host router (routeTopK), for a test
+// backend's RouteTopK.
+func RouteTopKOnHost(logits []float32, n, experts, k int, sel []int32, w []float32) {
+	routeTopK(logits, n, experts, k, sel, w)
+}

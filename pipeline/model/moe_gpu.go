@@ -37,9 +37,11 @@ type devRouting struct {
 // addresses they were made from (a weight moved: made again).
 type expertTables struct {
 	gate, up, down kernels.ExpertTable
-	devs           []uintptr // [3·Experts] gate, up, down of each expert
-	pair           bool      // gate and up of one type and shape: one launch
-	failed         bool      // the backend cannot run this layer's experts
+	// gpt-oss: the experts' bias rows (kernels.ExpertBiaser)
+	gateB, upB, downB kernels.ExpertTable
+	devs              []uintptr // [3·Experts] gate, up, down of each expert
+	pair              bool      // gate and up of one type and shape: one launch
+	failed            bool      // the backend cannot run this layer's experts
 }
 
 // expertsResident reports whether every expert of lw is usable without a
@@ -115,6 +117,27 @@ func (d *devRouting) makeTables(lw *LayerWeights) *expertTables {
 		}
 		*dst[i] = tab
 	}
+	if lw.Experts[0].GateB != nil { // gpt-oss: its biases' tables too
+		if _, ok := d.router.(kernels.ExpertBiaser); !ok {
+			d.free(t)
+			return &expertTables{failed: true}
+		}
+		kinds := [3][]*kernels.Weight{}
+		for _, x := range lw.Experts {
+			kinds[0] = append(kinds[0], x.GateB)
+			kinds[1] = append(kinds[1], x.UpB)
+			kinds[2] = append(kinds[2], x.DownB)
+		}
+		dst := [3]*kernels.ExpertTable{&t.gateB, &t.upB, &t.downB}
+		for i, ws := range kinds {
+			tab, err := d.router.NewExpertTable(ws)
+			if err != nil {
+				d.free(t)
+				return &expertTables{failed: true}
+			}
+			*dst[i] = tab
+		}
+	}
 	for _, x := range lw.Experts {
 		t.devs = append(t.devs, x.Gate.Dev, x.Up.Dev, x.Down.Dev)
 	}
@@ -124,12 +147,12 @@ func (d *devRouting) makeTables(lw *LayerWeights) *expertTables {
 }
 
 func (d *devRouting) free(t *expertTables) {
-	for _, tab := range []kernels.ExpertTable{t.gate, t.up, t.down} {
+	for _, tab := range []kernels.ExpertTable{t.gate, t.up, t.down, t.gateB, t.upB, t.downB} {
 		if tab != nil {
 			d.router.FreeExpertTable(tab)
 		}
 	}
-	t.gate, t.up, t.down = nil, nil, nil
+	t.gate, t.up, t.down, t.gateB, t.upB, t.downB = nil, nil, nil, nil, nil, nil
 }
 
 // freeTables releases every layer's tables (Model.Close).
@@ -155,7 +178,13 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 	ids, wts := s.ids.View(0, K), s.wts.View(0, K)
 	gate, up, hb := s.gate.View(0, K*F), s.up.View(0, K*F), s.hb.View(0, K*F)
 	out := s.out.View(0, K*D)
+	oai := t.gateB != nil // gpt-oss: a router bias, top-k then softmax, expert biases, the clamped SwiGLU
 	m.matmul(router, lw.GateInp, xb, xq, 1)
+	rule := kernels.RouteSoftmax
+	if oai {
+		m.addBias(router, lw.GateInpBias, 1)
+		rule = kernels.RouteTopKSoftmax
+	}
 	if m.err != nil {
 		return
 	}
@@ -165,7 +194,7 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 			m.err = fmt.Errorf("mixture of experts (routed on the device): %s: %w", what, err)
 		}
 	}
-	fail("route", rt.RouteTopK(ids, wts, router, 1, E, K, kernels.RouteSoftmax))
+	fail("route", rt.RouteTopK(ids, wts, router, 1, E, K, rule))
 	if m.err != nil {
 		return
 	}
@@ -175,11 +204,21 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		fail("gate", rt.ExpertMatMuls([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, ids, xb, K, true))
 		fail("up", rt.ExpertMatMuls([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, ids, xb, K, true))
 	}
-	m.siluMul(hb, gate, up, K*F)
+	if oai {
+		bs := rt.(kernels.ExpertBiaser) // makeTables checked
+		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, K, F))
+		fail("up bias", bs.AddExpertBias(up, t.upB, ids, K, F))
+		m.swigluOAI(hb, gate, up, K*F)
+	} else {
+		m.siluMul(hb, gate, up, K*F)
+	}
 	if m.err != nil {
 		return
 	}
 	fail("down", rt.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, ids, hb, K, false))
+	if oai {
+		fail("down bias", rt.(kernels.ExpertBiaser).AddExpertBias(out, t.downB, ids, K, D))
+	}
 	if m.err != nil {
 		return
 	}
@@ -188,11 +227,15 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 
 // deviceRouted reports whether a decode step of a mixture of shape cfg may
 // route on be's device, and so be recorded: a backend with
-// kernels.ExpertRouter, for the softmax-routed mixtures (gpt-oss's experts
-// with their biases keep the host path). A layer that cannot (an expert
+// kernels.ExpertRouter (for gpt-oss, with its experts' biases, also
+// kernels.ExpertBiaser). A layer that cannot (an expert
 // not resident, a usage profile, a type without an expert product) still
 // reads back, and the recording then fails and leaves the model op by op.
 func deviceRouted(be kernels.Backend, cfg Config) bool {
 	_, ok := kernels.As[kernels.ExpertRouter](be)
-	return ok && cfg.Arch != "gpt-oss"
+	if cfg.Arch == "gpt-oss" {
+		_, biases := kernels.As[kernels.ExpertBiaser](be)
+		return ok && biases
+	}
+	return ok
 }

@@ -2,6 +2,7 @@ package model_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
 	"slices"
@@ -29,11 +30,15 @@ func (hostRouter) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, err
 func (hostRouter) FreeExpertTable(kernels.ExpertTable) {}
 
 func (r hostRouter) RouteTopK(ids, w, logits kernels.Tensor, n, experts, k int, rule kernels.Routing) error {
-	if rule != kernels.RouteSoftmax {
-		return nil // the model asks only for the softmax rule
-	}
 	sel := make([]int32, n*k)
-	model.RouteOnHost(logits.Host[:n*experts], n, experts, k, sel, w.Host[:n*k])
+	switch rule {
+	case kernels.RouteSoftmax:
+		model.RouteOnHost(logits.Host[:n*experts], n, experts, k, sel, w.Host[:n*k])
+	case kernels.RouteTopKSoftmax:
+		model.RouteTopKOnHost(logits.Host[:n*experts], n, experts, k, sel, w.Host[:n*k])
+	default:
+		return fmt.Errorf("hostRouter: rule %d", rule)
+	}
 	for i, e := range sel {
 		ids.Host[i] = kernels.IDBits(e)
 	}
@@ -56,6 +61,18 @@ func (r hostRouter) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.Expert
 	}
 	return nil
 }
+
+func (r hostRouter) AddExpertBias(dst kernels.Tensor, table kernels.ExpertTable, ids kernels.Tensor, k, cols int) error {
+	ws := table.([]*kernels.Weight)
+	for j := range k {
+		if err := r.AddBias(dst.View(j*cols, cols), ws[kernels.IDOf(ids.Host[j])], 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var _ kernels.ExpertBiaser = hostRouter{}
 
 func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	seq := make([]int32, k)
@@ -137,7 +154,7 @@ func sameGreedy(t *testing.T, a, b *model.Model) {
 func TestMoEDeviceRoutedDecode(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral"} {
+	for _, preset := range []string{"tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"} {
 		for _, mix := range []synth.Mix{synth.MixF32, synth.MixQ4_KM} {
 			path := filepath.Join(dir, preset+"-"+string(mix)+".gguf")
 			if err := synth.WriteFile(ctx, path, synth.Options{Shape: synth.Presets[preset], Mix: mix, Seed: 11}); err != nil {

@@ -12,6 +12,7 @@
 //                 id moe_route wrote: gate and up of k experts in one
 //                 launch, down in another; each the arithmetic of the
 //                 kernel MatMul picks for one row of that matrix
+//   moe_add_bias  each slot's expert's bias row added (gpt-oss)
 #include "common.h"
 #include "mvbody.h"
 
@@ -51,6 +52,18 @@ KERNEL void __launch_bounds__(256) mix_rows(float* dst, const float* src, const 
       dst[(size_t)t * cols + c] = acc;
     }
   }
+}
+
+// moe_add_bias: dst [k][cols] += the bias row of slot j's expert, found
+// through the table t of the experts' bias addresses by ids[j] (gpt-oss's
+// per-expert biases, after the products by id); an add per value, as the
+// AddBias kernel it replaces rounds it. grid (⌈cols/256⌉, k), block 256.
+KERNEL void __launch_bounds__(256) moe_add_bias(float* dst, const u64* t, const i32* ids, int k, int cols) {
+  int j = blockIdx.y;
+  if (j >= k) return;
+  const float* b = (const float*)t[ids[j]];
+  float* d = dst + (size_t)j * cols;
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) d[c] = add_rn(d[c], b[c]);
 }
 
 #define MOE_MAXE 512  // pipeline/model's maxExperts
