@@ -102,41 +102,16 @@ func sameDevs(devs []uintptr, lw *LayerWeights) bool {
 // keeps the host path, which needs no table.
 func (d *devRouting) makeTables(lw *LayerWeights) *expertTables {
 	t := &expertTables{}
-	kinds := [3][]*kernels.Weight{}
-	for _, x := range lw.Experts {
-		kinds[0] = append(kinds[0], x.Gate)
-		kinds[1] = append(kinds[1], x.Up)
-		kinds[2] = append(kinds[2], x.Down)
+	ok := d.tablesOf(lw, [3]*kernels.ExpertTable{&t.gate, &t.up, &t.down},
+		func(x *ExpertWeights) [3]*kernels.Weight { return [3]*kernels.Weight{x.Gate, x.Up, x.Down} })
+	if ok && lw.Experts[0].GateB != nil { // gpt-oss: its biases' tables too
+		_, biaser := d.router.(kernels.ExpertBiaser)
+		ok = biaser && d.tablesOf(lw, [3]*kernels.ExpertTable{&t.gateB, &t.upB, &t.downB},
+			func(x *ExpertWeights) [3]*kernels.Weight { return [3]*kernels.Weight{x.GateB, x.UpB, x.DownB} })
 	}
-	dst := [3]*kernels.ExpertTable{&t.gate, &t.up, &t.down}
-	for i, ws := range kinds {
-		tab, err := d.router.NewExpertTable(ws)
-		if err != nil {
-			d.free(t)
-			return &expertTables{failed: true}
-		}
-		*dst[i] = tab
-	}
-	if lw.Experts[0].GateB != nil { // gpt-oss: its biases' tables too
-		if _, ok := d.router.(kernels.ExpertBiaser); !ok {
-			d.free(t)
-			return &expertTables{failed: true}
-		}
-		kinds := [3][]*kernels.Weight{}
-		for _, x := range lw.Experts {
-			kinds[0] = append(kinds[0], x.GateB)
-			kinds[1] = append(kinds[1], x.UpB)
-			kinds[2] = append(kinds[2], x.DownB)
-		}
-		dst := [3]*kernels.ExpertTable{&t.gateB, &t.upB, &t.downB}
-		for i, ws := range kinds {
-			tab, err := d.router.NewExpertTable(ws)
-			if err != nil {
-				d.free(t)
-				return &expertTables{failed: true}
-			}
-			*dst[i] = tab
-		}
+	if !ok {
+		d.free(t)
+		return &expertTables{failed: true}
 	}
 	for _, x := range lw.Experts {
 		t.devs = append(t.devs, x.Gate.Dev, x.Up.Dev, x.Down.Dev)
@@ -144,6 +119,25 @@ func (d *devRouting) makeTables(lw *LayerWeights) *expertTables {
 	g, u := lw.Experts[0].Gate, lw.Experts[0].Up
 	t.pair = g.Type == u.Type && g.Rows == u.Rows && g.Cols == u.Cols
 	return t
+}
+
+// tablesOf makes three tables, one of each kind of matrix pick gives for
+// every expert of lw, into dst; false where the backend refuses one.
+func (d *devRouting) tablesOf(lw *LayerWeights, dst [3]*kernels.ExpertTable, pick func(*ExpertWeights) [3]*kernels.Weight) bool {
+	var kinds [3][]*kernels.Weight
+	for e := range lw.Experts {
+		for i, w := range pick(&lw.Experts[e]) {
+			kinds[i] = append(kinds[i], w)
+		}
+	}
+	for i, ws := range kinds {
+		tab, err := d.router.NewExpertTable(ws)
+		if err != nil {
+			return false
+		}
+		*dst[i] = tab
+	}
+	return true
 }
 
 func (d *devRouting) free(t *expertTables) {
@@ -204,8 +198,8 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		fail("gate", rt.ExpertMatMuls([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, ids, xb, K, true))
 		fail("up", rt.ExpertMatMuls([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, ids, xb, K, true))
 	}
+	bs, _ := rt.(kernels.ExpertBiaser) // makeTables checked it where oai
 	if oai {
-		bs := rt.(kernels.ExpertBiaser) // makeTables checked
 		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, K, F))
 		fail("up bias", bs.AddExpertBias(up, t.upB, ids, K, F))
 		m.swigluOAI(hb, gate, up, K*F)
@@ -217,7 +211,7 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 	}
 	fail("down", rt.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, ids, hb, K, false))
 	if oai {
-		fail("down bias", rt.(kernels.ExpertBiaser).AddExpertBias(out, t.downB, ids, K, D))
+		fail("down bias", bs.AddExpertBias(out, t.downB, ids, K, D))
 	}
 	if m.err != nil {
 		return
