@@ -12,6 +12,7 @@ import (
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -35,19 +36,7 @@ func writeMoE(t *testing.T, preset string, mix synth.Mix) string {
 // actors): what any load order must reproduce.
 func referenceGreedy(t *testing.T, path string, prompt []int32, n int) []int32 {
 	t.Helper()
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, fw := archtest.OpenWeights(t, path)
 	be := cpu.New(2)
 	defer be.Close()
 	m, err := model.New(be, cfg, fw, model.Options{})

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/synth"
@@ -46,19 +46,7 @@ func TestExpertFailureFailsOnlyItsSequences(t *testing.T) {
 	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets["tiny-qwen3moe"], Mix: synth.MixQ8_0, Seed: 5}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, fw := archtest.OpenWeights(t, path)
 	be := cpu.New(2)
 	defer be.Close()
 	const maxTokens = 6

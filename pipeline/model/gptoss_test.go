@@ -12,6 +12,7 @@ import (
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/chat"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -99,22 +100,10 @@ type plainBackend struct{ kernels.Backend }
 // and the clamped SwiGLU gets a clear error at New, not wrong numbers.
 func TestGptOssRefusesBackendWithoutSinks(t *testing.T) {
 	p := tinyGptOss(t, t.TempDir(), synth.MixF32)
-	f, err := gguf.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := archtest.OpenWeights(t, p)
 	be := cpu.New(1)
 	defer be.Close()
-	_, err = model.New(plainBackend{be}, cfg, w, model.Options{Ctx: 32})
+	_, err := model.New(plainBackend{be}, cfg, w, model.Options{Ctx: 32})
 	if err == nil || !strings.Contains(err.Error(), "no attention sinks") || !strings.Contains(err.Error(), "gpt-oss") {
 		t.Fatalf("error %v, want one saying the backend has no attention sinks", err)
 	}

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/synth"
 )
@@ -98,19 +98,7 @@ func (h layerHook) Layer(ctx context.Context, i int) (*model.LayerWeights, error
 
 func openHooked(t *testing.T, path string, be kernels.Backend, mod func(*model.LayerWeights)) *model.Model {
 	t.Helper()
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := archtest.OpenWeights(t, path)
 	m, err := model.New(be, cfg, layerHook{w, mod}, model.Options{Ctx: 64})
 	if err != nil {
 		t.Fatal(err)
