@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/forge-llm/forge/gguf"
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/generate"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
 )
@@ -29,19 +29,7 @@ type fixture struct {
 
 func open(t *testing.T, file string) *fixture {
 	t.Helper()
-	f, err := gguf.Open(testmodels.Path(t, file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := archtest.OpenWeights(t, testmodels.Path(t, file))
 	be := cpu.New(2)
 	t.Cleanup(be.Close)
 	return &fixture{be: be, cfg: cfg, w: w}

@@ -13,6 +13,7 @@ import (
 	"github.com/forge-llm/forge/gguf/ggufedit"
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels/cpu"
+	"github.com/forge-llm/forge/pipeline/internal/archtest"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
 )
@@ -20,19 +21,7 @@ import (
 // openPath opens a model file on the CPU backend.
 func openPath(t *testing.T, path string) *model.Model {
 	t.Helper()
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	cfg, err := model.ConfigFromFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := model.NewFileWeights(f, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := archtest.OpenWeights(t, path)
 	be := cpu.New(2)
 	t.Cleanup(be.Close)
 	m, err := model.New(be, cfg, w, model.Options{})
