@@ -3,7 +3,6 @@ package model_test
 import (
 	"context"
 	"fmt"
-	"math"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -111,26 +110,7 @@ func openHooked(t *testing.T, path string, be kernels.Backend, mod func(*model.L
 // unless every step's logits are the same bits.
 func sameGreedy(t *testing.T, a, b *model.Model) {
 	t.Helper()
-	ctx := context.Background()
-	toks, pos := []int32{1, 403, 407, 261, 378}, 0
-	for step := range 9 {
-		got, err := a.Forward(ctx, toks, pos)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = slices.Clone(got)
-		want, err := b.Forward(ctx, toks, pos)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("step %d, logit %d: %v, host-routed expert by expert %v", step, i, got[i], want[i])
-			}
-		}
-		pos += len(toks)
-		toks = []int32{argmaxOf(got)}
-	}
+	sameLogitBits(t, a, b, []int32{1, 403, 407, 261, 378}, 9, "host-routed expert by expert")
 }
 
 // TestMoEDeviceRoutedDecode: the device-routed decode path (router,
