@@ -406,7 +406,7 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		maxPos = max(maxPos, pos)
 	}
-	pfName, pfSeq, pfPos0, prefill := b.prefillKernel(n, at, kp.esize)
+	pfName, pfSeq, pfPos0, zs, prefill := b.prefillKernel(n, at, kp.esize)
 	fine := fineLayout(ls)
 	if b.step.batch {
 		prefill = false
@@ -450,7 +450,6 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		a.Reset()
 		if prefill { // a prompt piece: tiles of rows read each chunk of the prefix once (prefill.cu)
 			dst := dptr(out)
-			zs := prefillSplits(pfName, int(pfPos0), n)
 			if zs > 0 { // the split form writes the merge's parts
 				pp, err := b.scratchBuf(c, "prefill-part", int64(n)*int64(at.Heads)*int64(zs)*int64(at.HeadDim+2)*4)
 				if err != nil {

@@ -1,8 +1,6 @@
 package gpu
 
 import (
-	"strings"
-
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
 )
@@ -33,10 +31,11 @@ var prefillMode = prefillAuto
 // dimension prefill.cu is built for. Then it returns the sequence and the
 // first row's position too; otherwise ok is false and PagedAttention runs
 // its per-row kernel (decode rows, steps of several sequences, f32 pools).
-// Called with b.mu held.
-func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string, seq, pos0 int32, ok bool) {
+// splits is the split form's count of PP_SPLIT ranges of positions (its
+// grid's third dimension; 0 for the other kernels). Called with b.mu held.
+func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string, seq, pos0 int32, splits int, ok bool) {
 	if prefillMode == prefillOff || n < 2 || esize != 2 {
-		return "", 0, 0, false
+		return "", 0, 0, 0, false
 	}
 	var sfx string
 	switch at.HeadDim {
@@ -45,13 +44,13 @@ func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string,
 	case 128:
 		sfx = "d128"
 	default:
-		return "", 0, 0, false
+		return "", 0, 0, 0, false
 	}
 	ls := &b.lay
 	seq, pos0 = ls.seq[0], ls.pos[0]
 	for i := 1; i < n; i++ {
 		if ls.seq[i] != seq || ls.pos[i] != pos0+int32(i) {
-			return "", 0, 0, false
+			return "", 0, 0, 0, false
 		}
 	}
 	d := b.w.Device
@@ -66,18 +65,9 @@ func (b *Backend) prefillKernel(n int, at kernels.Attn, esize int) (name string,
 		// merge folds in): its rows' bits are the split form's wherever they
 		// are computed, since a piece within the first split takes the
 		// unsplit form, which normalises as the merge does.
-		name = "attn_prefill_split_f16_" + sfx
+		name, splits = "attn_prefill_split_f16_"+sfx, ceilDiv(int(pos0)+n, prefillSplit)
 	default:
 		name = "attn_prefill_f16_" + sfx
 	}
-	return name, seq, pos0, true
-}
-
-// prefillSplits is how many PP_SPLIT ranges of positions the split form's
-// grid has for a piece of n rows from pos0; 0 for the other kernels.
-func prefillSplits(kernel string, pos0, n int) int {
-	if !strings.Contains(kernel, "split") {
-		return 0
-	}
-	return ceilDiv(pos0+n, prefillSplit)
+	return name, seq, pos0, splits, true
 }
