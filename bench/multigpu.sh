@@ -133,16 +133,27 @@ wait $genpid
 say "$(tail -1 $logs/gen-70b.txt)"
 cat $f70 >/dev/null
 say "70B file warm at $(elapsed) s"
-# median of a bench load column (10: first token ms, 12: load GB/s) of the prefetch warm row
+# median of a bench load column (7: context ms, 9: resident ms, 10: first token ms, 14: load GB/s) of the prefetch warm row
 col() { awk -v c="$2" '$1=="prefetch" && $2=="warm" {split($c, a, "/"); print a[2]}' "$1"; }
-# Log names: 1 for gpu:0, 2 for gpu:0,1 (no ':' or ',' in files that come back).
+# Log names: 1 for gpu:0, 2 for gpu:0,1 (no ':' or ',' in files that come
+# back). UPLOADS (space-separated --gpu-upload settings, e.g. "st=16") adds
+# runs of both with those settings, logged as load-1-<setting>.txt.
 for n in 1 2; do
   d=gpu:0
   [ $n = 2 ] && d=gpu:0,1
   $bin/forge bench load -m $f70 --device $d --runs "$runs" --cache warm --strategies prefetch --prompt-tokens 32 >"$logs/load-$n.txt" 2>&1
 done
+for u in ${UPLOADS:-}; do
+  for n in 1 2; do
+    d=gpu:0
+    [ $n = 2 ] && d=gpu:0,1
+    $bin/forge bench load -m $f70 --device $d --gpu-upload "$u" --runs "$runs" --cache warm --strategies prefetch --prompt-tokens 32 >"$logs/load-$n-${u//[=,]/_}.txt" 2>&1
+    say "70B bench load $d --gpu-upload $u: context $(col "$logs/load-$n-${u//[=,]/_}.txt" 7) ms, resident $(col "$logs/load-$n-${u//[=,]/_}.txt" 9) ms, first token $(col "$logs/load-$n-${u//[=,]/_}.txt" 10) ms, load $(col "$logs/load-$n-${u//[=,]/_}.txt" 14) GB/s"
+  done
+done
 ft1=$(col "$logs/load-1.txt" 10) ft2=$(col "$logs/load-2.txt" 10)
-lr1=$(col "$logs/load-1.txt" 12) lr2=$(col "$logs/load-2.txt" 12)
+lr1=$(col "$logs/load-1.txt" 14) lr2=$(col "$logs/load-2.txt" 14)
+say "70B Q4_K_M context / resident ms: gpu:0 $(col "$logs/load-1.txt" 7) / $(col "$logs/load-1.txt" 9), gpu:0,1 $(col "$logs/load-2.txt" 7) / $(col "$logs/load-2.txt" 9)"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
 say "70B Q4_K_M bench load (prefetch, warm, median of $runs): first token gpu:0 ${ft1:-?} ms, gpu:0,1 ${ft2:-?} ms (× $(ratio "$ft2" "$ft1"), target ≤ 0.7)"
 say "70B Q4_K_M load rate: gpu:0 ${lr1:-?} GB/s, gpu:0,1 ${lr2:-?} GB/s (× $(ratio "$lr2" "$lr1"), target ≥ 1.6)"
