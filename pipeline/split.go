@@ -112,7 +112,8 @@ type splitDev struct {
 	be    kernels.Backend
 	w     *rocm.Worker // nil for a caller's CPU backend
 	upW   *rocm.Worker
-	free  uint64 // device memory free when opened (0: unknown)
+	free  uint64    // device memory free when opened (0: unknown)
+	ctxAt time.Time // its context was made (zero: a caller's backend)
 	close func()
 	name  string
 }
@@ -120,9 +121,11 @@ type splitDev struct {
 // openSplitDevices opens every GPU at once (driver contexts, kernels,
 // each device's uploader thread).
 func openSplitDevices(ords []int, mmq string) ([]*splitDev, error) {
+	t0 := time.Now()
 	if _, err := rocm.OpenAny(); err != nil {
 		return nil, err // the driver: once, not once per device
 	}
+	slog.Debug("pipeline: split: driver open", "in", time.Since(t0))
 	devs := make([]*splitDev, len(ords))
 	errs := make([]error, len(ords))
 	var wg sync.WaitGroup
@@ -138,6 +141,7 @@ func openSplitDevices(ords []int, mmq string) ([]*splitDev, error) {
 				errs[k] = fmt.Errorf("%s: %w", ch.Device, err)
 				return
 			}
+			ctxAt := time.Now()
 			upW, err := w.Sibling()
 			if err != nil {
 				slog.Debug("pipeline: no thread of its own for the uploader", "device", ord, "err", err)
@@ -163,8 +167,9 @@ func openSplitDevices(ords []int, mmq string) ([]*splitDev, error) {
 				errs[k] = fmt.Errorf("%s: %w", ch.Device, err)
 				return
 			}
-			devs[k] = &splitDev{be: b, w: w, upW: upW, free: free, name: fmt.Sprintf("gpu:%d", ord),
+			devs[k] = &splitDev{be: b, w: w, upW: upW, free: free, ctxAt: ctxAt, name: fmt.Sprintf("gpu:%d", ord),
 				close: func() { b.Close(); closeW() }}
+			slog.Debug("pipeline: split device open", "device", ord, "context", ctxAt.Sub(t0), "kernels", time.Since(t0))
 		})
 	}
 	wg.Wait()
@@ -446,7 +451,15 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		o.Readers = gpuReaders * len(devs)
 	}
 	m := &Model{path: path, cfg: cfg, start: start, mem: mems[0], prefetched: make(chan struct{}), tokDone: make(chan struct{}), opts: o}
-	m.dev = resolvedDevice(devs[0].be, closeDevs, nil, time.Time{})
+	// The model's context time (ContextCurrent) is the last device's:
+	// only then can every device's copies run.
+	var ctxAt time.Time
+	for _, d := range devs {
+		if d.ctxAt.After(ctxAt) {
+			ctxAt = d.ctxAt
+		}
+	}
+	m.dev = resolvedDevice(devs[0].be, closeDevs, nil, ctxAt)
 	m.split = &splitModel{bounds: bounds, mems: mems}
 	for _, d := range devs {
 		m.split.bes = append(m.split.bes, d.be)

@@ -211,6 +211,9 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	if d := r.ResidentMs - off; d > 0 {
 		r.LoadBps = float64(r.FileBytes) / (d / 1000)
 	}
+	if d := r.ResidentMs - r.ContextMs; r.ContextMs > 0 && d > 0 {
+		r.LinkBps = float64(r.FileBytes) / (d / 1000)
+	}
 	st := procStatus("VmHWM", "RssAnon")
 	r.PeakRSS = st["VmHWM"]
 	r.PeakRssAnon = max(anonPeak.Load(), st["RssAnon"])

@@ -46,9 +46,15 @@ type Result struct {
 	ReadBytes    int64   `json:"read_bytes"`
 	PlacedBytes  int64   `json:"placed_bytes"`
 	LoadBps      float64 `json:"load_bytes_per_s"` // file bytes / (resident − open started)
-	PeakRSS      int64   `json:"peak_rss_bytes"`   // VmHWM (peer: rusage maxrss)
-	PeakRssAnon  int64   `json:"peak_rss_anon_bytes"`
-	DevicePeak   int64   `json:"device_peak_bytes"` // pipeline.Memory Peak
+	// LinkBps is the rate of the copies alone: file bytes / (resident −
+	// context current), the time every device had its context (0 on the
+	// CPU). A split over several GPUs multiplies this rate (one link
+	// each); the context's start-up, which it leaves out, is the same
+	// fixed cost for one GPU or several.
+	LinkBps     float64 `json:"link_bytes_per_s,omitempty"`
+	PeakRSS     int64   `json:"peak_rss_bytes"` // VmHWM (peer: rusage maxrss)
+	PeakRssAnon int64   `json:"peak_rss_anon_bytes"`
+	DevicePeak  int64   `json:"device_peak_bytes"` // pipeline.Memory Peak
 
 	Spans []Span `json:"spans,omitempty"`
 	Err   string `json:"error,omitempty"`
@@ -117,6 +123,7 @@ var Metrics = []Metric{
 	{"resident@1st", "%", func(r *Result) float64 { return posOrNaN(100 * r.ResidentAtFirst) }},
 	{"experts routed", "n", func(r *Result) float64 { return posOrNaN(float64(r.ExpertsRouted)) }},
 	{"load", "GB/s", func(r *Result) float64 { return posOrNaN(r.LoadBps / 1e9) }},
+	{"link", "GB/s", func(r *Result) float64 { return posOrNaN(r.LinkBps / 1e9) }},
 	{"peak RSS", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRSS) / (1 << 20)) }},
 	{"RssAnon", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.PeakRssAnon) / (1 << 20)) }},
 	{"device", "MiB", func(r *Result) float64 { return posOrNaN(float64(r.DevicePeak) / (1 << 20)) }},
