@@ -119,13 +119,17 @@ type splitDev struct {
 }
 
 // openSplitDevices opens every GPU at once (driver contexts, kernels,
-// each device's uploader thread).
-func openSplitDevices(ords []int, mmq string) ([]*splitDev, error) {
+// each device's uploader thread). As for one GPU (device.run), the
+// run-time compiler loads next to the driver's start and cuBLAS next to
+// the contexts; preloads counts them, for the model's close to wait on.
+func openSplitDevices(ords []int, mmq string, preloads *sync.WaitGroup) ([]*splitDev, error) {
 	t0 := time.Now()
+	preloads.Go(rocm.PreloadCompiler)
 	if _, err := rocm.OpenAny(); err != nil {
 		return nil, err // the driver: once, not once per device
 	}
 	slog.Debug("pipeline: split: driver open", "in", time.Since(t0))
+	preloads.Go(gpu.PreloadBLAS)
 	devs := make([]*splitDev, len(ords))
 	errs := make([]error, len(ords))
 	var wg sync.WaitGroup
@@ -356,7 +360,7 @@ func (s *splitUploader) Release() {
 // openSplit is Open for a model split over several devices: the GPUs
 // named by Options.Device ("gpu:0,1", "gpu:all") or the backends of
 // Options.Backends. The devices open before the load starts (all at
-// once); continuous batching is off (requests run one at a time, on the
+// once, while the file is parsed); continuous batching is off (requests run one at a time, on the
 // single-sequence path).
 func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model, error) {
 	start := time.Now()
@@ -364,7 +368,11 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 		slog.Info("pipeline: a model split over devices runs requests one at a time (continuous batching is single-device for now)", "path", path)
 		o.Batching.On = false
 	}
+	// The GPUs open (the longest step: the driver, a context each) while
+	// the file is parsed.
 	var devs []*splitDev
+	var preloads sync.WaitGroup
+	opened := make(chan error, 1)
 	if len(o.Backends) > 1 {
 		for _, be := range o.Backends {
 			d := &splitDev{be: be, name: be.Name()}
@@ -373,11 +381,16 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 			}
 			devs = append(devs, d)
 		}
+		opened <- nil
 	} else {
-		var err error
-		if devs, err = openSplitDevices(ords, o.MMQ); err != nil {
-			return nil, fmt.Errorf("pipeline: device %q: %w", o.Device, err)
-		}
+		go func() {
+			var err error
+			devs, err = openSplitDevices(ords, o.MMQ, &preloads)
+			if err != nil {
+				err = fmt.Errorf("pipeline: device %q: %w", o.Device, err)
+			}
+			opened <- err
+		}()
 	}
 	closeDevs := func() {
 		for _, d := range devs {
@@ -385,25 +398,33 @@ func openSplit(ctx context.Context, path string, o Options, ords []int) (*Model,
 				d.close()
 			}
 		}
+		preloads.Wait()
 	}
-	f, err := gguf.Open(path)
-	if err != nil {
+	f, ferr := gguf.Open(path)
+	var cfg model.Config
+	if ferr == nil {
+		cfg, ferr = model.ConfigFromFile(f)
+		if ferr == nil {
+			ferr = model.CheckShapes(f, cfg)
+		}
+		if ferr != nil {
+			f.Close()
+		}
+	}
+	err := <-opened // devs is set from here on
+	if err != nil || ferr != nil {
 		closeDevs()
+		if err == nil {
+			err = ferr
+		}
 		return nil, err
 	}
-	cfg, err := model.ConfigFromFile(f)
-	if err == nil {
-		err = model.CheckShapes(f, cfg)
+	free := make([]uint64, len(devs))
+	for k, d := range devs {
+		free[k] = d.free
 	}
-	var bounds []int
-	if err == nil {
-		free := make([]uint64, len(devs))
-		for k, d := range devs {
-			free[k] = d.free
-		}
-		globals, perLayer := splitBytes(f, cfg)
-		bounds, err = assignLayers(cfg.Layers, o.Split, free, globals, perLayer)
-	}
+	globals, perLayer := splitBytes(f, cfg)
+	bounds, err := assignLayers(cfg.Layers, o.Split, free, globals, perLayer)
 	if err != nil {
 		f.Close()
 		closeDevs()
