@@ -133,8 +133,9 @@ wait $genpid
 say "$(tail -1 $logs/gen-70b.txt)"
 cat $f70 >/dev/null
 say "70B file warm at $(elapsed) s"
-# median of a bench load column (7: context ms, 9: resident ms, 10: first token ms, 14: load GB/s) of the prefetch warm row
+# median of a bench load column (7: context ms, 9: resident ms, 10: first token ms, 14: load GB/s, 15: link GB/s) of the prefetch warm row
 col() { awk -v c="$2" '$1=="prefetch" && $2=="warm" {split($c, a, "/"); print a[2]}' "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
 # Log names: 1 for gpu:0, 2 for gpu:0,1 (no ':' or ',' in files that come
 # back). UPLOADS (space-separated --gpu-upload settings, e.g. "st=16") adds
 # runs of both with those settings, logged as load-1-<setting>.txt.
@@ -154,7 +155,16 @@ done
 ft1=$(col "$logs/load-1.txt" 10) ft2=$(col "$logs/load-2.txt" 10)
 lr1=$(col "$logs/load-1.txt" 14) lr2=$(col "$logs/load-2.txt" 14)
 say "70B Q4_K_M context / resident ms: gpu:0 $(col "$logs/load-1.txt" 7) / $(col "$logs/load-1.txt" 9), gpu:0,1 $(col "$logs/load-2.txt" 7) / $(col "$logs/load-2.txt" 9)"
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "n/a" }'; }
+lk1=$(col "$logs/load-1.txt" 15) lk2=$(col "$logs/load-2.txt" 15)
+say "70B Q4_K_M link rate (bytes / (resident - context)): gpu:0 ${lk1:-?} GB/s, gpu:0,1 ${lk2:-?} GB/s (× $(ratio "$lk2" "$lk1"))"
+# SPLITS (space-separated --split shares, e.g. "37,43") adds split runs with
+# those shares; one debug run (-v) logs the split's opening step by step.
+for sp in ${SPLITS:-}; do
+  $bin/forge bench load -m $f70 --device gpu:0,1 --split "$sp" --runs "$runs" --cache warm --strategies prefetch --prompt-tokens 32 >"$logs/load-2-split-${sp//[=,.]/_}.txt" 2>&1
+  say "70B bench load gpu:0,1 --split $sp: context $(col "$logs/load-2-split-${sp//[=,.]/_}.txt" 7) ms, resident $(col "$logs/load-2-split-${sp//[=,.]/_}.txt" 9) ms, first token $(col "$logs/load-2-split-${sp//[=,.]/_}.txt" 10) ms"
+done
+$bin/forge -v run --device gpu:0,1 -m $f70 -p "Once upon a time" -n 2 --temp 0 --progress plain >"$logs/run-v-split.txt" 2>&1
+grep -E "driver open|split device open|first token" "$logs/run-v-split.txt" | head -8 | tee -a "$sum"
 say "70B Q4_K_M bench load (prefetch, warm, median of $runs): first token gpu:0 ${ft1:-?} ms, gpu:0,1 ${ft2:-?} ms (× $(ratio "$ft2" "$ft1"), target ≤ 0.7)"
 say "70B Q4_K_M load rate: gpu:0 ${lr1:-?} GB/s, gpu:0,1 ${lr2:-?} GB/s (× $(ratio "$lr2" "$lr1"), target ≥ 1.6)"
 tg() { awk -F'|' '{for (i = 1; i <= NF; i++) if ($i ~ /tg64/) {v = $(i + 1); gsub(/^ +| +$/, "", v); print v; exit}}' "$1"; }

@@ -30,6 +30,9 @@ type OnceConfig struct {
 	// GPUUpload is the GPU uploader's settings
 	// (pipeline.UploadTuning.Parse; "": the defaults).
 	GPUUpload string
+	// Split is each GPU's share of the layers of a model split over
+	// several (Device "gpu:N,M,…"; nil: by free memory).
+	Split []float64
 }
 
 // OrdinaryTokens reads a model file's tokenizer and lists its normal
@@ -118,7 +121,7 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	}
 	r.PromptTokens = len(ids)
 	tr := newTracer()
-	opts := pipeline.Options{Strategy: strategy, Device: c.Device, Threads: c.Threads}
+	opts := pipeline.Options{Strategy: strategy, Device: c.Device, Threads: c.Threads, Split: c.Split}
 	if opts.Upload, err = opts.Upload.Parse(c.GPUUpload); err != nil {
 		return fail(fmt.Errorf("gpu upload settings: %w", err))
 	}

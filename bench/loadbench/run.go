@@ -52,6 +52,9 @@ type Config struct {
 	// GPUUpload is the GPU uploader's settings for every forge run
 	// (pipeline.UploadTuning.Parse; "": the defaults).
 	GPUUpload string
+	// Split is --split for every forge run: each GPU's share of the
+	// layers of a model split over several ("": by free memory).
+	Split string
 	// Log reports progress (one line per run); nil: none.
 	Log io.Writer
 }
@@ -175,6 +178,9 @@ func runSelf(ctx context.Context, c Config, model, strategy string, ids []int32)
 	}
 	if c.GPUUpload != "" {
 		args = append(args, "--gpu-upload", c.GPUUpload)
+	}
+	if c.Split != "" {
+		args = append(args, "--split", c.Split)
 	}
 	cmd := exec.CommandContext(ctx, c.Self[0], args...)
 	if c.FreshKernelCache {

@@ -42,6 +42,7 @@ func init() {
 					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},
 					&cli.StringFlag{Name: "svg", Usage: "write the timeline of one run (the first model and strategy, median first token) to this SVG file"},
 					gpuUploadFlag(),
+					splitFlag(),
 				},
 				Action: benchLoadCmd,
 			},
@@ -59,6 +60,7 @@ func init() {
 					&cli.BoolFlag{Name: "trace"},
 					&cli.Int64Flag{Name: "fork-ns", Usage: "the parent's wall clock (Unix ns) when it started this process"},
 					gpuUploadFlag(),
+					splitFlag(),
 				},
 				Action: benchLoadOnceCmd,
 			},
@@ -147,9 +149,12 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 		Models: models, Strategies: strategies, Caches: caches, Runs: c.Int("runs"),
 		PromptLengths: lengths, Device: c.String("device"), Threads: c.Int("threads"),
 		Self: []string{exe, "bench", "load-once"}, Peer: c.String("peer"), Trace: c.String("svg") != "", Log: stderr,
-		FreshKernelCache: c.Bool("fresh-kernel-cache"), GPUUpload: c.String("gpu-upload"),
+		FreshKernelCache: c.Bool("fresh-kernel-cache"), GPUUpload: c.String("gpu-upload"), Split: c.String("split"),
 	}
 	if _, err := gpuUpload(c); err != nil {
+		return err
+	}
+	if _, err := splitShares(c); err != nil {
 		return err
 	}
 	results, err := loadbench.Run(ctx, cfg)
@@ -234,6 +239,10 @@ func benchLoadOnceCmd(c *cli.Context) error {
 	if ns := c.Int64("fork-ns"); ns > 0 {
 		fork = time.Unix(0, ns)
 	}
+	split, err := splitShares(c)
+	if err != nil {
+		return err
+	}
 	var ids []int32
 	for _, f := range splitList(c.String("prompt-ids")) {
 		id, err := strconv.ParseInt(f, 10, 32)
@@ -245,7 +254,7 @@ func benchLoadOnceCmd(c *cli.Context) error {
 	r := loadbench.RunOnce(ctx, loadbench.OnceConfig{
 		Model: c.String("model"), Strategy: c.String("strategy"), Device: c.String("device"),
 		Threads: c.Int("threads"), PromptTokens: c.Int("prompt-tokens"), PromptIDs: ids, Fork: fork, Trace: c.Bool("trace"),
-		GPUUpload: c.String("gpu-upload"),
+		GPUUpload: c.String("gpu-upload"), Split: split,
 	})
 	b, err := json.Marshal(r)
 	if err != nil {

@@ -181,7 +181,7 @@ func TestBenchLoadTable(t *testing.T) {
 	if len(lines) != 4 || !strings.HasPrefix(lines[0], model+" (min/median/max") {
 		t.Fatalf("table:\n%s", stdout.String())
 	}
-	for _, col := range []string{"strategy", "prompt", "bound ms", "open ms", "ready ms", "resident ms", "first token ms", "load GB/s", "peak RSS MiB", "RssAnon MiB", "device MiB"} {
+	for _, col := range []string{"strategy", "prompt", "bound ms", "open ms", "ready ms", "resident ms", "first token ms", "load GB/s", "link GB/s", "peak RSS MiB", "RssAnon MiB", "device MiB"} {
 		if !strings.Contains(lines[1], col) {
 			t.Errorf("header lacks %q: %s", col, lines[1])
 		}

@@ -21,6 +21,8 @@ func TestSplitFlags(t *testing.T) {
 		{[]string{"run", "-m", model, "--device", "cpu", "--split", "1,1"}, "needs --device gpu:N,M"},
 		{[]string{"run", "-m", model, "--device", "gpu:0,1", "--split", "1,1,1"}, "3 shares for 2 GPUs"},
 		{[]string{"run", "-m", model, "--device", "gpu:0,1", "--split", "1,-1"}, "--split"},
+		{[]string{"bench", "load", "-m", model, "--device", "cpu", "--split", "1,1"}, "needs --device gpu:N,M"},
+		{[]string{"bench", "load", "-m", model, "--device", "gpu:0,1", "--split", "2,1,1"}, "3 shares for 2 GPUs"},
 		{[]string{"serve", "--device", "gpu:0;1"}, "--device"},
 		{[]string{"serve", "--device", "gpu:0,1", "--batch-seqs", "4"}, "continuous batching runs on one device"},
 		{[]string{"serve", "--device", "gpu:all", "--split", "1,1", "--batch-seqs", "4"}, "continuous batching runs on one device"},
