@@ -169,6 +169,7 @@ say "70B Q4_K_M bench load (prefetch, warm, median of $runs): first token gpu:0 
 say "70B Q4_K_M load rate: gpu:0 ${lr1:-?} GB/s, gpu:0,1 ${lr2:-?} GB/s (× $(ratio "$lr2" "$lr1"), target ≥ 1.6)"
 tg() { awk -F'|' '{for (i = 1; i <= NF; i++) if ($i ~ /tg64/) {v = $(i + 1); gsub(/^ +| +$/, "", v); print v; exit}}' "$1"; }
 for n in 1 2; do
+  [ "${TG:-1}" = 0 ] && break # TG=0: no decode runs (a call without llama.cpp's)
   d=gpu:0
   [ $n = 2 ] && d=gpu:0,1
   $bin/forge bench gen -m $f70 --device $d -p 0 -n 64 -r 2 >"$logs/tg-$n.txt" 2>&1
