@@ -2,6 +2,7 @@ package rocm
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -274,6 +275,23 @@ func (c *Ctx) Unregister(r *Registered) error {
 // registered memory, which must stay valid until the copy completes) to dst.
 func (c *Ctx) CopyHtoDAsync(dst DevPtr, src uintptr, n int, s Stream) error {
 	r, _, _ := purego.SyscallN(c.copyHtoDAsync, uintptr(dst), src, uintptr(n), uintptr(s))
+	return c.check("cuMemcpyHtoDAsync_v2", "hipMemcpyHtoDAsync", r)
+}
+
+// CopyHtoDStream queues a copy of Go (pageable) memory to dst in stream s:
+// the copy lands after s's earlier work (which may still read dst) and
+// before its later work. The driver stages src before it returns, so src
+// may be reused at once.
+//
+// A synchronous CopyHtoD from pageable memory gives no such order with a
+// non-blocking stream: it may return before its transfer to the device
+// has ended, and a kernel queued next in such a stream can read dst first.
+func (c *Ctx) CopyHtoDStream(dst DevPtr, src []byte, s Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	r, _, _ := purego.SyscallN(c.copyHtoDAsync, uintptr(dst), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), uintptr(s))
+	runtime.KeepAlive(src)
 	return c.check("cuMemcpyHtoDAsync_v2", "hipMemcpyHtoDAsync", r)
 }
 

@@ -71,8 +71,9 @@ func f32bytes(v []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
-// Write copies src into dst[off:]. It waits for queued work first (the copy
-// is synchronous and must not overtake kernels still reading dst).
+// Write copies src into dst[off:] in the stream's order: after the queued
+// ops (which may still read dst), before the ops queued next; src may be
+// reused once it returns.
 func (b *Backend) Write(dst kernels.Tensor, off int, src []float32) error {
 	if off < 0 || off+len(src) > dst.Len {
 		return fmt.Errorf("gpu: write %d values at %d into a tensor of %d", len(src), off, dst.Len)
@@ -89,10 +90,12 @@ func (b *Backend) Write(dst kernels.Tensor, off int, src []float32) error {
 		return fmt.Errorf("gpu: write while capturing a decode step")
 	}
 	return b.do(func(c *rocm.Ctx) error {
-		if err := c.SyncStream(b.stream); err != nil {
+		// In the stream's order: after the ops queued before (which may
+		// read dst), before those queued after.
+		if err := c.CopyHtoDStream(rocm.DevPtr(dst.Dev+uintptr(off)*4), f32bytes(src), b.stream); err != nil {
 			return fmt.Errorf("gpu: write: %w", err)
 		}
-		return c.CopyHtoD(rocm.DevPtr(dst.Dev+uintptr(off)*4), f32bytes(src))
+		return nil
 	})
 }
 
@@ -241,7 +244,7 @@ func (b *Backend) loadLocked(w *kernels.Weight, n int64) error {
 		if p, err = c.Malloc(max(n, 256)); err != nil {
 			return err
 		}
-		if err := c.CopyHtoD(p, w.Host[:n]); err != nil {
+		if err := b.copyInWait(c, p, w.Host[:n]); err != nil {
 			c.Free(p, max(n, 256))
 			return err
 		}
@@ -288,4 +291,20 @@ func (b *Backend) weightPtr(w *kernels.Weight) (rocm.DevPtr, error) {
 		return 0, err
 	}
 	return rocm.DevPtr(w.Dev), nil
+}
+
+// copyInWait copies raw to newly allocated device memory p through the
+// backend's stream and waits for it, so that any stream may read p once
+// it returns (a synchronous pageable copy may return before its transfer
+// ends: rocm.Ctx.CopyHtoDStream says why). Call with b.mu held, on the
+// worker; never while capturing (the copy would become a node of the
+// step's graph).
+func (b *Backend) copyInWait(c *rocm.Ctx, p rocm.DevPtr, raw []byte) error {
+	if b.step.capturing {
+		return fmt.Errorf("gpu: copying %d bytes to the device while capturing a decode step", len(raw))
+	}
+	if err := c.CopyHtoDStream(p, raw, b.stream); err != nil {
+		return err
+	}
+	return c.SyncStream(b.stream)
 }

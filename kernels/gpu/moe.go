@@ -25,9 +25,9 @@ func planMoeRows(n, cols int) rocm.Dim3 {
 	return rocm.Dim3{X: uint32(min(ceilDiv(max(cols, 1), 256), 65535)), Y: uint32(min(max(n, 1), 65535)), Z: 1}
 }
 
-// upload copies raw to the scratch buffer key once the queued work is done
-// (an earlier op may still read the buffer). Call with b.mu held, on the
-// worker; never while capturing.
+// upload copies raw to the scratch buffer key in the stream's order (after
+// the queued ops, one of which may still read the buffer; before the ops
+// queued next). Call with b.mu held, on the worker; never while capturing.
 func (b *Backend) upload(c *rocm.Ctx, key string, raw []byte) (rocm.DevPtr, error) {
 	if b.step.capturing {
 		return 0, fmt.Errorf("gpu: uploading %s while capturing a decode step", key)
@@ -36,10 +36,7 @@ func (b *Backend) upload(c *rocm.Ctx, key string, raw []byte) (rocm.DevPtr, erro
 	if err != nil {
 		return 0, err
 	}
-	if err := c.SyncStream(b.stream); err != nil {
-		return 0, err
-	}
-	return p, c.CopyHtoD(p, raw)
+	return p, c.CopyHtoDStream(p, raw, b.stream)
 }
 
 // checkMoeRows checks row indices against a source of srcRows rows.
@@ -286,7 +283,7 @@ func (b *Backend) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, err
 		if err != nil {
 			return err
 		}
-		if err := c.CopyHtoD(p, raw); err != nil {
+		if err := b.copyInWait(c, p, raw); err != nil {
 			c.Free(p, int64(len(raw)))
 			return err
 		}

@@ -71,14 +71,13 @@ func (b *Backend) Embed(dst kernels.Tensor, table *kernels.Weight, ids []int32) 
 			if b.step.capturing {
 				return fmt.Errorf("gpu: embed of %d ids while capturing a decode step", len(ids))
 			}
-			if err := c.SyncStream(b.stream); err != nil { // the buffer may still be read
-				return err
-			}
 			raw := make([]byte, 4*len(ids))
 			for i, id := range ids {
 				raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(id), byte(id>>8), byte(id>>16), byte(id>>24)
 			}
-			if err := c.CopyHtoD(p, raw); err != nil {
+			// In the stream's order: after the queued ops (one may still
+			// read the buffer), before the embedding.
+			if err := c.CopyHtoDStream(p, raw, b.stream); err != nil {
 				return err
 			}
 			idp = p
