@@ -307,8 +307,9 @@ func (c *Ctx) CopyDtoDAsync(dst, src DevPtr, n int, s Stream) error {
 	return c.check("cuMemcpyDtoDAsync_v2", "hipMemcpyDtoDAsync", r)
 }
 
-// CopyHtoD copies Go memory to the device and waits (pageable: slow, for
-// small data and tests).
+// CopyHtoD copies Go memory to the device (pageable: slow, for tests and
+// benchmarks). It may return before the transfer ends, unordered with a
+// non-blocking stream: data a kernel reads goes in by CopyHtoDStream.
 func (c *Ctx) CopyHtoD(dst DevPtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
