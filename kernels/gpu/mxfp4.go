@@ -10,14 +10,24 @@ import "github.com/forge-llm/forge/gguf"
 // chunks that cover them, so they take any row of whole blocks at any
 // byte alignment (gpt-oss's rows of 90 blocks are 1530 bytes).
 
-// mxfp4Default is the one-row variant MatMul picks: R weight rows per warp
-// ("m{R}", R = 1, 2, 4); timings in bench/results/2026-11-26-mxfp4-h100.md.
-const mxfp4Default = "m2"
+// mxfp4Variants are mxfp4.cu's one-row kernels mv_mxfp4_m{R}{U}: R weight
+// rows per warp, rows staged U runs of warpSize blocks at a time. Neither
+// changes a row's arithmetic.
+var mxfp4Variants = map[string]bool{"m11": true, "m21": true, "m41": true, "m12": true, "m22": true,
+	"m13": true, "m23": true, "m43": true}
 
-// mxfp4MoeR is moe_mv_mxfp4's rows per warp (mxfp4.cu's MOE_MXFP4_R). The
-// rows per warp do not change a row's arithmetic, so the experts' rows
-// are MatMul's bit for bit whatever mxfp4Default is.
-const mxfp4MoeR = 2
+// mxfp4Default is the one-row variant MatMul picks; timings in
+// bench/results/2026-11-26-mxfp4-h100.md.
+const mxfp4Default = "m21"
+
+// mxfp4Moe is the experts' kernel, moe_mv_mxfp4_{R}{U} (mxfp4.cu builds
+// 11, 21, 13 and 23), and mxfp4MoeR its R. The rows per warp and runs per
+// stage do not change a row's arithmetic, so the experts' rows are
+// MatMul's bit for bit whatever mxfp4Default is.
+const (
+	mxfp4Moe  = "moe_mv_mxfp4_21"
+	mxfp4MoeR = 2
+)
 
 // mxfp4Q8 reports whether a weight of type t takes the MXFP4 kernels on
 // 8-bit x: every MXFP4 weight (its rows are whole blocks of 32), unless
@@ -26,13 +36,13 @@ func mxfp4Q8(t gguf.Type, variant string) bool {
 	return t == gguf.TypeMXFP4 && variant != "g"
 }
 
-// planMXFP4 is the one-row MXFP4 launch: mv_mxfp4_m{R} over groups of R
-// rows (variant "m1", "m2" or "m4" forces R; anything else takes
-// mxfp4Default), the grid capped at blocksPerSM blocks per multiprocessor
-// where set (the kernel grid-strides over row groups).
+// planMXFP4 is the one-row MXFP4 launch: mv_mxfp4_{v} over groups of R
+// rows, v the variant forced (mxfp4Variants) or else mxfp4Default, the
+// grid capped at blocksPerSM blocks per multiprocessor where set (the
+// kernel grid-strides over row groups).
 func planMXFP4(d LaunchDevice, rows int, o mvOverrides) mvPlan {
 	v := o.Variant
-	if v != "m1" && v != "m2" && v != "m4" {
+	if !mxfp4Variants[v] {
 		v = mxfp4Default
 	}
 	grid := ceilDiv(rows, mvBlock/d.Warp*int(v[1]-'0'))
