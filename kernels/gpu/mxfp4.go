@@ -12,18 +12,20 @@ import "github.com/forge-llm/forge/gguf"
 
 // mxfp4Variants are mxfp4.cu's one-row kernels mv_mxfp4_m{R}{U}: R weight
 // rows per warp, rows staged U runs of warpSize blocks at a time. Neither
-// changes a row's arithmetic.
-var mxfp4Variants = map[string]bool{"m11": true, "m21": true, "m41": true, "m12": true, "m22": true,
-	"m13": true, "m23": true, "m43": true}
+// changes a row's arithmetic. On the H100 at gpt-oss's shapes, staging
+// more than one run at a time (U = 2, 3) and four rows per warp were
+// slower, and one row per warp within a few percent of two; m13 stays for
+// comparison (bench/results/2026-11-26-mxfp4-h100.md).
+var mxfp4Variants = map[string]bool{"m11": true, "m21": true, "m41": true, "m13": true}
 
-// mxfp4Default is the one-row variant MatMul picks; timings in
-// bench/results/2026-11-26-mxfp4-h100.md.
+// mxfp4Default is the one-row variant MatMul picks.
 const mxfp4Default = "m21"
 
 // mxfp4Moe is the experts' kernel, moe_mv_mxfp4_{R}{U} (mxfp4.cu builds
-// 11, 21, 13 and 23), and mxfp4MoeR its R. The rows per warp and runs per
-// stage do not change a row's arithmetic, so the experts' rows are
-// MatMul's bit for bit whatever mxfp4Default is.
+// 21: of 11, 21, 13 and 23, the fastest on gpt-oss's experts), and
+// mxfp4MoeR its R. The rows per warp and runs per stage do not change a
+// row's arithmetic, so the experts' rows are MatMul's bit for bit
+// whatever mxfp4Default is.
 const (
 	mxfp4Moe  = "moe_mv_mxfp4_21"
 	mxfp4MoeR = 2

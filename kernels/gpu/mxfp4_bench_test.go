@@ -26,8 +26,8 @@ import (
 //     over tables of 32 experts of 2880×2880 (gate and up on one shared x
 //     in one launch, or down on one x row per slot), each launch's 4
 //     experts the next of 8 disjoint sets, so that a launch does not find
-//     the previous one's experts in the L2; each moe_mv_mxfp4_{R}{U} and
-//     the generic moe_mv_g_mxfp4.
+//     the previous one's experts in the L2; planMoe's moe_mv_mxfp4_21
+//     and the generic moe_mv_g_mxfp4.
 //
 //   - Other/{type}/{rows}x{cols}: gpt-oss-20b's output head (Q8_0) and
 //     query projection (Q5_0) through MatMul, for scale.
@@ -155,11 +155,7 @@ func BenchmarkMXFP4(b *testing.B) {
 		return &g
 	}
 	expertBytes := len(ws[0][0].Host)
-	kinds := []moePlan{{"moe_mv_g_mxfp4", 1, false}}
-	for _, m := range mxfp4MoeKernels {
-		kinds = append(kinds, moePlan{m.name, m.r, true})
-	}
-	for _, pl := range kinds {
+	for _, pl := range []moePlan{{"moe_mv_g_mxfp4", 1, false}, {mxfp4Moe, mxfp4MoeR, true}} {
 		gate, up, down := withPlan(tabs[0], pl), withPlan(tabs[1], pl), withPlan(tabs[2], pl)
 		kind := pl.Kernel
 		b.Run("Experts/gate+up/"+kind, func(b *testing.B) {

@@ -238,25 +238,21 @@ DEV void mxfp4_mv(const u8* __restrict__ w, const i8* __restrict__ xq, const flo
 MV_MXFP4(1, 1)
 MV_MXFP4(2, 1)
 MV_MXFP4(4, 1)
-MV_MXFP4(1, 2)
-MV_MXFP4(2, 2)
 MV_MXFP4(1, 3)
-MV_MXFP4(2, 3)
-MV_MXFP4(4, 3)
 
 // mv_mxfp4_x8: nx ≤ 8 rows of 8-bit x (row v's codes at xq + v·cols, its
-// scales at xd + v·cols/32), one weight row per warp staged two runs at a
+// scales at xd + v·cols/32), one weight row per warp staged a run at a
 // time, each staged block used for every row of x.
 KERNEL void __launch_bounds__(128)
     mv_mxfp4_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
-  mxfp4_mv<1, 2, 8>(w, xq, xd, y, rows, cols, nx);
+  mxfp4_mv<1, 1, 8>(w, xq, xd, y, rows, cols, nx);
 }
 
 // moe_mv_mxfp4_{R}{U}: for table i < 2 (t1 null: one table) and slot j <
 // k (blockIdx.y = i·k + j), y_i[j] [rows] = x_j · (expert ids[j]'s matrix
 // of table i)ᵀ, x_j at xq + j·xstride, its scales at xd + j·xstride/32
 // (xstride 0: one shared input), as moe.cu's moe_mv_* take them; R weight
-// rows per warp staged U runs at a time (moe.go's planMoe picks one).
+// rows per warp staged U runs at a time (moe.go's planMoe).
 // grid (row groups, k·tables), block 128.
 #define MOE_MXFP4(R, U)                                                                                      \
   KERNEL void __launch_bounds__(128)                                                                         \
@@ -267,7 +263,4 @@ KERNEL void __launch_bounds__(128)
     float* y = (tab ? y1 : y0) + (size_t)j * rows;                                                           \
     mxfp4_mv<R, U, 1>(w, xq + (size_t)j * xstride, xd + (size_t)j * (xstride / 32), y, rows, cols, 1);       \
   }
-MOE_MXFP4(1, 1)
 MOE_MXFP4(2, 1)
-MOE_MXFP4(1, 3)
-MOE_MXFP4(2, 3)
