@@ -16,8 +16,8 @@ import (
 // TestMatMulBlocks32Q8), every one-row variant (m{R}{U}, and m21
 // grid-strided over one block per multiprocessor) bit for bit the
 // automatic one, the generic float kernel ("g") within 1e-5; and 5 and 12
-// rows of x at once
-// (mv_mxfp4_x8), each row bit for bit what MatMul gives it alone. Shapes:
+// rows of x at once (mv_mxfp4_x8), each row bit for bit what MatMul gives
+// it alone. Shapes:
 // gpt-oss's experts (2880 columns: 90 blocks), 2880×5760, 65-block rows
 // (odd byte lengths) and 4096 columns.
 func TestMatMulMXFP4(t *testing.T) {
