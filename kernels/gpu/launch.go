@@ -86,6 +86,9 @@ func planMatvec(d LaunchDevice, t gguf.Type, rows, cols, nx int, wAligned, xAlig
 			return mvPlan{Kernel: "mv_" + kt + "_" + v, Grid: ceilDiv(rows, wpb*r), Args: mvArgsFloat}, nil
 		}
 	}
+	if nx == 1 && mxfp4Q8(t, o.Variant) { // any alignment (mxfp4.go)
+		return planMXFP4(d, rows, o), nil
+	}
 	if nx == 1 && o.Variant != "g" && b32Fits(d.Warp, t, cols, wAligned) {
 		v := o.Variant
 		if len(v) != 2 || v[0] != 'b' {
@@ -164,8 +167,9 @@ func autoVariant(t gguf.Type, rows int) string {
 // more rows can take the family that computes each row the same way: "x8"
 // where the one-row product is an 8-bit-activation kernel (Q4_K and Q6_K
 // on 16-byte aligned weights of whole super-blocks, the default kernel
-// choice; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits), whose multi-row
-// kernels (planRows) add the same terms in the same order; "" for the
+// choice; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits; MXFP4 unless the
+// variant is "g"), whose multi-row kernels (planRows) add the same terms
+// in the same order; "" for the
 // generic float kernel mv_{type}, which computes each of its activation
 // rows independently whatever their number. Forcing a float-activation
 // Q4_K/Q6_K kernel through mvVariant (tests, benchmarks) breaks the
@@ -177,6 +181,9 @@ func rowFamily(warp int, t gguf.Type, cols int, wAligned bool, variant string) s
 			return "x8"
 		}
 		return ""
+	}
+	if mxfp4Q8(t, variant) { // mv_mxfp4_x8
+		return "x8"
 	}
 	if variant != "g" && b32Fits(warp, t, cols, wAligned) {
 		return "x8"

@@ -236,6 +236,8 @@ func planMoe(warp int, t gguf.Type, cols int, aligned bool) (moePlan, error) {
 			r = 2
 		}
 		return moePlan{"moe_mv_" + kt, r, true}, nil
+	case mxfp4Q8(t, ""):
+		return moePlan{mxfp4Moe, mxfp4MoeR, true}, nil
 	case b32Fits(warp, t, cols, aligned):
 		return moePlan{"moe_mv_" + kt + "_b", 2, true}, nil
 	}
