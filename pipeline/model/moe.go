@@ -228,6 +228,12 @@ type moeState struct {
 	noMixer bool
 	// dev is the device routing of a decode step (moe_gpu.go).
 	dev devRouting
+	// grouped runs a prompt's expert products grouped where the backend
+	// can (mixtureGrouped); noGrouped turns it off (tests), groupedRuns
+	// counts the layers it ran (tests).
+	grouped     groupedState
+	noGrouped   bool
+	groupedRuns int
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -363,6 +369,10 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8,
 	}
 	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
 		m.mixtureDecode(lw, dst, xb, xq)
+		return
+	}
+	if t := m.groupedTables(lw, n); t != nil {
+		m.mixtureGrouped(lw, t, dst, xb, n)
 		return
 	}
 	F := m.Cfg.ExpertFF
@@ -569,6 +579,7 @@ func (m *Model) moeState() *moeState {
 		m.moe = newMoeState(m.Cfg, m.batch)
 		m.moe.mixer, _ = kernels.As[kernels.RowMixer](m.be)
 		m.moe.dev.router, _ = kernels.As[kernels.ExpertRouter](m.be)
+		m.moe.grouped.grouper, _ = kernels.As[kernels.ExpertGrouper](m.be)
 	}
 	return m.moe
 }
