@@ -361,18 +361,21 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8,
 			return
 		}
 	}
+	decode := n == 1 && m.multi != nil && !m.inPrompt && !m.moeState().perExpert
+	if !decode {
+		if t := m.groupedTables(lw, n); t != nil {
+			m.mixtureGrouped(lw, t, dst, xb, xq, n)
+			return
+		}
+	}
 	st := m.routeTokens(lw, nil, xb, xq, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
 		route(logits, n, E, K, sel, w, m.moe.probs)
 	})
 	if st == nil {
 		return
 	}
-	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
+	if decode {
 		m.mixtureDecode(lw, dst, xb, xq)
-		return
-	}
-	if t := m.groupedTables(lw, n); t != nil {
-		m.mixtureGrouped(lw, t, dst, xb, n)
 		return
 	}
 	F := m.Cfg.ExpertFF

@@ -12,13 +12,18 @@ import (
 // expert's rows (hundreds of small products per layer of a long prompt),
 // the grouped path queues per layer
 //
-//	GatherRows (every (token, expert) pair's row, in expert order)
+//	router MatMul → RouteTopK (every token's experts and weights, on the
+//	device, read back together: the host only groups the pairs)
+//	→ GatherRows (every (token, expert) pair's row, in expert order)
 //	→ GroupedMatMuls (gate and up of every expert, one launch)
 //	→ SiLUMul (every row) → GroupedMatMuls (down, one launch)
 //	→ MixRows (the weighted sum, as today)
 //
 // with each expert's matrices taken from the decode path's tables
-// (moe_gpu.go). Every row is what the expert's own MatMul gives it over
+// (moe_gpu.go). The router is the decode path's kernel (its ids and
+// weights are the host router's, bit for bit), which spares the host the
+// softmax and top-k of every token (about 1.7 ms a layer for 512 tokens
+// of 128 experts) and the read-back of every logit. Every row is what the expert's own MatMul gives it over
 // that expert's rows wherever that MatMul is row-invariant (an expert
 // chosen by at most kernels.MaxBatchRows tokens of the step); beyond, the
 // per-expert path's long products go through a GEMM on f16 x and differ
@@ -33,14 +38,15 @@ import (
 // grouped kernels never pays for it).
 type groupedState struct {
 	grouper kernels.ExpertGrouper
-	buf     kernels.Tensor // [2][B·ExpertsUsed][ExpertFF]
+	buf     kernels.Tensor // [2][B·ExpertsUsed][ExpertFF]; first the routing's ids and weights [2][B·ExpertsUsed]
+	routed  []float32      // [2][B·ExpertsUsed] the ids and weights, read back
 	failed  bool           // the buffer could not be allocated: eachExpert always
 }
 
 // groupedTables reports whether the n-token mixture of lw may run grouped,
 // returning the layer's tables (made if needed) and making the buffer.
 func (m *Model) groupedTables(lw *LayerWeights, n int) *expertTables {
-	st := m.moe
+	st := m.moeState()
 	g := &st.grouped
 	if g.grouper == nil || g.failed || st.noGrouped || st.rowMixer() == nil || m.err != nil || n <= 0 {
 		return nil
@@ -57,6 +63,7 @@ func (m *Model) groupedTables(lw *LayerWeights, n int) *expertTables {
 			return nil
 		}
 		g.buf = buf
+		g.routed = make([]float32, 2*m.batch*c.ExpertsUsed)
 	}
 	return t
 }
@@ -69,12 +76,32 @@ func (m *Model) freeGrouped() {
 	}
 }
 
-// mixtureGrouped is the mixture of n tokens xb [n][Embd] into dst, once
-// the router chose (routeTokens), with lw's tables t (see above).
-func (m *Model) mixtureGrouped(lw *LayerWeights, t *expertTables, dst, xb kernels.Tensor, n int) {
+// mixtureGrouped is the mixture of n tokens xb [n][Embd] (xq: its 8-bit
+// copy, or the zero Q8, for the router's product) into dst, with lw's
+// tables t (see above).
+func (m *Model) mixtureGrouped(lw *LayerWeights, t *expertTables, dst, xb kernels.Tensor, xq kernels.Q8, n int) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
 	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
 	g := &st.grouped
+	router := s.router.View(0, n*E)
+	m.matmul(router, lw.GateInp, xb, xq, n)
+	if m.err != nil {
+		return
+	}
+	ids, wts := g.buf.View(0, n*K), g.buf.View(n*K, n*K)
+	if err := st.dev.router.RouteTopK(ids, wts, router, n, E, K, kernels.RouteSoftmax); err != nil {
+		m.err = fmt.Errorf("mixture of experts (grouped): routing %d tokens: %w", n, err)
+		return
+	}
+	routed := g.routed[:2*n*K]
+	if err := m.be.Read(routed, g.buf.View(0, 2*n*K), 0); err != nil {
+		m.err = fmt.Errorf("mixture of experts (grouped): reading %d tokens' experts: %w", n, err)
+		return
+	}
+	for i, v := range routed[:n*K] {
+		st.sel[i] = kernels.IDOf(v)
+	}
+	copy(st.wts[:n*K], routed[n*K:])
 	st.group(n, E, K)
 	for p, pair := range st.order[:n*K] {
 		st.src[p] = pair / int32(K)
