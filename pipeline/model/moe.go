@@ -39,7 +39,9 @@ import (
 // for all of them). The read-back costs one wait per layer on a GPU and
 // rules out a recorded decode step (model.go): a backend with
 // kernels.ExpertRouter routes a decode step on the device instead, where
-// nothing needs the host (moe_gpu.go).
+// nothing needs the host (moe_gpu.go), and one with kernels.ExpertGrouper
+// runs a prompt's expert products grouped, every expert's rows of a
+// matrix in one op, routed on the device too (moe_grouped.go).
 //
 // Experts are asked for one at a time (Model.expert), after the router has
 // chosen them, so that a loader with per-(layer, expert) readiness has a
