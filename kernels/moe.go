@@ -85,3 +85,25 @@ func IDBits(id int32) float32 { return math.Float32frombits(uint32(id)) }
 
 // IDOf is the id an ids tensor's slot v holds.
 func IDOf(v float32) int32 { return int32(math.Float32bits(v)) }
+
+// ExpertGrouper is an ExpertRouter that runs a prompt's expert products
+// grouped: every expert's rows of one kind of matrix in one op, where the
+// composition runs one MatMul per expert some token chose (hundreds per
+// layer of a long prompt). The rows are the (token, expert) pairs'
+// inputs gathered in expert order (RowMixer.GatherRows): expert e's rows
+// are [start[e], start[e+1]).
+type ExpertGrouper interface {
+	// GroupsFit reports whether GroupedMatMuls can multiply by the
+	// matrices of table t (their type and placement, the device); where
+	// not, the model keeps one MatMul per expert.
+	GroupsFit(t ExpertTable) bool
+	// GroupedMatMuls computes, for every table i, expert e < len(start)-1
+	// and row r in [start[e], start[e+1]):
+	//   dsts[i][r] [T_i's rows] = x[r] · T_i[e]ᵀ      x [start[E]][cols]
+	// (at most two tables, of one type and shape, sharing x). Each row is
+	// bit for bit what MatMul of that expert gives it over at most
+	// MaxBatchRows rows (the row-invariant kernels). A backend may keep
+	// the last start it was given on the device, so that a layer's
+	// products after the first with the same groups upload nothing.
+	GroupedMatMuls(dsts []Tensor, tables []ExpertTable, x Tensor, start []int32) error
+}

@@ -124,6 +124,7 @@ type Backend struct {
 	graphs map[*stepGraph]bool // live recorded steps, destroyed by Close
 	prof   *profiler           // per-kernel timing, when on (step.go)
 	peer   peerState           // copies from other devices (peer.go)
+	groups moeGroups           // the last expert groups GroupedMatMuls uploaded (moemmq.go)
 }
 
 type devBuf struct {

@@ -39,7 +39,9 @@ import (
 // for all of them). The read-back costs one wait per layer on a GPU and
 // rules out a recorded decode step (model.go): a backend with
 // kernels.ExpertRouter routes a decode step on the device instead, where
-// nothing needs the host (moe_gpu.go).
+// nothing needs the host (moe_gpu.go), and one with kernels.ExpertGrouper
+// runs a prompt's expert products grouped, every expert's rows of a
+// matrix in one op, routed on the device too (moe_grouped.go).
 //
 // Experts are asked for one at a time (Model.expert), after the router has
 // chosen them, so that a loader with per-(layer, expert) readiness has a
@@ -228,6 +230,12 @@ type moeState struct {
 	noMixer bool
 	// dev is the device routing of a decode step (moe_gpu.go).
 	dev devRouting
+	// grouped runs a prompt's expert products grouped where the backend
+	// can (mixtureGrouped); noGrouped turns it off (tests), groupedRuns
+	// counts the layers it ran (tests).
+	grouped     groupedState
+	noGrouped   bool
+	groupedRuns int
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -355,13 +363,20 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8,
 			return
 		}
 	}
+	decode := n == 1 && m.multi != nil && !m.inPrompt && !m.moeState().perExpert
+	if !decode {
+		if t := m.groupedTables(lw, n); t != nil {
+			m.mixtureGrouped(lw, t, dst, xb, xq, n)
+			return
+		}
+	}
 	st := m.routeTokens(lw, nil, xb, xq, n, func(logits []float32, n, E, K int, sel []int32, w []float32) {
 		route(logits, n, E, K, sel, w, m.moe.probs)
 	})
 	if st == nil {
 		return
 	}
-	if n == 1 && m.multi != nil && !m.inPrompt && !st.perExpert {
+	if decode {
 		m.mixtureDecode(lw, dst, xb, xq)
 		return
 	}
@@ -569,6 +584,7 @@ func (m *Model) moeState() *moeState {
 		m.moe = newMoeState(m.Cfg, m.batch)
 		m.moe.mixer, _ = kernels.As[kernels.RowMixer](m.be)
 		m.moe.dev.router, _ = kernels.As[kernels.ExpertRouter](m.be)
+		m.moe.grouped.grouper, _ = kernels.As[kernels.ExpertGrouper](m.be)
 	}
 	return m.moe
 }

@@ -58,8 +58,18 @@ func expertsResident(lw *LayerWeights) bool {
 func (m *Model) deviceRoutable(lw *LayerWeights) *expertTables {
 	st := m.moeState()
 	d := &st.dev
-	if d.router == nil || d.off || st.perExpert || lw.ExpertUsed != nil || m.inPrompt || m.err != nil ||
-		lw.GateInp == nil || len(lw.Experts) != m.Cfg.Experts || !expertsResident(lw) {
+	if d.off || st.perExpert || lw.ExpertUsed != nil || m.inPrompt {
+		return nil
+	}
+	return m.layerTables(lw)
+}
+
+// layerTables are lw's expert tables where the backend has an
+// ExpertRouter and every expert of lw is resident, made if needed; nil
+// where not, or where the backend refused them.
+func (m *Model) layerTables(lw *LayerWeights) *expertTables {
+	d := &m.moeState().dev
+	if d.router == nil || m.err != nil || lw.GateInp == nil || len(lw.Experts) != m.Cfg.Experts || !expertsResident(lw) {
 		return nil
 	}
 	t := d.tables[lw]
@@ -154,6 +164,7 @@ func (m *Model) freeTables() {
 	if m.moe == nil {
 		return
 	}
+	m.freeGrouped()
 	d := &m.moe.dev
 	for lw, t := range d.tables {
 		d.free(t)
