@@ -496,16 +496,8 @@ func (b *Backend) matvecRows(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.
 	if err != nil {
 		return err
 	}
-	if p.Args == mvArgsGeneric {
-		for i0 := 0; i0 < n; i0 += p.Group {
-			nx := min(p.Group, n-i0)
-			var a rocm.Args
-			a.Ptr(wp).Ptr(off(x, i0*w.Cols)).Ptr(off(dst, i0*w.Rows)).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(nx))
-			if err := b.launch(c, p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), &a); err != nil {
-				return err
-			}
-		}
-		return nil
+	if p.Args == mvArgsGeneric { // every group of rows in one launch
+		return b.mvGeneric(c, p.Kernel, w, wp, dptr(dst), dptr(x), n)
 	}
 	x8, err := b.q8For(c, dptr(x), n*w.Cols, q) // row by row as for one row: groups of 32 within a row
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -171,15 +172,15 @@ func addMatvec(job *emuJob, d LaunchDevice, w *kernels.Weight, wb, xb, xq, xd, n
 	if err != nil {
 		return 0, "", err
 	}
+	if p.Args == mvArgsGeneric { // one launch, grid.y over the chunks (mvGeneric)
+		grid := rocm.Dim3{X: uint32(p.Grid), Y: uint32(ceilDiv(n, mvMaxN)), Z: 1}
+		job.launch(p.Kernel, grid, rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y, 0), eI(w.Rows), eI(w.Cols), eI(n))
+		return y, fmt.Sprintf("%s grid %d×%d", p.Kernel, grid.X, grid.Y), nil
+	}
 	for i0 := 0; i0 < n; i0 += p.Group {
 		nx := min(p.Group, n-i0)
-		if p.Args == mvArgsGeneric {
-			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 4*i0*w.Cols), eP(y, 4*i0*w.Rows),
-				eI(w.Rows), eI(w.Cols), eI(nx))
-		} else {
-			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xq, i0*w.Cols), eP(xd, 4*i0*(w.Cols/32)),
-				eP(y, 4*i0*w.Rows), eI(w.Rows), eI(w.Cols), eI(nx))
-		}
+		job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, 0), eP(xq, i0*w.Cols), eP(xd, 4*i0*(w.Cols/32)),
+			eP(y, 4*i0*w.Rows), eI(w.Rows), eI(w.Cols), eI(nx))
 	}
 	return y, fmt.Sprintf("%s ×%d grid %d", p.Kernel, ceilDiv(n, p.Group), p.Grid), nil
 }
@@ -248,9 +249,19 @@ func emuMatvecCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Type, 
 	kt, _ := kernelType(typ)
 	job.launch("mv_"+kt, rocm.D1(ceilDiv(rows, mvBlock/d.Warp)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y3, 0), eI(rows), eI(cols), eI(3))
 	outs = append(outs, out{fmt.Sprintf("%s %d×%d n=3 mv_%s", typ, rows, cols, kt), y3, 3})
+	// the generic kernel on 12 rows in one launch (grid.y: chunks of 8 and
+	// 4) against a launch per chunk: the same bits
+	y12, ySep := job.zeros(4*maxN*rows, true), job.zeros(4*maxN*rows, true)
+	gx := uint32(ceilDiv(rows, mvBlock/d.Warp))
+	job.launch("mv_"+kt, rocm.Dim3{X: gx, Y: 2, Z: 1}, rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y12, 0), eI(rows), eI(cols), eI(maxN))
+	job.launch("mv_"+kt, rocm.D1(int(gx)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(ySep, 0), eI(rows), eI(cols), eI(mvMaxN))
+	job.launch("mv_"+kt, rocm.D1(int(gx)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 4*mvMaxN*cols), eP(ySep, 4*mvMaxN*rows), eI(rows), eI(cols), eI(maxN-mvMaxN))
 	add(5, mvOverrides{}, d, "")
 	add(12, mvOverrides{}, d, "")
 	res := runEmu(t, d.Warp, &job)
+	if a, b := res.f32(y12), res.f32(ySep); !slices.Equal(a, b) {
+		t.Errorf("warp %d: %s %d×%d: mv_%s on 12 rows in one launch differs from a launch per chunk", d.Warp, typ, rows, cols, kt)
+	}
 	bound := conformance.MatMulBound(typ)
 	for _, o := range outs {
 		want := cpuMatMul(t, w, x, o.n)

@@ -194,13 +194,24 @@ func (b *Backend) product(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.Dev
 	if n == 1 {
 		return b.matvec(c, kt, w, wp, dptr(dst), dptr(x), 1, q)
 	}
-	for i0 := 0; i0 < n; i0 += mvMaxN { // F32 weights: float x
-		nx := min(mvMaxN, n-i0)
-		if err := b.matvec(c, kt, w, wp, off(dst, i0*w.Rows), off(x, i0*w.Cols), nx, nil); err != nil {
-			return err
-		}
+	// F32 weights, more rows than a batch: the generic float kernel, every
+	// chunk of mvMaxN rows in one launch.
+	return b.mvGeneric(c, "mv_"+kt, w, wp, dptr(dst), dptr(x), n)
+}
+
+// mvGeneric queues y [n][rows] = x [n][cols] · wᵀ with the generic float
+// kernel (mvArgsGeneric) in one launch: grid.y takes the chunks of mvMaxN
+// rows of x (matvec.cu, MV_CHUNK), each row's sum the same as in a launch
+// of its own.
+func (b *Backend) mvGeneric(c *rocm.Ctx, kernel string, w *kernels.Weight, wp, y, x rocm.DevPtr, n int) error {
+	chunks := ceilDiv(n, mvMaxN)
+	if chunks > 65535 {
+		return fmt.Errorf("gpu: matvec %q: %d rows of x are more than one launch takes", w.Name, n)
 	}
-	return nil
+	var a rocm.Args
+	a.Ptr(wp).Ptr(x).Ptr(y).I32(int32(w.Rows)).I32(int32(w.Cols)).I32(int32(n))
+	grid := rocm.Dim3{X: uint32(ceilDiv(w.Rows, mvBlock/b.warp)), Y: uint32(chunks), Z: 1}
+	return b.launch(c, kernel, grid, rocm.D1(mvBlock), &a)
 }
 
 // launchDevice is what launch choice (launch.go) knows of this device.

@@ -23,12 +23,22 @@
 
 
 
+// The generic kernels take nx rows of x in chunks of MV_MAXNX, one chunk
+// per blockIdx.y (grid.y = ceil(nx / MV_MAXNX)): a row's sum is the same
+// whatever chunk it is in and however many rows share the launch, and a
+// prompt's rows need one launch instead of one per chunk.
+#define MV_CHUNK()                                                                                      \
+  x += (size_t)blockIdx.y * MV_MAXNX * cols;                                                            \
+  y += (size_t)blockIdx.y * MV_MAXNX * rows;                                                            \
+  nx = min(nx - (int)blockIdx.y * MV_MAXNX, MV_MAXNX);
 #define MV_BLOCK(name, T)                                                                               \
   KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+    MV_CHUNK()                                                                                          \
     mv_block<T>(w, x, y, rows, cols, nx);                                                               \
   }
 #define MV_PLAIN(name, T)                                                                               \
   KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+    MV_CHUNK()                                                                                          \
     mv_plain<T>(w, x, y, rows, cols, nx);                                                               \
   }
 FOR_BLOCK_TYPES(MV_BLOCK)
