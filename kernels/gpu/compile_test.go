@@ -35,6 +35,11 @@ func kernelNames(t *testing.T, module, src string) []string {
 		for _, r := range []string{"11", "21", "12", "22", "14"} {
 			names = append(names, "mv_q4_k_q"+r, "mv_q6_k_q"+r, "mv_q4_k_n"+r)
 		}
+	case "mxfp4.cu":
+		names = append(names, "mv_mxfp4_m11", "mv_mxfp4_m21", "mv_mxfp4_m41", "mv_mxfp4_m13", "mv_mxfp4_x8", "moe_mv_mxfp4_21")
+		for _, ty := range []string{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"} {
+			names = append(names, "mv_"+ty+"_m11", "mv_"+ty+"_m21", "mv_"+ty+"_mx8", "moe_mv_"+ty+"_m21")
+		}
 	case "dequant.cu":
 		for _, ty := range types {
 			names = append(names, "deq16_"+ty, "deq32_"+ty, "embed_"+ty)

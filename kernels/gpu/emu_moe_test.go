@@ -211,7 +211,8 @@ func TestEmuMoeRoute(t *testing.T) {
 }
 
 // TestEmuMoeMatvec: the experts' products (moe_mv_*: Q4_K, Q6_K, the
-// 32-element block types on 8-bit x, the generic float kernels for the
+// 32-element block types on 8-bit x (mv_b32_q8's family where b32Fits,
+// mxfp4.cu's staged one elsewhere), the generic float kernels for the
 // rest) over a table of E experts (up to 128, built by moe_table over one
 // stack) and k = 1…8 chosen ids (repeats included), gate and up as two
 // tables on one shared input and down on one input row per slot, each
@@ -232,8 +233,8 @@ func TestEmuMoeMatvec(t *testing.T) {
 			{gguf.TypeQ6_K, 4, 24, 1, 768},
 			{gguf.TypeQ6_K, 6, 20, 7, 256},
 			{gguf.TypeQ8_0, 12, 24, 4, 2048}, // 8-bit blocks at both widths
-			{gguf.TypeQ4_0, 10, 16, 6, 1024}, // 8-bit blocks at warp 32, float at 64
-			{gguf.TypeQ8_0, 8, 24, 2, 768},   // the generic float kernel
+			{gguf.TypeQ4_0, 10, 16, 6, 1024}, // 8-bit blocks at warp 32, staged (mxfp4.cu) at 64
+			{gguf.TypeQ8_0, 8, 24, 2, 768},   // staged: 24 blocks are no whole run
 			{gguf.TypeQ5_K, 5, 16, 2, 512},
 			{gguf.TypeF32, 6, 16, 3, 96},
 		} {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/forge-llm/forge/dequant"
@@ -93,9 +94,26 @@ func TestEmuMXFP4Matvec(t *testing.T) {
 }
 
 func emuMXFP4Case(t *testing.T, rng *rand.Rand, d LaunchDevice, rows, cols, off int) {
+	vars := append(mxfp4VariantList(), mvOverrides{Variant: "m41", BlocksPerSM: 1})
+	emuStagedCase(t, rng, d, gguf.TypeMXFP4, rows, cols, off, vars, mxfp4Q8Ref)
+}
+
+// emuStagedCase is one case of mxfp4.cu's staged dense kernels for weight
+// type typ (see TestEmuMXFP4Matvec, TestEmuB32StagedMatvec): a random
+// rows×cols weight placed off bytes past a 16-byte boundary, 12 rows of x;
+// each row within 1e-5 of ref (the exact sum of the kernels' own integer
+// terms), the forced one-row variants vars, the automatic one on one
+// multiprocessor with one block and planRows' kernels for 5 and 12 rows
+// bit for bit the automatic one-row kernel, the whole against the CPU
+// backend's MatMul and the exact product within the conformance bound, and
+// the generic float kernel too. planMatvec must choose a kernel of
+// mxfp4.cu (mv_{type}_m…).
+func emuStagedCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Type, rows, cols, off int, vars []mvOverrides,
+	ref func(w *kernels.Weight, q []byte, d []float32) []float32) {
 	const maxN = 12
-	what := fmt.Sprintf("warp %d MXFP4 %d×%d at +%d", d.Warp, rows, cols, off)
-	w := conformance.RandomWeight(rng, "w", gguf.TypeMXFP4, rows, cols)
+	kt, _ := kernelType(typ)
+	what := fmt.Sprintf("warp %d %s %d×%d at +%d", d.Warp, typ, rows, cols, off)
+	w := conformance.RandomWeight(rng, "w", typ, rows, cols)
 	x := conformance.RandomVector(rng, maxN*cols, 1)
 	var job emuJob
 	wb := job.bytes(append(make([]byte, off), w.Host...))
@@ -104,12 +122,12 @@ func emuMXFP4Case(t *testing.T, rng *rand.Rand, d LaunchDevice, rows, cols, off 
 	job.launch("quantize_q8", rocm.D1(ceilDiv(maxN*cols, 256)), rocm.D1(256), eP(xb, 0), eP(xq, 0), eP(xd, 0), eI(maxN*cols))
 	aligned := off%16 == 0
 	one := func(dev LaunchDevice, o mvOverrides, v int) (int, string) {
-		p, err := planMatvec(dev, gguf.TypeMXFP4, rows, cols, 1, aligned, true, o)
+		p, err := planMatvec(dev, typ, rows, cols, 1, aligned, true, o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Args != mvArgsQ8 {
-			t.Fatalf("%s: %+v takes float x", what, p)
+		if p.Args != mvArgsQ8 || !strings.HasPrefix(p.Kernel, "mv_"+kt+"_m") {
+			t.Fatalf("%s: %+v is not a staged kernel on 8-bit x", what, p)
 		}
 		y := job.zeros(4*rows, true)
 		job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, off), eP(xq, v*cols), eP(xd, 4*v*(cols/32)), eP(y, 0),
@@ -125,18 +143,21 @@ func emuMXFP4Case(t *testing.T, rng *rand.Rand, d LaunchDevice, rows, cols, off 
 		y    int
 		what string
 	}
-	var vars []variant
-	for _, o := range append(mxfp4VariantList(), mvOverrides{Variant: "m41", BlocksPerSM: 1}) {
+	var outs []variant
+	for _, o := range vars {
 		y, k := one(d, o, 0)
-		vars = append(vars, variant{y, k})
+		outs = append(outs, variant{y, k})
 	}
 	y, k := one(LaunchDevice{Warp: d.Warp, SMs: 1}, mvOverrides{BlocksPerSM: 1}, 0)
-	vars = append(vars, variant{y, k + " (1 CU, 1 block)"})
+	outs = append(outs, variant{y, k + " (1 CU, 1 block)"})
 	// several rows of x
-	type rowsOut struct{ y, n int }
+	type rowsOut struct {
+		y, n   int
+		kernel string
+	}
 	var multi []rowsOut
 	for _, n := range []int{5, maxN} {
-		p, err := planRows(d, gguf.TypeMXFP4, rows, cols, n, aligned, "", "")
+		p, err := planRows(d, typ, rows, cols, n, aligned, "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,11 +167,11 @@ func emuMXFP4Case(t *testing.T, rng *rand.Rand, d LaunchDevice, rows, cols, off 
 			job.launch(p.Kernel, rocm.D1(p.Grid), rocm.D1(mvBlock), eP(wb, off), eP(xq, i0*cols), eP(xd, 4*i0*(cols/32)),
 				eP(y, 4*i0*rows), eI(rows), eI(cols), eI(nx))
 		}
-		multi = append(multi, rowsOut{y, n})
+		multi = append(multi, rowsOut{y, n, p.Kernel})
 	}
 	// the generic float kernel, row 0 of x
 	yg := job.zeros(4*rows, true)
-	job.launch("mv_mxfp4", rocm.D1(ceilDiv(rows, mvBlock/d.Warp)), rocm.D1(mvBlock), eP(wb, off), eP(xb, 0), eP(yg, 0),
+	job.launch("mv_"+kt, rocm.D1(ceilDiv(rows, mvBlock/d.Warp)), rocm.D1(mvBlock), eP(wb, off), eP(xb, 0), eP(yg, 0),
 		eI(rows), eI(cols), eI(1))
 	res := runEmu(t, d.Warp, &job)
 
@@ -159,18 +180,18 @@ func emuMXFP4Case(t *testing.T, rng *rand.Rand, d LaunchDevice, rows, cols, off 
 	for v := range maxN {
 		g := res.f32(auto[v])[:rows]
 		copy(got[v*rows:], g)
-		ref := mxfp4Q8Ref(w, codes[v*cols:(v+1)*cols], scales[v*cols/32:(v+1)*cols/32])
-		emuCheck(t, fmt.Sprintf("%s: x row %d vs the exact sum of its 8-bit terms", what, v), g, ref, 1e-5)
+		want := ref(w, codes[v*cols:(v+1)*cols], scales[v*cols/32:(v+1)*cols/32])
+		emuCheck(t, fmt.Sprintf("%s: x row %d vs the exact sum of its 8-bit terms", what, v), g, want, 1e-5)
 	}
-	for _, vr := range vars {
+	for _, vr := range outs {
 		emuSame(t, fmt.Sprintf("%s: %s", what, vr.what), res.f32(vr.y)[:rows], got[:rows])
 	}
 	for _, m := range multi {
-		emuSame(t, fmt.Sprintf("%s: mv_mxfp4_x8, %d rows of x", what, m.n), res.f32(m.y)[:m.n*rows], got[:m.n*rows])
+		emuSame(t, fmt.Sprintf("%s: %s, %d rows of x", what, m.kernel, m.n), res.f32(m.y)[:m.n*rows], got[:m.n*rows])
 	}
-	bound := conformance.MatMulBound(gguf.TypeMXFP4)
+	bound := conformance.MatMulBound(typ)
 	emuCheck(t, what+": vs the exact product", got, cpuMatMul(t, w, x, maxN), bound)
-	emuCheck(t, what+": mv_mxfp4 (generic) vs the exact product", res.f32(yg), cpuMatMul(t, w, x[:cols], 1), bound)
+	emuCheck(t, what+": mv_"+kt+" (generic) vs the exact product", res.f32(yg), cpuMatMul(t, w, x[:cols], 1), bound)
 	cpuRef(t, func(b *cpu.Backend) {
 		xt := cpuTensor(t, b, x)
 		yt, err := b.Alloc(maxN * rows)

@@ -100,6 +100,9 @@ func planMatvec(d LaunchDevice, t gguf.Type, rows, cols, nx int, wAligned, xAlig
 		}
 		return mvPlan{Kernel: "mv_" + kt + "_" + v, Grid: grid, Args: mvArgsQ8}, nil
 	}
+	if nx == 1 && b32Staged(t, o.Variant) { // any alignment, any block count (b32any.go)
+		return planStaged(d, kt, b32Variants, b32Default, rows, o), nil
+	}
 	return mvPlan{Kernel: "mv_" + kt, Grid: ceilDiv(rows, wpb), Args: mvArgsGeneric}, nil
 }
 
@@ -167,7 +170,8 @@ func autoVariant(t gguf.Type, rows int) string {
 // more rows can take the family that computes each row the same way: "x8"
 // where the one-row product is an 8-bit-activation kernel (Q4_K and Q6_K
 // on 16-byte aligned weights of whole super-blocks, the default kernel
-// choice; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 where b32Fits; MXFP4 unless the
+// choice; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (the mv_b32_q8 family where
+// b32Fits, the staged one of b32any.go elsewhere) and MXFP4 unless the
 // variant is "g"), whose multi-row kernels (planRows) add the same terms
 // in the same order; "" for the
 // generic float kernel mv_{type}, which computes each of its activation
@@ -185,7 +189,7 @@ func rowFamily(warp int, t gguf.Type, cols int, wAligned bool, variant string) s
 	if mxfp4Q8(t, variant) { // mv_mxfp4_x8
 		return "x8"
 	}
-	if variant != "g" && b32Fits(warp, t, cols, wAligned) {
+	if b32Staged(t, variant) { // mv_{type}_x8 where b32Fits, else mv_{type}_mx8
 		return "x8"
 	}
 	return ""
@@ -220,6 +224,9 @@ func planRows(d LaunchDevice, t gguf.Type, rows, cols, n int, wAligned bool, mvV
 		return rowsPlan{Kernel: "mv_" + kt, Group: mxRows, Grid: ceilDiv(rows, wpb), Args: mvArgsGeneric}, nil
 	}
 	name, nx, r := "mv_"+kt+"_x8", 8, 1
+	if t != gguf.TypeMXFP4 && !b32Fits(d.Warp, t, cols, wAligned) && b32Staged(t, mvVariant) {
+		name = "mv_" + kt + "_mx8" // the staged family (b32any.go)
+	}
 	if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K {
 		v := "x8r2"
 		if t == gguf.TypeQ4_K && n > 8 {

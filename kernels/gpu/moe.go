@@ -240,6 +240,8 @@ func planMoe(warp int, t gguf.Type, cols int, aligned bool) (moePlan, error) {
 		return moePlan{mxfp4Moe, mxfp4MoeR, true}, nil
 	case b32Fits(warp, t, cols, aligned):
 		return moePlan{"moe_mv_" + kt + "_b", 2, true}, nil
+	case b32Staged(t, ""): // MatMul's staged family (b32any.go)
+		return moePlan{"moe_mv_" + kt + "_m21", 2, true}, nil
 	}
 	return moePlan{"moe_mv_g_" + kt, 1, false}, nil
 }

@@ -43,13 +43,5 @@ func mxfp4Q8(t gguf.Type, variant string) bool {
 // grid capped at blocksPerSM blocks per multiprocessor where set (the
 // kernel grid-strides over row groups).
 func planMXFP4(d LaunchDevice, rows int, o mvOverrides) mvPlan {
-	v := o.Variant
-	if !mxfp4Variants[v] {
-		v = mxfp4Default
-	}
-	grid := ceilDiv(rows, mvBlock/d.Warp*int(v[1]-'0'))
-	if o.BlocksPerSM > 0 {
-		grid = min(grid, o.BlocksPerSM*max(d.SMs, 1))
-	}
-	return mvPlan{Kernel: "mv_mxfp4_" + v, Grid: grid, Args: mvArgsQ8}
+	return planStaged(d, "mxfp4", mxfp4Variants, mxfp4Default, rows, o)
 }

@@ -29,8 +29,9 @@ import (
 //     the previous one's experts in the L2; planMoe's moe_mv_mxfp4_21
 //     and the generic moe_mv_g_mxfp4.
 //
-//   - Other/{type}/{rows}x{cols}: gpt-oss-20b's output head (Q8_0) and
-//     query projection (Q5_0) through MatMul, for scale.
+//   - Other/{type}/{rows}x{cols}/{variant}: gpt-oss-20b's output head
+//     (Q8_0) and query projection (Q5_0) through MatMul: the staged
+//     kernels (m11, m21, auto) and the generic float kernel (g).
 //
 //     gpu.test -test.run '^$' -test.bench MXFP4 -test.benchtime 200x
 func BenchmarkMXFP4(b *testing.B) {
@@ -79,11 +80,12 @@ func BenchmarkMXFP4(b *testing.B) {
 		}
 		free()
 	}
-	// gpt-oss-20b's other decode products, for scale: its output head is
-	// Q8_0 and its attention projections Q5_0 (2880 columns are not whole
-	// Q4_K super-blocks), 90 blocks a row, which the b{R} kernels (whole
-	// runs of warpSize blocks) do not take: MatMul's choice is the generic
-	// float kernel.
+	// gpt-oss-20b's other decode products: its output head is Q8_0 and its
+	// attention projections Q5_0 (2880 columns are not whole Q4_K
+	// super-blocks), 90 blocks a row, which the b{R} kernels (whole runs of
+	// warpSize blocks) do not take: the staged kernels m11 and m21
+	// (b32any.go; auto: MatMul's choice) against the generic float kernel
+	// (g) they replace.
 	for _, o := range []struct {
 		typ        gguf.Type
 		rows, cols int
@@ -92,23 +94,30 @@ func BenchmarkMXFP4(b *testing.B) {
 		copies, free := weightCopies(b, bk, w)
 		x := upload(b, bk, conformance.RandomVector(rng, o.cols, 1))
 		kt, _ := kernelType(o.typ)
-		b.Run(fmt.Sprintf("Other/%s/%dx%d", o.typ, o.rows, o.cols), func(b *testing.B) {
-			y, _ := bk.Alloc(o.rows)
-			defer bk.Free(y)
-			var ms float32
-			err := bk.do(func(c *rocm.Ctx) error {
-				var err error
-				ms, err = timeOn(c, bk.stream, len(copies), b.N, func(i int) error {
-					cw := copies[i%len(copies)]
-					return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
+		for _, v := range []string{"g", "m11", "m21", "auto"} {
+			b.Run(fmt.Sprintf("Other/%s/%dx%d/%s", o.typ, o.rows, o.cols, v), func(b *testing.B) {
+				y, _ := bk.Alloc(o.rows)
+				defer bk.Free(y)
+				bk.mvVariant = v
+				if v == "auto" {
+					bk.mvVariant = ""
+				}
+				defer func() { bk.mvVariant = "" }()
+				var ms float32
+				err := bk.do(func(c *rocm.Ctx) error {
+					var err error
+					ms, err = timeOn(c, bk.stream, len(copies), b.N, func(i int) error {
+						cw := copies[i%len(copies)]
+						return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
+					})
+					return err
 				})
-				return err
+				if err != nil {
+					b.Fatal(err)
+				}
+				report(b, ms, len(w.Host))
 			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			report(b, ms, len(w.Host))
-		})
+		}
 		free()
 	}
 	// the experts
