@@ -256,11 +256,17 @@ func emuMatvecCase(t *testing.T, rng *rand.Rand, d LaunchDevice, typ gguf.Type, 
 	job.launch("mv_"+kt, rocm.Dim3{X: gx, Y: 2, Z: 1}, rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y12, 0), eI(rows), eI(cols), eI(maxN))
 	job.launch("mv_"+kt, rocm.D1(int(gx)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(ySep, 0), eI(rows), eI(cols), eI(mvMaxN))
 	job.launch("mv_"+kt, rocm.D1(int(gx)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 4*mvMaxN*cols), eP(ySep, 4*mvMaxN*rows), eI(rows), eI(cols), eI(maxN-mvMaxN))
+	// and on x's first row alone (the one-row path of the generic kernels)
+	y1g := job.zeros(4*rows, true)
+	job.launch("mv_"+kt, rocm.D1(int(gx)), rocm.D1(mvBlock), eP(wb, 0), eP(xb, 0), eP(y1g, 0), eI(rows), eI(cols), eI(1))
 	add(5, mvOverrides{}, d, "")
 	add(12, mvOverrides{}, d, "")
 	res := runEmu(t, d.Warp, &job)
 	if a, b := res.f32(y12), res.f32(ySep); !slices.Equal(a, b) {
 		t.Errorf("warp %d: %s %d×%d: mv_%s on 12 rows in one launch differs from a launch per chunk", d.Warp, typ, rows, cols, kt)
+	}
+	if a, b := res.f32(y1g), res.f32(y12)[:rows]; !slices.Equal(a, b) {
+		t.Errorf("warp %d: %s %d×%d: mv_%s on one row of x differs from that row among 12", d.Warp, typ, rows, cols, kt)
 	}
 	bound := conformance.MatMulBound(typ)
 	for _, o := range outs {

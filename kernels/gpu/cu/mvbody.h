@@ -319,6 +319,29 @@ static __device__ void mv_plain(const u8* __restrict__ w, const float* __restric
   int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
   if (row >= rows) return;
   const u8* wr = w + (size_t)row * cols * T::ES;
+  if (nx == 1) {
+    // One row of x (a decode step's router, a few rows of weight): eight
+    // columns per lane loaded before their multiply-adds, which run in
+    // the column order of the loop below, so the sum has the same bits.
+    // The loop below, whose loads wait behind its per-row branches, kept
+    // a 1 MB router at ~40 GB/s.
+    float a = 0.0f;
+    int c = lane;
+    for (; c + 7 * warpSize < cols; c += 8 * warpSize) {
+      float v[8], xv[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        v[u] = T::get(wr, c + u * warpSize);
+        xv[u] = x[c + u * warpSize];
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) a = fmaf(v[u], xv[u], a);
+    }
+    for (; c < cols; c += warpSize) a = fmaf(T::get(wr, c), x[c], a);
+    float s = warp_sum(a);
+    if (lane == 0) y[row] = s;
+    return;
+  }
   float acc[MV_MAXNX];
 #pragma unroll
   for (int j = 0; j < MV_MAXNX; j++) acc[j] = 0.0f;
