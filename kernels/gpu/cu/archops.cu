@@ -11,10 +11,13 @@
 #include "softmax.h"
 
 // gelu_tanh is GELU in its tanh approximation, as ggml computes it:
-// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// 0.5·x·(1 + tanh(z)), z = √(2/π)·(x + 0.044715·x³), written as the
+// equal x / (1 + e^(−2z)): for x below about −3, 1 + tanh(z) cancels
+// in float32 and kept only three or four digits of the result.
 DEV float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // √(2/π)
-  return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+  float z = k * x * (1.0f + 0.044715f * x * x);
+  return x / (1.0f + expf(-2.0f * z));
 }
 
 KERNEL void __launch_bounds__(256) gelu_mul(float* dst, const float* gate, const float* up, int n) {
