@@ -11,11 +11,14 @@ import (
 // its embedding scale, Gemma 2's logit soft-cap). They are cheap next to
 // the products around them and run on the calling goroutine.
 
-// geluTanh is GELU in its tanh approximation, as ggml computes it.
+// geluTanh is GELU in its tanh approximation, as ggml computes it:
+// 0.5·x·(1 + tanh z), z = √(2/π)·(x + 0.044715·x³), in the equal form
+// x / (1 + e^(−2z)), which does not cancel in the negative tail (below
+// x ≈ −8, 1 + tanh z is 0 even in float64).
 func geluTanh(x float32) float32 {
 	const k = 0.7978845608028654 // √(2/π)
 	v := float64(x)
-	return float32(0.5 * v * (1 + math.Tanh(k*v*(1+0.044715*v*v))))
+	return float32(v / (1 + math.Exp(-2*k*v*(1+0.044715*v*v))))
 }
 
 // GELUMul computes dst = gelu(gate) ⊙ up over n values.
