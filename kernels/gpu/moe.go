@@ -352,22 +352,31 @@ func (b *Backend) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTa
 		}
 		t1p, y1 = ts[1].p, dptr(dsts[1])
 	}
-	grid := rocm.Dim3{X: uint32(ceilDiv(t0.rows, mvBlock/b.warp*pl.R)), Y: uint32(k * len(tables)), Z: 1}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
-		var a rocm.Args
-		a.Ptr(t0.p).Ptr(t1p).Ptr(dptr(dsts[0])).Ptr(y1).Ptr(dptr(ids))
-		if pl.Q8 {
-			xq, xd, err := b.quantizeX(c, dptr(x), xn)
-			if err != nil {
-				return err
-			}
-			a.Ptr(xq).Ptr(xd)
-		} else {
-			a.Ptr(dptr(x))
-		}
-		a.I32(int32(t0.rows)).I32(int32(t0.cols)).I32(int32(k)).I32(int32(xstride))
-		return b.launch(c, pl.Kernel, grid, rocm.D1(mvBlock), &a)
+		return b.queueExperts(c, t0, t1p, dptr(dsts[0]), y1, len(tables), dptr(ids), dptr(x), xn, k, xstride)
 	})
+}
+
+// queueExperts queues the expert products of tables t0 (and the one at
+// t1p when tabs is 2) into y0 (and y1) for the k slots of ids: x [xn]
+// quantized first where the plan reads 8 bits, then the plan's kernel.
+// Call with b.mu held, on the worker (benchmarks call it directly).
+func (b *Backend) queueExperts(c *rocm.Ctx, t0 *expertTable, t1p, y0, y1 rocm.DevPtr, tabs int, ids, x rocm.DevPtr, xn, k, xstride int) error {
+	pl := t0.plan
+	var a rocm.Args
+	a.Ptr(t0.p).Ptr(t1p).Ptr(y0).Ptr(y1).Ptr(ids)
+	if pl.Q8 {
+		xq, xd, err := b.quantizeX(c, x, xn)
+		if err != nil {
+			return err
+		}
+		a.Ptr(xq).Ptr(xd)
+	} else {
+		a.Ptr(x)
+	}
+	a.I32(int32(t0.rows)).I32(int32(t0.cols)).I32(int32(k)).I32(int32(xstride))
+	grid := rocm.Dim3{X: uint32(ceilDiv(t0.rows, mvBlock/b.warp*pl.R)), Y: uint32(k * tabs), Z: 1}
+	return b.launch(c, pl.Kernel, grid, rocm.D1(mvBlock), &a)
 }

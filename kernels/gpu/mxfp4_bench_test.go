@@ -202,7 +202,7 @@ func BenchmarkMXFP4(b *testing.B) {
 // when not nil) on the worker: x quantized, then the table's kernel.
 // xstride 0: one shared x, else one row per slot.
 func benchExperts(bk *Backend, c *rocm.Ctx, t0, t1 *expertTable, y0, y1, ids, x kernels.Tensor, k, xstride int) error {
-	pl, tabs := t0.plan, 1
+	tabs := 1
 	var t1p, y1p rocm.DevPtr
 	if t1 != nil {
 		t1p, y1p, tabs = t1.p, dptr(y1), 2
@@ -211,18 +211,5 @@ func benchExperts(bk *Backend, c *rocm.Ctx, t0, t1 *expertTable, y0, y1, ids, x 
 	if xstride != 0 {
 		xn = k * t0.cols
 	}
-	var a rocm.Args
-	a.Ptr(t0.p).Ptr(t1p).Ptr(dptr(y0)).Ptr(y1p).Ptr(dptr(ids))
-	if pl.Q8 {
-		xq, xd, err := bk.quantizeX(c, dptr(x), xn)
-		if err != nil {
-			return err
-		}
-		a.Ptr(xq).Ptr(xd)
-	} else {
-		a.Ptr(dptr(x))
-	}
-	a.I32(int32(t0.rows)).I32(int32(t0.cols)).I32(int32(k)).I32(int32(xstride))
-	grid := rocm.Dim3{X: uint32(ceilDiv(t0.rows, mvBlock/bk.warp*pl.R)), Y: uint32(k * tabs), Z: 1}
-	return bk.launch(c, pl.Kernel, grid, rocm.D1(mvBlock), &a)
+	return bk.queueExperts(c, t0, t1p, dptr(y0), y1p, tabs, dptr(ids), dptr(x), xn, k, xstride)
 }
