@@ -304,13 +304,15 @@ func (s *scratch) pieces(c Config, B, logitRows, q8Rows int) []scratchPiece {
 // model of shape c makes for batches of rows rows with logitRows rows of
 // logits (the Engine's memory estimate uses it before a load), on a
 // backend that makes 8-bit copies of activations (kernels.Q8Ops: a GPU;
-// the CPU's is smaller by those).
+// the CPU's is smaller by those). A mixture's count includes the buffer
+// of its grouped prompt products (groupedFloats), which a backend with
+// those kernels makes at the first prompt.
 func ScratchFloats(c Config, rows, logitRows int) int64 {
 	var n int64
 	for _, p := range (&scratch{}).pieces(c, rows, logitRows, min(rows, kernels.MaxBatchRows)) {
 		n += int64(p.n)
 	}
-	return n
+	return n + groupedFloats(c, rows)
 }
 
 // Close releases the recorded decode steps, the KV cache and scratch (of

@@ -43,6 +43,15 @@ type groupedState struct {
 	failed  bool           // the buffer could not be allocated: eachExpert always
 }
 
+// groupedFloats is the grouped path's buffer for batches of rows tokens:
+// every (token, expert) pair's gate and up rows (0 for a dense model).
+func groupedFloats(c Config, rows int) int64 {
+	if c.Experts == 0 {
+		return 0
+	}
+	return 2 * int64(rows) * int64(c.ExpertsUsed) * int64(c.ExpertFF)
+}
+
 // groupedTables reports whether the n-token mixture of lw may run grouped,
 // returning the layer's tables (made if needed) and making the buffer.
 func (m *Model) groupedTables(lw *LayerWeights, n int) *expertTables {
@@ -57,7 +66,7 @@ func (m *Model) groupedTables(lw *LayerWeights, n int) *expertTables {
 	}
 	if g.buf.Len == 0 {
 		c := m.Cfg
-		buf, err := m.be.Alloc(2 * m.batch * c.ExpertsUsed * c.ExpertFF)
+		buf, err := m.be.Alloc(int(groupedFloats(c, m.batch)))
 		if err != nil {
 			g.failed = true // the per-expert products need no more memory
 			return nil

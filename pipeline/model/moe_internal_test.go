@@ -155,3 +155,30 @@ func (r *refModel) mixture(p string, xb []float64) []float64 {
 	}
 	return out
 }
+
+// TestScratchFloatsCountsGroupedBuffer: the Engine's estimate
+// (ScratchFloats) of a mixture includes the grouped prompt path's buffer,
+// which the model allocates at its first grouped prompt; a dense model's
+// does not change.
+func TestScratchFloatsCountsGroupedBuffer(t *testing.T) {
+	moe := Config{Layers: 2, Embd: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 128, Vocab: 100,
+		Experts: 8, ExpertsUsed: 2, ExpertFF: 48}
+	dense := moe
+	dense.Experts, dense.ExpertsUsed, dense.ExpertFF = 0, 0, 0
+	for _, rows := range []int{1, 64, 512} {
+		var pieces int64
+		for _, p := range (&scratch{}).pieces(moe, rows, 1, min(rows, 64)) {
+			pieces += int64(p.n)
+		}
+		if got, want := ScratchFloats(moe, rows, 1), pieces+2*int64(rows)*2*48; got != want {
+			t.Errorf("mixture, %d rows: ScratchFloats %d, want the pieces %d and the grouped buffer %d", rows, got, pieces, want-pieces)
+		}
+		pieces = 0
+		for _, p := range (&scratch{}).pieces(dense, rows, 1, min(rows, 64)) {
+			pieces += int64(p.n)
+		}
+		if got := ScratchFloats(dense, rows, 1); got != pieces {
+			t.Errorf("dense, %d rows: ScratchFloats %d, want the pieces %d", rows, got, pieces)
+		}
+	}
+}
