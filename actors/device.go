@@ -68,6 +68,11 @@ type DeviceUploader struct {
 	// Ahead says every unit will be loaded, in order (Prefetch, Eager):
 	// only then are ranges registered ahead of the chunks.
 	Ahead bool
+	// Unpaced reports every chunk as out of the queue as soon as it is
+	// queued (UploadThen), so the loader hands over the whole file at
+	// once and a demanded unit waits behind it: the behaviour before
+	// pacing, kept for comparisons.
+	Unpaced bool
 	// RingBuffers and RingBytes size the staging ring (default 16 × 4 MiB);
 	// Stagers is the number of goroutines filling it (default 8).
 	RingBuffers int
@@ -123,6 +128,7 @@ type DeviceUploader struct {
 	quit    chan struct{}
 	wg      sync.WaitGroup
 	jobs    chan *job // to the stagers
+	urgent  chan *job // to the stagers, before jobs: demanded units' chunks
 	regJobs chan *job // to the registered-copy queue
 	ops     chan op   // to the copy thread
 	free    chan int  // staging buffers ready for a stager
@@ -168,6 +174,7 @@ func (d *DeviceUploader) Reserve(p *Plan) error {
 	d.weights = map[string]*kernels.Weight{}
 	d.quit = make(chan struct{})
 	d.jobs = make(chan *job, 1<<12)
+	d.urgent = make(chan *job, 1<<12)
 	d.regJobs = make(chan *job, 1<<12)
 	d.ops = make(chan op, 2*d.RingBuffers+256)
 	d.free = make(chan int, d.RingBuffers)
@@ -301,10 +308,25 @@ func (d *DeviceUploader) dst(t *Tensor) (rocm.DevPtr, error) {
 // Upload implements Uploader: the chunk is queued for copying and Upload
 // returns; a failed copy fails the unit's fence.
 func (d *DeviceUploader) Upload(t *Tensor, off int64, data []byte) error {
+	return d.UploadThen(t, off, data, nil)
+}
+
+// UploadThen implements PacedUploader: done is called once the chunk is
+// staged into the ring (or its copy from registered memory queued). A
+// chunk of a demanded unit (an expert a request waits for) is staged
+// before the others queued.
+func (d *DeviceUploader) UploadThen(t *Tensor, off int64, data []byte, done func()) error {
 	if off < 0 || off+int64(len(data)) > t.OutBytes {
 		return fmt.Errorf("range [%d, %d) outside the tensor's %d bytes", off, off+int64(len(data)), t.OutBytes)
 	}
+	if d.Unpaced && done != nil {
+		done()
+		done = nil
+	}
 	if len(data) == 0 {
+		if done != nil {
+			done()
+		}
 		return nil
 	}
 	d.mu.Lock()
@@ -321,7 +343,7 @@ func (d *DeviceUploader) Upload(t *Tensor, off int64, data []byte) error {
 	if err != nil {
 		return err
 	}
-	j := &job{us: us, dst: base + rocm.DevPtr(rootOff+off), data: data}
+	j := &job{us: us, dst: base + rocm.DevPtr(rootOff+off), data: data, urgent: t.unit.demanded.Load(), done: done}
 	if d.stats.first.CompareAndSwap(false, true) {
 		now := time.Since(d.reserveAt)
 		d.stats.add(func(s *DeviceStats) { s.FirstUpload = now })

@@ -12,8 +12,9 @@ import (
 
 // Messages of the load pipeline. Each chunk travels as one *chunk from the
 // loader to a reader, back to the loader, to a dequantizer worker, to the
-// uploader, and its completion back to the loader (which bounds the chunks
-// in flight: on a GPU that is the ring of staging buffers).
+// uploader, and its completion back to the loader, which bounds the chunks
+// in flight (on a GPU, a PacedUploader's chunk completes once it is staged
+// into the pinned ring, so the queue ahead of the ring stays short).
 type (
 	// loadUnits asks the loader to load units (in the given order, after
 	// what is already queued). Units already queued are skipped, so
@@ -328,23 +329,42 @@ func (up *uploader) Receive(c actor.Context) {
 		s.plan.settle()
 		c.Send(s.dequant, &reserved{})
 	case *converted:
-		c.Send(s.loader, &chunkDone{})
 		ch, t := m.c, m.c.t
+		// The chunk leaves the loader's count here, or (a paced
+		// uploader's) once it leaves the uploader's queue.
+		paced, _ := s.cfg.Uploader.(PacedUploader)
+		left := func() { c.Send(s.loader, &chunkDone{}) }
+		if paced == nil {
+			left()
+		}
 		if s.dropped(t.unit) {
+			if paced != nil {
+				left()
+			}
 			return
 		}
+		var err error
 		if ch.convertErr != nil {
-			s.fail(t.unit, t.Name(), ch.convertErr)
-			return
-		}
-		if h := s.cfg.Hooks.Upload; h != nil {
-			if err := h(t.Name()); err != nil {
-				s.fail(t.unit, t.Name(), fmt.Errorf("upload: %w", err))
-				return
+			err = ch.convertErr
+		} else if h := s.cfg.Hooks.Upload; h != nil {
+			if herr := h(t.Name()); herr != nil {
+				err = fmt.Errorf("upload: %w", herr)
 			}
 		}
-		if err := s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {
-			s.fail(t.unit, t.Name(), fmt.Errorf("upload: %w", err))
+		if err == nil {
+			if paced != nil {
+				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{}) }); err != nil {
+					err = fmt.Errorf("upload: %w", err)
+				}
+			} else if err = s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {
+				err = fmt.Errorf("upload: %w", err)
+			}
+		}
+		if err != nil {
+			if paced != nil {
+				left()
+			}
+			s.fail(t.unit, t.Name(), err)
 			return
 		}
 		if t.uploaded++; t.uploaded < t.chunks {

@@ -209,6 +209,7 @@ func (d *DeviceUploader) registeredCopies() {
 			src += n
 			dst += rocm.DevPtr(n)
 		}
+		j.finish()
 	}
 }
 

@@ -23,6 +23,17 @@ type job struct {
 	dst    rocm.DevPtr
 	data   []byte
 	pieces []*piece // the registered ranges under data (registered path)
+	urgent bool     // its unit was demanded: staged before the others
+	done   func()   // UploadThen's: the chunk has left the queue
+}
+
+// finish tells the loader, once, that j has left the uploader's queue
+// (UploadThen).
+func (j *job) finish() {
+	if j.done != nil {
+		j.done()
+		j.done = nil
+	}
 }
 
 // op is one copy for the copy thread.
@@ -53,11 +64,33 @@ func (d *DeviceUploader) stage(j *job) bool {
 		}
 	}
 	d.stageMu.Unlock()
+	q := d.jobs
+	if j.urgent {
+		q = d.urgent
+	}
 	select {
-	case d.jobs <- j:
+	case q <- j:
 		return true
 	case <-d.quit:
 		return false
+	}
+}
+
+// next is the next job for a stager: a demanded unit's before the rest;
+// nil once the uploader is released.
+func (d *DeviceUploader) next() *job {
+	select {
+	case j := <-d.urgent:
+		return j
+	default:
+	}
+	select {
+	case j := <-d.urgent:
+		return j
+	case j := <-d.jobs:
+		return j
+	case <-d.quit:
+		return nil
 	}
 }
 
@@ -95,10 +128,8 @@ func (d *DeviceUploader) pinRing() {
 func (d *DeviceUploader) stager() {
 	defer d.wg.Done()
 	for {
-		var j *job
-		select {
-		case j = <-d.jobs:
-		case <-d.quit:
+		j := d.next()
+		if j == nil {
 			return
 		}
 		data, dst := j.data, j.dst
@@ -133,6 +164,7 @@ func (d *DeviceUploader) stager() {
 			}
 			data, dst = data[n:], dst+rocm.DevPtr(n)
 		}
+		j.finish()
 	}
 }
 

@@ -284,6 +284,27 @@ func (s *System) waitExpert(ctx context.Context, i, e int, enqueued bool) (Fence
 	return fence, nil
 }
 
+// DemandExperts moves the experts es of block i that are still pending to
+// the front of the loader's queue in one message (a request's router chose
+// them and it waits for each next), so their chunks travel together
+// instead of one expert's round trip after another's. Under Lazy it is
+// what queues them.
+func (s *System) DemandExperts(i int, es []int) {
+	var us []*Unit
+	for _, e := range es {
+		u := s.plan.Expert(i, e)
+		if u == nil {
+			continue
+		}
+		if st, _ := u.Future.State(); st == Pending && u.demanded.CompareAndSwap(false, true) {
+			us = append(us, u)
+		}
+	}
+	if len(us) > 0 {
+		s.send(s.loader, &loadUnits{units: us, front: true})
+	}
+}
+
 // Weight returns the backend's view of a tensor once its unit is resident.
 func (s *System) Weight(name string) (*kernels.Weight, bool) { return s.cfg.Uploader.Weight(name) }
 

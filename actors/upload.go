@@ -58,6 +58,18 @@ type Uploader interface {
 	Release()
 }
 
+// PacedUploader is an Uploader whose Upload only queues a chunk (a GPU's,
+// behind its staging ring): UploadThen calls done once the chunk has left
+// that queue, exactly once where it returns nil and never where it
+// returns an error. The loader counts a chunk in flight until then
+// (Config.MaxInflight), so what waits in the uploader stays short and the
+// chunks of a unit a request demands (WaitExpert, DemandExperts) overtake
+// the rest instead of queueing behind the whole file.
+type PacedUploader interface {
+	Uploader
+	UploadThen(t *Tensor, off int64, data []byte, done func()) error
+}
+
 // arenaAlign aligns every converted tensor in the arena (cache line, and
 // what SIMD loads like).
 const arenaAlign = 64

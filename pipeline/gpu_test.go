@@ -386,8 +386,8 @@ func BenchmarkGPULoadTiming(b *testing.B) {
 
 // TestUploadTuningParse: the --gpu-upload / grid settings (no GPU).
 func TestUploadTuningParse(t *testing.T) {
-	got, err := UploadTuning{Stagers: 3}.Parse("rn=32, rs=8,reg,rt=2,rb=16")
-	want := UploadTuning{Stagers: 3, RingBuffers: 32, RingBytes: 8 << 20, Register: true, RegThreads: 2, RegBytes: 16 << 20}
+	got, err := UploadTuning{Stagers: 3}.Parse("rn=32, rs=8,reg,rt=2,rb=16,unpaced")
+	want := UploadTuning{Stagers: 3, RingBuffers: 32, RingBytes: 8 << 20, Register: true, RegThreads: 2, RegBytes: 16 << 20, Unpaced: true}
 	if err != nil || got != want {
 		t.Errorf("got %+v, %v; want %+v", got, err, want)
 	}

@@ -204,6 +204,10 @@ type UploadTuning struct {
 	// of through the pinned ring (slower on the H100 host: for
 	// comparisons; --gpu-upload reg sets it from the CLI).
 	Register bool
+	// Unpaced lets the load queue every chunk for the staging ring at
+	// once, as before the loader paced them (actors.DeviceUploader's
+	// Unpaced: for comparisons; --gpu-upload unpaced).
+	Unpaced bool
 	// RingBuffers × RingBytes is the pinned staging ring; Stagers the
 	// goroutines filling it.
 	RingBuffers, RingBytes, Stagers int

@@ -105,6 +105,27 @@ func (l *lazyUploader) Upload(t *actors.Tensor, off int64, data []byte) error {
 	return up.Upload(t, off, data)
 }
 
+// UploadThen implements actors.PacedUploader: the device's uploader paces
+// the chunk where it can (a GPU's staging queue), else done is called once
+// the upload returns.
+func (l *lazyUploader) UploadThen(t *actors.Tensor, off int64, data []byte, done func()) error {
+	up := l.inner()
+	if up == nil {
+		return errNotReserved
+	}
+	if err := l.failed(); err != nil {
+		return err
+	}
+	if p, ok := up.(actors.PacedUploader); ok {
+		return p.UploadThen(t, off, data, done)
+	}
+	if err := up.Upload(t, off, data); err != nil {
+		return err
+	}
+	done()
+	return nil
+}
+
 // Flush implements actors.Uploader.
 func (l *lazyUploader) Flush(u *actors.Unit) (actors.Fence, error) {
 	up := l.inner()

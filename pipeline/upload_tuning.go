@@ -15,15 +15,15 @@ import (
 func deviceUploader(w *rocm.Worker, t UploadTuning, s Strategy, mem *actors.Memory) *actors.DeviceUploader {
 	return &actors.DeviceUploader{
 		W: w, Mem: mem, PerTensor: s == HostF32, Ahead: s != Lazy,
-		Register:    t.Register,
+		Register: t.Register, Unpaced: t.Unpaced,
 		RingBuffers: t.RingBuffers, RingBytes: t.RingBytes, Stagers: t.Stagers,
 		RegThreads: t.RegThreads, RegBytes: t.RegBytes,
 	}
 }
 
 // Parse sets the fields named in spec, a comma-separated list of "reg"
-// (Register) and key=value: st stagers, rn ring buffers, rs ring MiB, rt
-// registration threads, rb registration MiB. The CLI's --gpu-upload
+// (Register), "unpaced" (Unpaced) and key=value: st stagers, rn ring
+// buffers, rs ring MiB, rt registration threads, rb registration MiB. The CLI's --gpu-upload
 // flag takes the same list, for benchmarks of a whole process (forge run,
 // forge serve, forge bench load).
 func (t UploadTuning) Parse(spec string) (UploadTuning, error) {
@@ -33,6 +33,10 @@ func (t UploadTuning) Parse(spec string) (UploadTuning, error) {
 		}
 		if kv == "reg" {
 			t.Register = true
+			continue
+		}
+		if kv == "unpaced" {
+			t.Unpaced = true
 			continue
 		}
 		k, v, _ := strings.Cut(kv, "=")
@@ -52,7 +56,7 @@ func (t UploadTuning) Parse(spec string) (UploadTuning, error) {
 		case "rb":
 			t.RegBytes = int64(n) << 20
 		default:
-			return t, fmt.Errorf("unknown upload setting %q (reg, st, rn, rs, rt, rb)", kv)
+			return t, fmt.Errorf("unknown upload setting %q (reg, unpaced, st, rn, rs, rt, rb)", kv)
 		}
 	}
 	return t, nil

@@ -89,6 +89,7 @@ func (w *weights) Layer(ctx context.Context, i int) (*model.LayerWeights, error)
 	if w.sys.Experts(i) > 0 {
 		lw.ExpertReady = func(ctx context.Context, e int) error { return w.expert(ctx, i, e) }
 		lw.ExpertsReady = func() bool { return w.sys.ExpertsResident(i) == w.sys.Experts(i) }
+		lw.DemandExperts = func(es []int) { w.sys.DemandExperts(i, es) }
 		if w.countUse {
 			lw.ExpertUsed = func(e, tokens int) { w.sys.AddExpertUse(i, e, int64(tokens)) }
 		}

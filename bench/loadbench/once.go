@@ -33,6 +33,9 @@ type OnceConfig struct {
 	// Split is each GPU's share of the layers of a model split over
 	// several (Device "gpu:N,M,…"; nil: by free memory).
 	Split []float64
+	// ExpertProfiles is a folder of expert usage profiles
+	// (pipeline.Options.ExpertProfiles; "": none).
+	ExpertProfiles string
 }
 
 // OrdinaryTokens reads a model file's tokenizer and lists its normal
@@ -121,7 +124,7 @@ func RunOnce(ctx context.Context, c OnceConfig) Result {
 	}
 	r.PromptTokens = len(ids)
 	tr := newTracer()
-	opts := pipeline.Options{Strategy: strategy, Device: c.Device, Threads: c.Threads, Split: c.Split}
+	opts := pipeline.Options{Strategy: strategy, Device: c.Device, Threads: c.Threads, Split: c.Split, ExpertProfiles: c.ExpertProfiles}
 	if opts.Upload, err = opts.Upload.Parse(c.GPUUpload); err != nil {
 		return fail(fmt.Errorf("gpu upload settings: %w", err))
 	}

@@ -55,6 +55,10 @@ type Config struct {
 	// Split is --split for every forge run: each GPU's share of the
 	// layers of a model split over several ("": by free memory).
 	Split string
+	// ExpertProfiles is --expert-profiles for every forge run: a folder
+	// of expert usage profiles each run orders its load by and adds its
+	// routing to ("": none).
+	ExpertProfiles string
 	// Log reports progress (one line per run); nil: none.
 	Log io.Writer
 }
@@ -181,6 +185,9 @@ func runSelf(ctx context.Context, c Config, model, strategy string, ids []int32)
 	}
 	if c.Split != "" {
 		args = append(args, "--split", c.Split)
+	}
+	if c.ExpertProfiles != "" {
+		args = append(args, "--expert-profiles", c.ExpertProfiles)
 	}
 	cmd := exec.CommandContext(ctx, c.Self[0], args...)
 	if c.FreshKernelCache {

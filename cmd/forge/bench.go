@@ -41,6 +41,7 @@ func init() {
 					&cli.StringFlag{Name: "peer", Usage: "another runtime's command, with {model} for the model path"},
 					&cli.BoolFlag{Name: "json", Usage: "print every run and the summary as JSON instead of the table"},
 					&cli.StringFlag{Name: "svg", Usage: "write the timeline of one run (the first model and strategy, median first token) to this SVG file"},
+					&cli.StringFlag{Name: "expert-profiles", Usage: "`DIR` of expert usage profiles for every forge run (a mixture of experts): each run loads the experts earlier runs routed to first and adds its own routing, so the first run loads by index and the later ones by profile"},
 					gpuUploadFlag(),
 					splitFlag(),
 				},
@@ -59,6 +60,7 @@ func init() {
 					&cli.IntFlag{Name: "threads", Aliases: []string{"t"}},
 					&cli.BoolFlag{Name: "trace"},
 					&cli.Int64Flag{Name: "fork-ns", Usage: "the parent's wall clock (Unix ns) when it started this process"},
+					&cli.StringFlag{Name: "expert-profiles"},
 					gpuUploadFlag(),
 					splitFlag(),
 				},
@@ -155,6 +157,9 @@ func benchLoad(ctx context.Context, c *cli.Context) error {
 		return err
 	}
 	if _, err := splitShares(c); err != nil {
+		return err
+	}
+	if cfg.ExpertProfiles, err = expertProfilesDir(c); err != nil {
 		return err
 	}
 	results, err := loadbench.Run(ctx, cfg)
@@ -254,7 +259,7 @@ func benchLoadOnceCmd(c *cli.Context) error {
 	r := loadbench.RunOnce(ctx, loadbench.OnceConfig{
 		Model: c.String("model"), Strategy: c.String("strategy"), Device: c.String("device"),
 		Threads: c.Int("threads"), PromptTokens: c.Int("prompt-tokens"), PromptIDs: ids, Fork: fork, Trace: c.Bool("trace"),
-		GPUUpload: c.String("gpu-upload"), Split: split,
+		GPUUpload: c.String("gpu-upload"), Split: split, ExpertProfiles: c.String("expert-profiles"),
 	})
 	b, err := json.Marshal(r)
 	if err != nil {

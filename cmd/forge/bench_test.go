@@ -13,6 +13,7 @@ import (
 
 	"github.com/forge-llm/forge/bench/loadbench"
 	"github.com/forge-llm/forge/gguf/testmodels"
+	"github.com/forge-llm/forge/pipeline/synth"
 )
 
 // asMainEnv makes the test binary behave as the forge program: `forge
@@ -248,5 +249,54 @@ func TestBenchLoadPromptSweep(t *testing.T) {
 	}
 	if err := newApp(&stdout, &stderr).Run([]string{"forge", "bench", "load", "-m", model, "--prompt-tokens", "3,x"}); err == nil || !strings.Contains(err.Error(), "--prompt-tokens") {
 		t.Errorf("--prompt-tokens 3,x: %v, want a usage error naming the flag", err)
+	}
+}
+
+// TestBenchLoadExpertProfiles runs `forge bench load --expert-profiles DIR`
+// twice over a mixture: every run's child opens the model with the
+// profiles, so one profile of the file ends up in DIR holding both runs'
+// routing (each run's prompt routes the same tokens through block 0:
+// twice one run's count), and the second run, which loaded by it, still
+// reaches its first token.
+func TestBenchLoadExpertProfiles(t *testing.T) {
+	t.Setenv(asMainEnv, "1")
+	path := chatModelShape(t, "tiny-qwen3moe", 3)
+	dir := filepath.Join(t.TempDir(), "profiles")
+	var stdout, stderr bytes.Buffer
+	args := []string{"forge", "bench", "load", "-m", path, "--strategies", "prefetch", "--runs", "2", "--cache", "warm",
+		"--prompt-tokens", "5", "--device", "cpu", "--threads", "2", "--json", "--expert-profiles", dir}
+	if err := newApp(&stdout, &stderr).Run(args); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var out struct{ Runs []loadbench.Result }
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	if len(out.Runs) != 2 {
+		t.Fatalf("%d runs, want 2", len(out.Runs))
+	}
+	for i, r := range out.Runs {
+		if r.Err != "" || r.FirstTokenMs <= 0 {
+			t.Fatalf("run %d: first token %v ms, error %q", i, r.FirstTokenMs, r.Err)
+		}
+	}
+	profs, err := filepath.Glob(filepath.Join(dir, "experts-*.json"))
+	if err != nil || len(profs) != 1 {
+		t.Fatalf("profiles in %s: %v %v", dir, profs, err)
+	}
+	b, err := os.ReadFile(profs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prof struct{ Uses [][]int64 }
+	if err := json.Unmarshal(b, &prof); err != nil || len(prof.Uses) == 0 {
+		t.Fatalf("profile %s: %v", profs[0], err)
+	}
+	var block0 int64
+	for _, k := range prof.Uses[0] {
+		block0 += k
+	}
+	if k := int64(synth.Presets["tiny-qwen3moe"].ExpertsUsed); block0 != 2*5*k {
+		t.Errorf("block 0's experts routed %d tokens in the profile, want 2 runs × 5 prompt tokens × %d experts", block0, k)
 	}
 }

@@ -419,7 +419,28 @@ func (m *Model) routeTokens(lw *LayerWeights, bias *kernels.Weight, xb kernels.T
 		return nil
 	}
 	pick(st.logits[:n*E], n, E, K, st.sel[:n*K], st.wts[:n*K])
+	m.demandExperts(lw, st.sel[:n*K])
 	return st
+}
+
+// demandExperts asks for every expert of sel at once (LayerWeights.
+// DemandExperts) where the layer's experts are still arriving, before the
+// op waits for the first of them: a prompt during the load then waits
+// about one copy of the experts it routed to per layer, not one round
+// trip through the load's queue per expert.
+func (m *Model) demandExperts(lw *LayerWeights, sel []int32) {
+	if lw.DemandExperts == nil || expertsResident(lw) {
+		return
+	}
+	seen := make([]bool, m.Cfg.Experts)
+	es := make([]int, 0, len(sel))
+	for _, e := range sel {
+		if e >= 0 && int(e) < len(seen) && !seen[e] {
+			seen[e] = true
+			es = append(es, int(e))
+		}
+	}
+	lw.DemandExperts(es)
 }
 
 // eachExpert runs ffn once for every expert some of the n tokens chose,

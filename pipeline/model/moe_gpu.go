@@ -61,15 +61,19 @@ func (m *Model) deviceRoutable(lw *LayerWeights) *expertTables {
 	if d.off || st.perExpert || lw.ExpertUsed != nil || m.inPrompt {
 		return nil
 	}
-	return m.layerTables(lw)
+	return m.layerTables(lw, false)
 }
 
 // layerTables are lw's expert tables where the backend has an
-// ExpertRouter and every expert of lw is resident, made if needed; nil
-// where not, or where the backend refused them.
-func (m *Model) layerTables(lw *LayerWeights) *expertTables {
+// ExpertRouter and every expert of lw is resident (or, with arriving, may
+// still be on its way: a caller that reads the routing back and waits for
+// the experts it chose), made if needed; nil where not, or where the
+// backend refused them. A table holds the experts' device addresses,
+// which exist from the block's readiness on; no kernel reads an expert
+// no token routed to.
+func (m *Model) layerTables(lw *LayerWeights, arriving bool) *expertTables {
 	d := &m.moeState().dev
-	if d.router == nil || m.err != nil || lw.GateInp == nil || len(lw.Experts) != m.Cfg.Experts || !expertsResident(lw) {
+	if d.router == nil || m.err != nil || lw.GateInp == nil || len(lw.Experts) != m.Cfg.Experts || !(arriving || expertsResident(lw)) {
 		return nil
 	}
 	t := d.tables[lw]

@@ -20,15 +20,17 @@ import (
 //	→ MixRows (the weighted sum, as today)
 //
 // with each expert's matrices taken from the decode path's tables
-// (moe_gpu.go). The router is the decode path's kernel (its ids and
-// weights are the host router's, bit for bit), which spares the host the
-// softmax and top-k of every token (about 1.7 ms a layer for 512 tokens
-// of 128 experts) and the read-back of every logit. Every row is what the expert's own MatMul gives it over
-// that expert's rows wherever that MatMul is row-invariant (an expert
-// chosen by at most kernels.MaxBatchRows tokens of the step); beyond, the
-// per-expert path's long products go through a GEMM on f16 x and differ
-// from the grouped ones by its rounding. It runs where the host path
-// would wait for nothing: every expert of the layer resident, a backend
+// (moe_gpu.go). During the load the layer's experts may still be arriving:
+// once the routing is read back the op asks for every expert it chose at
+// once and waits for those only (the kernels read no other expert). The
+// router is the decode path's kernel (its ids and weights are the host
+// router's, bit for bit), which spares the host the softmax and top-k of
+// every token (about 1.7 ms a layer for 512 tokens of 128 experts) and the
+// read-back of every logit. Every row is what the expert's own MatMul
+// gives it over that expert's rows wherever that MatMul is row-invariant
+// (an expert chosen by at most kernels.MaxBatchRows tokens of the step);
+// beyond, the per-expert path's long products go through a GEMM on f16 x
+// and differ from the grouped ones by its rounding. It runs on a backend
 // with a RowMixer and an ExpertGrouper whose kernels fit the layer's
 // tables (on the GPU: Q4_K and Q6_K experts on CUDA sm_80 on); otherwise
 // eachExpert runs.
@@ -60,7 +62,7 @@ func (m *Model) groupedTables(lw *LayerWeights, n int) *expertTables {
 	if g.grouper == nil || g.failed || st.noGrouped || st.rowMixer() == nil || m.err != nil || n <= 0 {
 		return nil
 	}
-	t := m.layerTables(lw)
+	t := m.layerTables(lw, true)
 	if t == nil || t.gateB != nil || !g.grouper.GroupsFit(t.gate) || !g.grouper.GroupsFit(t.up) || !g.grouper.GroupsFit(t.down) {
 		return nil
 	}
@@ -112,6 +114,14 @@ func (m *Model) mixtureGrouped(lw *LayerWeights, t *expertTables, dst, xb kernel
 	}
 	copy(st.wts[:n*K], routed[n*K:])
 	st.group(n, E, K)
+	if !expertsResident(lw) { // during the load: wait for the experts chosen, all asked for at once
+		m.demandExperts(lw, st.sel[:n*K])
+		for e := range E {
+			if st.start[e+1] > st.start[e] && m.expert(lw, e) == nil {
+				return
+			}
+		}
+	}
 	for p, pair := range st.order[:n*K] {
 		st.src[p] = pair / int32(K)
 	}

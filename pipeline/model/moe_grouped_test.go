@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/forge-llm/forge/kernels"
@@ -45,8 +46,10 @@ func (g hostGrouper) GroupedMatMuls(dsts []kernels.Tensor, tables []kernels.Expe
 // logits bit for bit over a 12-token prompt and 8 greedy decode steps,
 // for both softmax mixtures in float and quantized mixes; it runs in every
 // layer of the prompt but the last (whose feed-forward runs on the one row
-// that needs logits, routed on the device as a decode step's), and not
-// where the layer cannot say that all its experts are resident.
+// that needs logits, routed on the device as a decode step's), also where
+// the layer's experts are still arriving: then both paths ask for all the
+// experts a step routed to at once (DemandExperts) before they wait for
+// any, and wait only for those.
 func TestMoEGroupedPromptWiring(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -61,28 +64,76 @@ func TestMoEGroupedPromptWiring(t *testing.T) {
 			t.Run(preset+"/"+string(mix), func(t *testing.T) {
 				dev := hostGrouper{hostRouter{cpu.New(2)}}
 				defer dev.Close()
+				arriving := &demandLog{demanded: map[*model.LayerWeights]map[int]bool{}}
 				for _, c := range []struct {
 					name string
 					mod  func(*model.LayerWeights)
-					runs int
 				}{
-					{"resident", nil, layers - 1},
-					{"readiness unknown", func(lw *model.LayerWeights) {
-						lw.ExpertReady = func(context.Context, int) error { return nil }
-					}, 0},
+					{"resident", nil},
+					{"arriving", arriving.hook},
 				} {
 					grouped := openHooked(t, path, dev, c.mod)
 					each := openHooked(t, path, dev, c.mod)
 					model.MoENoGrouped(each)
 					sameLogitBits(t, grouped, each, prompt, 9, "expert by expert")
-					if got := model.MoEGroupedRuns(grouped); got != c.runs {
-						t.Errorf("%s: %d layers grouped, want %d (the prompt's but its last)", c.name, got, c.runs)
+					if got := model.MoEGroupedRuns(grouped); got != layers-1 {
+						t.Errorf("%s: %d layers grouped, want %d (the prompt's but its last)", c.name, got, layers-1)
 					}
 					if got := model.MoEGroupedRuns(each); got != 0 {
 						t.Errorf("%s: %d layers grouped with the grouped path off", c.name, got)
 					}
 				}
+				arriving.check(t)
 			})
 		}
+	}
+}
+
+// demandLog is a layer hook whose experts are "arriving": it records the
+// experts each layer asked for (DemandExperts) and every wait
+// (ExpertReady), and check fails a wait for an expert not asked for
+// before, or asks that never named several experts at once.
+type demandLog struct {
+	mu       sync.Mutex
+	demanded map[*model.LayerWeights]map[int]bool
+	waits    int
+	unasked  []string
+	widest   int // most experts in one ask
+}
+
+func (d *demandLog) hook(lw *model.LayerWeights) {
+	lw.ExpertReady = func(_ context.Context, e int) error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.waits++
+		if !d.demanded[lw][e] {
+			d.unasked = append(d.unasked, fmt.Sprint(e))
+		}
+		return nil
+	}
+	lw.ExpertsReady = func() bool { return false }
+	lw.DemandExperts = func(es []int) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.demanded[lw] == nil {
+			d.demanded[lw] = map[int]bool{}
+		}
+		for _, e := range es {
+			d.demanded[lw][e] = true
+		}
+		d.widest = max(d.widest, len(es))
+	}
+}
+
+func (d *demandLog) check(t *testing.T) {
+	t.Helper()
+	if d.waits == 0 {
+		t.Fatal("no expert waited for: the arriving hook did not take")
+	}
+	if len(d.unasked) > 0 {
+		t.Errorf("%d of %d waits for experts not asked for first: %v", len(d.unasked), d.waits, d.unasked)
+	}
+	if d.widest < 2 {
+		t.Errorf("each ask named at most %d expert: want a step's experts asked for together", d.widest)
 	}
 }

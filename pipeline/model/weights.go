@@ -74,6 +74,12 @@ type LayerWeights struct {
 	// device (moe_gpu.go), which cannot wait for one expert. nil with
 	// ExpertReady set: not known, so the step routes on the host.
 	ExpertsReady func() bool
+	// DemandExperts, when set beside ExpertReady, asks for every expert of
+	// es to be loaded before the rest of the load, without waiting: the op
+	// calls it with all the experts its router chose before it waits for
+	// the first, so their copies travel together instead of one expert's
+	// round trip after another's.
+	DemandExperts func(es []int)
 	// ExpertUsed, when set, is told after each step's mixture that the
 	// router sent tokens of its rows to expert e: the one count of
 	// routing (usage profiles), whichever path ran the step (a single
