@@ -34,13 +34,14 @@ type (
 		outN       int64
 		data       []byte // the converted bytes (set by the dequantizer)
 		reader     int
+		urgent     bool // queued at the front (a demanded unit): counted apart
 		readErr    error
 		convertErr error
 	}
 	// chunkRead: a reader is done with a chunk (readErr set on failure).
 	chunkRead struct{ c *chunk }
 	// chunkDone: a chunk has left the pipeline (uploaded or dropped).
-	chunkDone struct{}
+	chunkDone struct{ urgent bool }
 	// abort: drop the queued chunks of units from index from on, or with
 	// unit set, of that unit only (a failed expert: the others load on).
 	abort struct {
@@ -70,6 +71,11 @@ type loader struct {
 	idle     []int
 	queue    []*chunk
 	inflight int
+	// urgentIn counts the chunks of demanded units in flight: they do not
+	// wait for MaxInflight's room (a request waits on them; what is in
+	// flight ahead of them is already as much as the queue may hold), and
+	// have a bound of their own, the same number.
+	urgentIn int
 }
 
 func (l *loader) Receive(c actor.Context) {
@@ -84,18 +90,24 @@ func (l *loader) Receive(c actor.Context) {
 		var tail []*chunk
 		if m.front {
 			tail, l.queue = l.queue, nil
+			moved := map[*Unit]bool{}
 			for _, u := range m.units {
-				if u.queued { // move what it still has queued to the front
-					tail = slices.DeleteFunc(tail, func(ch *chunk) bool {
-						if ch.t.unit == u {
-							l.queue = append(l.queue, ch)
-							return true
-						}
-						return false
-					})
+				if u.queued {
+					moved[u] = true
 				}
 			}
+			if len(moved) > 0 { // move what they still have queued to the front, in one pass
+				tail = slices.DeleteFunc(tail, func(ch *chunk) bool {
+					if moved[ch.t.unit] {
+						ch.urgent = true
+						l.queue = append(l.queue, ch)
+						return true
+					}
+					return false
+				})
+			}
 		}
+		fresh := len(l.queue)
 	units:
 		for _, u := range m.units {
 			if u.queued || l.s.dropped(u) {
@@ -116,18 +128,23 @@ func (l *loader) Receive(c actor.Context) {
 				}
 			}
 		}
+		if m.front { // the units queued only now (under Lazy) are as urgent
+			for _, ch := range l.queue[fresh:] {
+				ch.urgent = true
+			}
+		}
 		l.queue = append(l.queue, tail...)
 		l.dispatch(c)
 	case *chunkRead:
 		l.idle = append(l.idle, m.c.reader)
 		t := m.c.t
 		if l.s.dropped(t.unit) {
-			l.inflight--
+			l.left(m.c.urgent)
 			l.dispatch(c)
 			return
 		}
 		if m.c.readErr != nil {
-			l.inflight--
+			l.left(m.c.urgent)
 			off := t.FileBase + m.c.off // a piece's bytes, counted in its stacked tensor
 			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", off, off+m.c.n, m.c.readErr))
 			l.dispatch(c)
@@ -139,7 +156,7 @@ func (l *loader) Receive(c actor.Context) {
 		c.Send(l.s.dequant, &toConvert{c: m.c}) // to the pool, which converts it
 		l.dispatch(c)
 	case *chunkDone:
-		l.inflight--
+		l.left(m.urgent)
 		l.dispatch(c)
 	case *abort:
 		keep := l.queue[:0]
@@ -193,16 +210,33 @@ func (l *loader) split(t *Tensor) error {
 	return nil
 }
 
-// dispatch hands queued chunks to idle readers, in order.
+// dispatch hands queued chunks to idle readers, in order, while there is
+// room in flight (a demanded unit's chunks have room of their own).
 func (l *loader) dispatch(c actor.Context) {
-	for len(l.queue) > 0 && len(l.idle) > 0 && l.inflight < l.s.cfg.MaxInflight {
+	max := l.s.cfg.MaxInflight
+	for len(l.queue) > 0 && len(l.idle) > 0 {
 		ch := l.queue[0]
+		if ch.urgent && l.urgentIn < max {
+			l.urgentIn++
+		} else if !ch.urgent && l.inflight < max {
+			l.inflight++
+		} else {
+			return
+		}
 		l.queue = l.queue[1:]
 		r := l.idle[len(l.idle)-1]
 		l.idle = l.idle[:len(l.idle)-1]
 		ch.reader = r
-		l.inflight++
 		c.Send(l.readers[r], ch)
+	}
+}
+
+// left counts a chunk out of flight.
+func (l *loader) left(urgent bool) {
+	if urgent {
+		l.urgentIn--
+	} else {
+		l.inflight--
 	}
 }
 
@@ -333,7 +367,7 @@ func (up *uploader) Receive(c actor.Context) {
 		// The chunk leaves the loader's count here, or (a paced
 		// uploader's) once it leaves the uploader's queue.
 		paced, _ := s.cfg.Uploader.(PacedUploader)
-		left := func() { c.Send(s.loader, &chunkDone{}) }
+		left := func() { c.Send(s.loader, &chunkDone{urgent: ch.urgent}) }
 		if paced == nil {
 			left()
 		}
@@ -353,7 +387,7 @@ func (up *uploader) Receive(c actor.Context) {
 		}
 		if err == nil {
 			if paced != nil {
-				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{}) }); err != nil {
+				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{urgent: ch.urgent}) }); err != nil {
 					err = fmt.Errorf("upload: %w", err)
 				}
 			} else if err = s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {

@@ -10,9 +10,9 @@
 #   1. forge bench load, prefetch and eager, llama-completion as the peer;
 #   2. the same prefetch with --gpu-upload unpaced (every chunk queued for
 #      the staging ring at once, as before the loader paced them);
-#   3. prefetch with --expert-profiles in a fresh folder, 4 runs: the first
-#      loads by index and writes the profile, the others load the experts
-#      earlier runs routed to first;
+#   3. one prefetch run with --expert-profiles in a fresh folder (it loads
+#      by index and writes the profile), then 1. again with that folder:
+#      every run loads the experts earlier runs routed to first;
 #   4. forge bench gen -p 512 -n 128 next to llama-bench.
 # DENSE=1 adds the 8B shape's first token paced and unpaced, alternating,
 # (pacing must not slow a dense load). Everything lands in $OUT/moe.txt;
@@ -39,18 +39,12 @@ for pr in ${MOE_PRESETS:-qwen3-30b-a3b}; do
   $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 8 --svg "$out/$pr.svg" --peer "$peer" >>"$log" 2>&1
   phase "$pr: prefetch unpaced"
   $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch --prompt-tokens 8 --gpu-upload unpaced >>"$log" 2>&1
-  phase "$pr: prefetch with an expert profile (run 1 writes it)"
+  phase "$pr: the expert profile's first run (loads by index, writes the profile)"
   pd=$(mktemp -d)
-  $F bench load -m $f --device gpu --runs 4 --cache warm --strategies prefetch --prompt-tokens 8 --expert-profiles "$pd" --json >"/tmp/$pr-prof.json" 2>>"$log"
-  python3 - "/tmp/$pr-prof.json" >>"$log" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for i, r in enumerate(d["Runs"]):
-    print(f"  profile run {i+1}: context {r.get('context_ms')} ready {r.get('ready_ms')} first token {r.get('first_token_ms')} "
-          f"resident {r.get('resident_ms')} ms; experts routed {r.get('experts_routed')} of {r.get('experts')}, "
-          f"{100*r.get('resident_at_first_token', 0):.1f}% of the bytes resident at the first token {r.get('error', '')}")
-EOF
-  $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch --prompt-tokens 8 --expert-profiles "$pd" --svg "$out/$pr-profile.svg" >>"$log" 2>&1
+  $F bench load -m $f --device gpu --runs 1 --cache warm --strategies prefetch --prompt-tokens 8 --expert-profiles "$pd" 2>&1 | grep -E '^ +prefetch|strategy' >>"$log"
+  phase "$pr: prefetch, eager, llama-completion with the profile"
+  $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 8 --expert-profiles "$pd" \
+    --svg "$out/$pr-profile.svg" --peer "$peer" >>"$log" 2>&1
   phase "$pr: bench gen"
   $F bench gen -m $f --device gpu -p 512 -n 128 -r 2 --peer "$L/llama-bench -ngl 99 -fa 1" >>"$log" 2>&1
   rm -f $f
