@@ -82,7 +82,7 @@ if [ "${KOBJ:-0}" = 1 ] && [ -x bin/device/kernels-gen ]; then
   fi
 fi
 status=0
-for pkg in rocm kernels/gpu actors pipeline pipeline/model; do
+for pkg in ${PKGS:-rocm kernels/gpu actors pipeline pipeline/model}; do # PKGS: some of them
   bin=bin/device/$(basename $pkg).test
   name=$(echo "$pkg" | tr / -)
   # Tests read their testdata relative to the package folder.

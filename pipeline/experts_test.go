@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/forge-llm/forge/actors"
 	"github.com/forge-llm/forge/gguf"
@@ -86,7 +87,13 @@ func expertOfRead(t *testing.T, f *gguf.File, tensor string, off int64) (expertK
 // its ExpertRun events say too.
 func routedExperts(t *testing.T, path string, prompt []int32) map[expertKey]bool {
 	t.Helper()
-	m, err := Open(context.Background(), path, Options{Strategy: Lazy, Threads: 2})
+	return routedExpertsOn(t, path, prompt, "")
+}
+
+// routedExpertsOn is routedExperts on a device ("" auto).
+func routedExpertsOn(t *testing.T, path string, prompt []int32, device string) map[expertKey]bool {
+	t.Helper()
+	m, err := Open(context.Background(), path, Options{Strategy: Lazy, Threads: 2, Device: device})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,8 +209,14 @@ func TestExpertUnitsGreedyUnchanged(t *testing.T) {
 func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 	path := writeMoE(t, "tiny-qwen3moe", synth.MixQ4_KM)
 	prompt := []int32{1, 5, 9}
-	routed := routedExperts(t, path, prompt)
-	want := referenceGreedy(t, path, prompt, 1)
+	firstTokenBeforeEveryExpert(t, path, prompt, "cpu", routedExpertsOn(t, path, prompt, "cpu"), referenceGreedy(t, path, prompt, 1))
+}
+
+// firstTokenBeforeEveryExpert is TestFirstTokenBeforeEveryExpert's body on
+// device, for a prompt that routes to the experts routed and whose first
+// token is want.
+func firstTokenBeforeEveryExpert(t *testing.T, path string, prompt []int32, device string, routed map[expertKey]bool, want []int32) {
+	t.Helper()
 
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -230,14 +243,18 @@ func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 	}}
 	// Enough readers that the held-back reads (3 tensors' pieces of each
 	// such expert) never take every reader: the routed ones get read.
-	m, err := Open(context.Background(), path, Options{Threads: 2, Readers: 128, Hooks: hooks})
+	m, err := Open(context.Background(), path, Options{Threads: 2, Readers: 128, Hooks: hooks, Device: device})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
 	sub := m.Subscribe()
 	defer sub.Close()
-	res, err := m.Generate(context.Background(), "", GenerateOptions{PromptIDs: prompt, MaxTokens: 1, IgnoreEOG: true})
+	// A request that waited for a held-back expert would wait until the
+	// deadline: it fails instead of hanging the test.
+	gctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := m.Generate(gctx, "", GenerateOptions{PromptIDs: prompt, MaxTokens: 1, IgnoreEOG: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,8 +322,8 @@ func TestFirstTokenBeforeEveryExpert(t *testing.T) {
 	if bytesIn != bytesAll {
 		t.Fatalf("the ready events add up to %d bytes, all resident is %d", bytesIn, bytesAll)
 	}
-	t.Logf("tiny-qwen3moe: %d of %d experts resident at the first token (the %d distinct experts the prompt routed to), %.1f%% of the weights' bytes",
-		readyBefore, total, len(routed), 100*float64(bytesAtFirst)/float64(bytesAll))
+	t.Logf("%s: %d of %d experts resident at the first token (the %d distinct experts the prompt routed to), %.1f%% of the weights' bytes",
+		device, readyBefore, total, len(routed), 100*float64(bytesAtFirst)/float64(bytesAll))
 }
 
 // TestExpertReadErrorFailsOnlyItsRequests: one expert's bytes can not be
