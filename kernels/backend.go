@@ -243,6 +243,16 @@ type ResidualNormer interface {
 	AddRMSNorm(dst, x, r Tensor, w *Weight, n int, eps float32) error
 }
 
+// NormPairer is a Backend that normalises two sets of rows of one width
+// with their own weights in one op (a GPU launch instead of two): Qwen3's
+// and Gemma's per-head norms of the queries and the keys. Every row must
+// get the bits RMSNorm gives it; the model falls back to two RMSNorms.
+type NormPairer interface {
+	// RMSNormPair is RMSNorm(dstA, xA, wA, nA, eps) and RMSNorm(dstB, xB,
+	// wB, nB, eps), with wA and wB of the same width.
+	RMSNormPair(dstA, xA Tensor, wA *Weight, nA int, dstB, xB Tensor, wB *Weight, nB int, eps float32) error
+}
+
 // SharedInputMatMuler is a Backend that multiplies one input by several
 // weights at once (a block's Q, K and V; its gate and up projections): one
 // pass that a GPU can launch as one kernel. The model falls back to one

@@ -68,6 +68,16 @@ type ExpertRouter interface {
 	MixSlots(dst, src, w Tensor, k, cols int) error
 }
 
+// ExpertQ8MatMuler is an ExpertRouter whose expert products take x's
+// 8-bit copy from the op that wrote x (a decode step's norm for the gate
+// and up products, Q8Ops.SiLUMulQ8 for the down ones): the products that
+// read 8 bits skip quantizing x again, a launch less each. xq holds x's
+// rows (one when shared, else k) of the tables' width; the results are
+// ExpertMatMuls' bit for bit.
+type ExpertQ8MatMuler interface {
+	ExpertMatMulsQ8(dsts []Tensor, tables []ExpertTable, ids, x Tensor, xq Q8, k int, shared bool) error
+}
+
 // ExpertBiaser is an ExpertRouter that also adds each chosen expert's
 // bias (gpt-oss): for slot j < k,
 //

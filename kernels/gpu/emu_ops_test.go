@@ -297,3 +297,37 @@ func addRMSNormCPU(b *cpu.Backend, dst, x, r kernels.Tensor, w *kernels.Weight, 
 	}
 	return b.RMSNorm(dst, x, w, n, eps)
 }
+
+// TestEmuNormPair: rmsnorm_row2 over the query and key heads of a decode
+// step (32 and 4 rows of 128, a tiny model's 4 and 2 of 96) gives every
+// row the bits rmsnorm_row gives it, launched as RMSNormPair and RMSNorm
+// launch them, at both widths.
+func TestEmuNormPair(t *testing.T) {
+	rng := emuRNG(t)
+	const eps = float32(1e-6)
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			for _, c := range []struct{ na, nb, cols int }{{32, 4, 128}, {4, 2, 96}, {64, 8, 128}} {
+				var job emuJob
+				wa := job.f32(conformance.RandomVector(rng, c.cols, 1))
+				wb := job.f32(conformance.RandomVector(rng, c.cols, 1))
+				xa := conformance.RandomVector(rng, c.na*c.cols, 2)
+				xb := conformance.RandomVector(rng, c.nb*c.cols, 2)
+				pa, pb := job.f32(xa), job.f32(xb)
+				la, _ := planNorm(c.na, c.cols, false, false)
+				job.launch("rmsnorm_row2", rocm.D1(c.na+c.nb), la.Block, eP(pa, 0), eP(pa, 0), eP(wa, 0), eI(c.na), eP(pb, 0), eP(pb, 0), eP(wb, 0), eI(c.cols), eF(eps))
+				sa, sb := job.f32(xa), job.f32(xb)
+				lb, _ := planNorm(c.nb, c.cols, false, false)
+				job.launch(la.Kernel, la.Grid, la.Block, eP(sa, 0), eP(sa, 0), eNull(), eP(wa, 0), eI(c.cols), eF(eps), eNull(), eNull())
+				job.launch(lb.Kernel, lb.Grid, lb.Block, eP(sb, 0), eP(sb, 0), eNull(), eP(wb, 0), eI(c.cols), eF(eps), eNull(), eNull())
+				res := runEmu(t, ed.dev.Warp, &job)
+				if !slices.Equal(res.bufs[pa], res.bufs[sa]) || !slices.Equal(res.bufs[pb], res.bufs[sb]) {
+					t.Errorf("%d and %d rows of %d: rmsnorm_row2 differs from rmsnorm_row", c.na, c.nb, c.cols)
+				}
+				if slices.Equal(res.f32(pa), xa) {
+					t.Errorf("%d rows of %d: not normalised", c.na, c.cols)
+				}
+			}
+		})
+	}
+}

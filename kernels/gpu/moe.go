@@ -311,11 +311,24 @@ func (b *Backend) FreeExpertTable(t kernels.ExpertTable) {
 
 // ExpertMatMuls implements kernels.ExpertRouter: one launch of the tables'
 // product (planMoe) over every table (at most two, of one type, shape and
-// kernel) and slot; on 8-bit x, x quantized once for all slots (a vector
-// already quantized by the op that wrote it is not quantized again: the
-// decode step's SiLUMul quantizes the experts' rows side by side, each
-// block of 32 alone, as a product of one row would).
+// kernel) and slot; on 8-bit x, x quantized once for all slots, each
+// block of 32 alone, as a product of one row would (ExpertMatMulsQ8 takes
+// the copy the op that wrote x made instead).
 func (b *Backend) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTable, ids, x kernels.Tensor, k int, shared bool) error {
+	return b.expertMatMuls(dsts, tables, ids, x, kernels.Q8{}, k, shared)
+}
+
+var _ kernels.ExpertQ8MatMuler = (*Backend)(nil)
+
+// ExpertMatMulsQ8 implements kernels.ExpertQ8MatMuler: ExpertMatMuls with
+// x's 8-bit copy xq (one row when shared, else k, of the tables' width)
+// made by the op that wrote x, so a product on 8-bit x does not quantize
+// it again.
+func (b *Backend) ExpertMatMulsQ8(dsts []kernels.Tensor, tables []kernels.ExpertTable, ids, x kernels.Tensor, xq kernels.Q8, k int, shared bool) error {
+	return b.expertMatMuls(dsts, tables, ids, x, xq, k, shared)
+}
+
+func (b *Backend) expertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTable, ids, x kernels.Tensor, xq kernels.Q8, k int, shared bool) error {
 	if len(tables) == 0 || len(tables) > 2 || len(dsts) != len(tables) || k <= 0 {
 		return fmt.Errorf("gpu: expert matmuls: %d outputs for %d tables (1 or 2) of %d slots", len(dsts), len(tables), k)
 	}
@@ -352,27 +365,39 @@ func (b *Backend) ExpertMatMuls(dsts []kernels.Tensor, tables []kernels.ExpertTa
 		}
 		t1p, y1 = ts[1].p, dptr(dsts[1])
 	}
+	var q8 q8x
+	if !xq.Empty() && pl.Q8 {
+		var err error
+		rows, cols := k, t0.cols
+		if shared {
+			rows = 1
+		}
+		if q8, err = devQ8("expert matmuls", xq, rows, cols); err != nil {
+			return err
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
-		return b.queueExperts(c, t0, t1p, dptr(dsts[0]), y1, len(tables), dptr(ids), dptr(x), xn, k, xstride)
+		return b.queueExperts(c, t0, t1p, dptr(dsts[0]), y1, len(tables), dptr(ids), dptr(x), xn, k, xstride, q8)
 	})
 }
 
 // queueExperts queues the expert products of tables t0 (and the one at
-// t1p when tabs is 2) into y0 (and y1) for the k slots of ids: x [xn]
-// quantized first where the plan reads 8 bits, then the plan's kernel.
-// Call with b.mu held, on the worker (benchmarks call it directly).
-func (b *Backend) queueExperts(c *rocm.Ctx, t0 *expertTable, t1p, y0, y1 rocm.DevPtr, tabs int, ids, x rocm.DevPtr, xn, k, xstride int) error {
+// t1p when tabs is 2) into y0 (and y1) for the k slots of ids: where the
+// plan reads 8 bits, x [xn] quantized first unless q8 is its copy, then
+// the plan's kernel. Call with b.mu held, on the worker (benchmarks call
+// it directly).
+func (b *Backend) queueExperts(c *rocm.Ctx, t0 *expertTable, t1p, y0, y1 rocm.DevPtr, tabs int, ids, x rocm.DevPtr, xn, k, xstride int, q8 q8x) error {
 	pl := t0.plan
 	var a rocm.Args
 	a.Ptr(t0.p).Ptr(t1p).Ptr(y0).Ptr(y1).Ptr(ids)
 	if pl.Q8 {
-		xq, xd, err := b.quantizeX(c, x, xn)
+		made, err := b.q8For(c, x, xn, &q8)
 		if err != nil {
 			return err
 		}
-		a.Ptr(xq).Ptr(xd)
+		a.Ptr(made.codes).Ptr(made.scales)
 	} else {
 		a.Ptr(x)
 	}

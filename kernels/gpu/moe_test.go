@@ -126,6 +126,7 @@ func moeOpsCase(t *testing.T, b *Backend, rng *rand.Rand, typ gguf.Type, E, F, D
 		}
 	}
 	same(t, "weighted sum", download(t, b, dst), download(t, b, rd))
+	moeQ8Case(t, b, rng, tabs, ids, x, k, F, D, alloc)
 	// the prompt ops against the CPU backend's
 	const n = 5
 	src := randVec(rng, n*k*D, 1)
@@ -154,6 +155,60 @@ func moeOpsCase(t *testing.T, b *Backend, rng *rand.Rand, typ gguf.Type, E, F, D
 		same(t, "gather rows", download(t, b, g), cpuRead(t, c, cg))
 		same(t, "mix rows", download(t, b, m), cpuRead(t, c, cm))
 	})
+}
+
+// moeQ8Case: ExpertMatMulsQ8 on the 8-bit copies RMSNormQ8 (gate and up,
+// one shared row) and SiLUMulQ8 (down, k rows) made gives ExpertMatMuls'
+// bits on the same rows, which quantizes them itself.
+func moeQ8Case(t *testing.T, b *Backend, rng *rand.Rand, tabs [3]kernels.ExpertTable, ids, x kernels.Tensor, k, F, D int, alloc func(int) kernels.Tensor) {
+	t.Helper()
+	q8 := func(rows, cols int) kernels.Q8 {
+		q, err := kernels.Q8In(alloc(kernels.Q8Floats(rows, cols)), rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	nw := conformance.F32Weight("norm", randVec(rng, D, 1))
+	t.Cleanup(func() { b.FreeWeight(nw) })
+	xn := alloc(D)
+	xq, err := b.RMSNormQ8(xn, x, nw, 1, 1e-6, q8(1, D))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if xq.Empty() {
+		t.Fatalf("RMSNormQ8 of one row of %d made no copy", D)
+	}
+	g1, u1, g2, u2 := alloc(k*F), alloc(k*F), alloc(k*F), alloc(k*F)
+	if err := b.ExpertMatMuls([]kernels.Tensor{g1, u1}, []kernels.ExpertTable{tabs[0], tabs[1]}, ids, xn, k, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ExpertMatMulsQ8([]kernels.Tensor{g2, u2}, []kernels.ExpertTable{tabs[0], tabs[1]}, ids, xn, xq, k, true); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "gate on the norm's 8-bit copy", download(t, b, g2), download(t, b, g1))
+	same(t, "up on the norm's 8-bit copy", download(t, b, u2), download(t, b, u1))
+	hb := alloc(k * F)
+	hq, err := b.SiLUMulQ8(hb, g1, u1, k*F, q8(k, F))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hq.Empty() {
+		t.Fatalf("SiLUMulQ8 of %d×%d made no copy", k, F)
+	}
+	o1, o2 := alloc(k*D), alloc(k*D)
+	if err := b.ExpertMatMuls([]kernels.Tensor{o1}, []kernels.ExpertTable{tabs[2]}, ids, hb, k, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ExpertMatMulsQ8([]kernels.Tensor{o2}, []kernels.ExpertTable{tabs[2]}, ids, hb, hq, k, false); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "down on SiLUMul's 8-bit copy", download(t, b, o2), download(t, b, o1))
+	if tabs[2].(*expertTable).plan.Q8 { // a product on 8-bit x refuses a copy of another shape
+		if err := b.ExpertMatMulsQ8([]kernels.Tensor{o2}, []kernels.ExpertTable{tabs[2]}, ids, hb, xq, k, false); err == nil {
+			t.Error("ExpertMatMulsQ8 took a copy of the wrong shape")
+		}
+	}
 }
 
 func same(t *testing.T, what string, got, want []float32) {

@@ -211,5 +211,5 @@ func benchExperts(bk *Backend, c *rocm.Ctx, t0, t1 *expertTable, y0, y1, ids, x 
 	if xstride != 0 {
 		xn = k * t0.cols
 	}
-	return bk.queueExperts(c, t0, t1p, dptr(y0), y1p, tabs, dptr(ids), dptr(x), xn, k, xstride)
+	return bk.queueExperts(c, t0, t1p, dptr(y0), y1p, tabs, dptr(ids), dptr(x), xn, k, xstride, q8x{})
 }

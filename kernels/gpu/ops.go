@@ -491,6 +491,48 @@ func (b *Backend) rmsNorm(op string, dst, x, r kernels.Tensor, w *kernels.Weight
 	return q, nil
 }
 
+var _ kernels.NormPairer = (*Backend)(nil)
+
+// RMSNormPair implements kernels.NormPairer: where both sets take
+// rmsnorm_row (at most kernels.MaxBatchRows rows each: a decode step's
+// query and key heads), one launch of rmsnorm_row2 over both, each row
+// rmsnorm_row's arithmetic; otherwise the two RMSNorms.
+func (b *Backend) RMSNormPair(dstA, xA kernels.Tensor, wA *kernels.Weight, nA int, dstB, xB kernels.Tensor, wB *kernels.Weight, nB int, eps float32) error {
+	if wA == nil || wB == nil || wA.Cols != wB.Cols || nA <= 0 || nB <= 0 || nA > kernels.MaxBatchRows || nB > kernels.MaxBatchRows {
+		if err := b.RMSNorm(dstA, xA, wA, nA, eps); err != nil {
+			return err
+		}
+		return b.RMSNorm(dstB, xB, wB, nB, eps)
+	}
+	const op = "rmsnorm pair"
+	cols := wA.Cols
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"x a", xA, nA}, {"dst a", dstA, nA}, {"x b", xB, nB}, {"dst b", dstB, nB}} {
+		if err := checkTensor(op+": "+c.what, c.t, c.n*cols); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wa, err := b.normWeight(op, wA, cols)
+	if err != nil {
+		return err
+	}
+	wb, err := b.normWeight(op, wB, cols)
+	if err != nil {
+		return err
+	}
+	l, _ := planNorm(nA, cols, false, false) // rmsnorm_row's block: the same bits
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dstA)).Ptr(dptr(xA)).Ptr(wa).I32(int32(nA)).Ptr(dptr(dstB)).Ptr(dptr(xB)).Ptr(wb).I32(int32(cols)).F32(eps)
+		return b.launch(c, "rmsnorm_row2", rocm.D1(nA+nB), l.Block, &a)
+	})
+}
+
 // AddBias adds the F32 vector bias to each of n rows of x in place.
 func (b *Backend) AddBias(x kernels.Tensor, bias *kernels.Weight, n int) error {
 	if bias == nil {

@@ -124,6 +124,7 @@ func NewBatched(be kernels.Backend, cfg Config, w Weights, o BatchOptions) (*Mod
 	m.lws = make([]*LayerWeights, cfg.Layers)
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
+	m.pairNorm, _ = kernels.As[kernels.NormPairer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.promptMM, _ = kernels.As[kernels.PromptMatMuler](be)
 	m.promptMulti, _ = kernels.As[kernels.SharedInputPromptMatMuler](be)

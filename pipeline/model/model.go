@@ -55,7 +55,8 @@ type scratch struct {
 	// backend with kernels.Q8Ops and for widths of whole blocks of 32;
 	// empty otherwise.
 	xbQ, attQ, hbQ kernels.Q8
-	q8buf          [3]kernels.Tensor
+	// q8buf holds those copies, and a mixture's decode hb's (moe.hbQ).
+	q8buf [4]kernels.Tensor
 }
 
 // layerFunc runs one transformer block on n tokens at positions pos0…,
@@ -99,7 +100,10 @@ type Model struct {
 	// backend can; pending says that x still lacks the last sub-block's
 	// output (xb2), which the next norm adds (see preNorm).
 	resNorm kernels.ResidualNormer
-	pending bool
+	// pairNorm normalises the queries' and the keys' heads in one op
+	// (rmsnormPair), where the backend can.
+	pairNorm kernels.NormPairer
+	pending  bool
 	// multi multiplies one input by several weights at once, where the
 	// backend can; mmDst and mmW hold the arguments (no allocation).
 	multi kernels.SharedInputMatMuler
@@ -214,6 +218,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	}
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
+	m.pairNorm, _ = kernels.As[kernels.NormPairer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.q8, _ = kernels.As[kernels.Q8Ops](be)
 
@@ -264,13 +269,22 @@ func (m *Model) allocScratch() error {
 			}
 		}
 	}
+	if m.s.q8buf[3].Len > 0 && c.ExpertFF%32 == 0 { // a decode step's experts' rows, side by side
+		if m.s.moe.hbQ, err = kernels.Q8In(m.s.q8buf[3], c.ExpertsUsed, c.ExpertFF); err != nil {
+			m.be.Free(all)
+			return fmt.Errorf("model: scratch: %w", err)
+		}
+	}
 	m.logits = make([]float32, logitRows*c.Vocab)
 	return nil
 }
 
 // q8Widths are the widths of xb, att and hb, whose 8-bit copies the
-// scratch holds (for those of whole blocks of 32).
-func q8Widths(c Config) [3]int { return [3]int{c.Embd, c.QDim(), c.FF} }
+// scratch holds (for those of whole blocks of 32), and of a mixture's
+// decode hb, its ExpertsUsed experts' rows side by side (0: dense).
+func q8Widths(c Config) [4]int {
+	return [4]int{c.Embd, c.QDim(), c.FF, c.ExpertsUsed * c.ExpertFF}
+}
 
 // scratchPiece is one named buffer of the scratch and its length.
 type scratchPiece struct {
@@ -286,7 +300,7 @@ type scratchPiece struct {
 func (s *scratch) pieces(c Config, B, logitRows, q8Rows int) []scratchPiece {
 	var q8 []scratchPiece
 	for i, w := range q8Widths(c) {
-		if q8Rows > 0 && w%32 == 0 {
+		if q8Rows > 0 && w > 0 && w%32 == 0 {
 			q8 = append(q8, scratchPiece{&s.q8buf[i], kernels.Q8Floats(q8Rows, w)})
 		}
 	}

@@ -185,6 +185,11 @@ type moeScratch struct {
 	// A decode step routed on the device (moe_gpu.go): its experts' ids
 	// (int32 in float32 slots) and weights.
 	ids, wts kernels.Tensor // [ExpertsUsed]
+	// hbQ is a decode step's hb's 8-bit copy, [ExpertsUsed][ExpertFF]
+	// (kernels.Q8Ops, ExpertFF of whole blocks of 32; else empty): the
+	// device-routed step's SiLUMul writes it and its down products read
+	// it (kernels.ExpertQ8MatMuler).
+	hbQ kernels.Q8
 }
 
 // pieces lists the buffers for batches of B rows (none for a dense model).

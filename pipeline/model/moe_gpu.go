@@ -207,24 +207,39 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 	if m.err != nil {
 		return
 	}
+	rq, takesQ8 := rt.(kernels.ExpertQ8MatMuler)
+	// experts multiplies x (k rows, or one shared) by tables: on x's
+	// 8-bit copy xq where there is one and the backend takes it.
+	experts := func(dsts []kernels.Tensor, tables []kernels.ExpertTable, x kernels.Tensor, xq kernels.Q8, shared bool) error {
+		if takesQ8 && !xq.Empty() {
+			return rq.ExpertMatMulsQ8(dsts, tables, ids, x, xq, K, shared)
+		}
+		return rt.ExpertMatMuls(dsts, tables, ids, x, K, shared)
+	}
 	if t.pair { // gate and up in one launch
-		fail("gate and up", rt.ExpertMatMuls([]kernels.Tensor{gate, up}, []kernels.ExpertTable{t.gate, t.up}, ids, xb, K, true))
+		fail("gate and up", experts([]kernels.Tensor{gate, up}, []kernels.ExpertTable{t.gate, t.up}, xb, xq, true))
 	} else {
-		fail("gate", rt.ExpertMatMuls([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, ids, xb, K, true))
-		fail("up", rt.ExpertMatMuls([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, ids, xb, K, true))
+		fail("gate", experts([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, xb, xq, true))
+		fail("up", experts([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, xb, xq, true))
 	}
 	bs, _ := rt.(kernels.ExpertBiaser) // makeTables checked it where oai
 	if oai {
 		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, K, F))
 		fail("up bias", bs.AddExpertBias(up, t.upB, ids, K, F))
 		m.swigluOAI(hb, gate, up, K*F)
-	} else {
+	}
+	var hq kernels.Q8 // hb's 8-bit copy, made by the SiLUMul where the down products can take it
+	switch {
+	case oai:
+	case takesQ8:
+		hq = m.siluMulQ(hb, gate, up, K*F, s.hbQ)
+	default:
 		m.siluMul(hb, gate, up, K*F)
 	}
 	if m.err != nil {
 		return
 	}
-	fail("down", rt.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, ids, hb, K, false))
+	fail("down", experts([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, hb, hq, false))
 	if oai {
 		fail("down bias", bs.AddExpertBias(out, t.downB, ids, K, D))
 	}

@@ -141,6 +141,22 @@ func (m *Model) rmsnorm(dst, x kernels.Tensor, w *kernels.Weight, n int) {
 	}
 }
 
+// rmsnormPair normalises the n·Heads query heads qa with qw and the
+// n·KVHeads key heads ka with kw in place (one op where the backend pairs
+// them, every row the bits of its own rmsnorm).
+func (m *Model) rmsnormPair(qa kernels.Tensor, qw *kernels.Weight, nq int, ka kernels.Tensor, kw *kernels.Weight, nk int) {
+	if m.pairNorm == nil {
+		m.rmsnorm(qa, qa, qw, nq)
+		m.rmsnorm(ka, ka, kw, nk)
+		return
+	}
+	if m.err == nil {
+		if err := m.pairNorm.RMSNormPair(qa, qa, qw, nq, ka, ka, kw, nk, m.Cfg.NormEps); err != nil {
+			m.err = fmt.Errorf("rmsnorm %s and %s: %w", qw.Name, kw.Name, err)
+		}
+	}
+}
+
 // matmul multiplies x by w; xq is x's 8-bit copy (a preNorm, attention or
 // siluMulQ returned it) or the zero Q8.
 func (m *Model) matmul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, xq kernels.Q8, n int) {

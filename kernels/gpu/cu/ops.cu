@@ -22,10 +22,11 @@ KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const flo
 // multiple of 32), the input of the matrix–vector products that follow.
 // Block b takes row b of [gridDim.x][cols]: a batched step's rows each get
 // exactly the arithmetic of a row alone (batch invariance).
-KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
-                                                float eps, i8* q, float* d) {
-  __shared__ float scratch[32];
-  size_t ro = (size_t)blockIdx.x * cols;
+// rmsnorm_row_body is one such row (row of dst, x, r, q, d), shared with
+// rmsnorm_row2.
+DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, int cols, float eps, i8* q, float* d,
+                          int row, float* scratch) {
+  size_t ro = (size_t)row * cols;
   dst += ro;
   x += ro;
   if (r) r += ro;
@@ -57,6 +58,25 @@ KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const floa
     }
     if (q) q8_group(v, c, cols, q, d);
   }
+}
+
+KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
+                                                float eps, i8* q, float* d) {
+  __shared__ float scratch[32];
+  rmsnorm_row_body(dst, x, r, w, cols, eps, q, d, blockIdx.x, scratch);
+}
+
+// rmsnorm_row2: rmsnorm_row over two sets of rows of one width, the first
+// na rows of xa with wa, then those of xb with wb (the queries' and the
+// keys' head norms in one launch); each row the bits rmsnorm_row gives it.
+KERNEL void __launch_bounds__(1024) rmsnorm_row2(float* dsta, float* xa, const float* wa, int na, float* dstb, float* xb,
+                                                 const float* wb, int cols, float eps) {
+  __shared__ float scratch[32];
+  int row = blockIdx.x;
+  if (row < na)
+    rmsnorm_row_body(dsta, xa, nullptr, wa, cols, eps, nullptr, nullptr, row, scratch);
+  else
+    rmsnorm_row_body(dstb, xb, nullptr, wb, cols, eps, nullptr, nullptr, row - na, scratch);
 }
 
 // x += r, then RMSNorm, one block per row (the prompt shape).
