@@ -280,20 +280,8 @@ func TestBenchLoadExpertProfiles(t *testing.T) {
 			t.Fatalf("run %d: first token %v ms, error %q", i, r.FirstTokenMs, r.Err)
 		}
 	}
-	profs, err := filepath.Glob(filepath.Join(dir, "experts-*.json"))
-	if err != nil || len(profs) != 1 {
-		t.Fatalf("profiles in %s: %v %v", dir, profs, err)
-	}
-	b, err := os.ReadFile(profs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var prof struct{ Uses [][]int64 }
-	if err := json.Unmarshal(b, &prof); err != nil || len(prof.Uses) == 0 {
-		t.Fatalf("profile %s: %v", profs[0], err)
-	}
 	var block0 int64
-	for _, k := range prof.Uses[0] {
+	for _, k := range onlyProfile(t, dir)[0] {
 		block0 += k
 	}
 	if k := int64(synth.Presets["tiny-qwen3moe"].ExpertsUsed); block0 != 2*5*k {

@@ -25,6 +25,22 @@ func TestServeExpertProfilesFlag(t *testing.T) {
 		t.Fatalf("serve returned %v", err)
 	}
 
+	uses := onlyProfile(t, dir)
+	var total int64
+	for _, l := range uses {
+		for _, k := range l {
+			total += k
+		}
+	}
+	if total == 0 {
+		t.Fatalf("the profile in %s records no routing", dir)
+	}
+}
+
+// onlyProfile reads the one expert usage profile dir holds: its uses per
+// block and expert.
+func onlyProfile(t *testing.T, dir string) [][]int64 {
+	t.Helper()
 	profs, err := filepath.Glob(filepath.Join(dir, "experts-*.json"))
 	if err != nil || len(profs) != 1 {
 		t.Fatalf("profiles in %s: %v %v", dir, profs, err)
@@ -34,16 +50,8 @@ func TestServeExpertProfilesFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	var prof struct{ Uses [][]int64 }
-	if err := json.Unmarshal(b, &prof); err != nil {
-		t.Fatal(err)
+	if err := json.Unmarshal(b, &prof); err != nil || len(prof.Uses) == 0 {
+		t.Fatalf("profile %s: %v: %s", profs[0], err, b)
 	}
-	var total int64
-	for _, l := range prof.Uses {
-		for _, k := range l {
-			total += k
-		}
-	}
-	if total == 0 {
-		t.Fatalf("profile %s records no routing: %s", profs[0], b)
-	}
+	return prof.Uses
 }
