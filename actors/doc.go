@@ -14,7 +14,8 @@
 //   - The loader owns the mapped file. It splits each unit (the globals —
 //     token_embd, output_norm, output — or one block) into chunks of whole
 //     rows and hands them, in priority order, to several reader actors; at
-//     most MaxInflight chunks are between reading and upload.
+//     most MaxInflight chunks (or InflightBytes) are between reading and
+//     upload.
 //   - The dequantizer pool turns chunks into what the backend consumes:
 //     a pass-through for types its kernels read, F32 otherwise (Converter).
 //   - The uploader owns the Uploader: one weight allocation sized from the

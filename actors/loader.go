@@ -41,7 +41,10 @@ type (
 	// chunkRead: a reader is done with a chunk (readErr set on failure).
 	chunkRead struct{ c *chunk }
 	// chunkDone: a chunk has left the pipeline (uploaded or dropped).
-	chunkDone struct{ urgent bool }
+	chunkDone struct {
+		urgent bool
+		n      int64 // its file bytes
+	}
 	// abort: drop the queued chunks of units from index from on, or with
 	// unit set, of that unit only (a failed expert: the others load on).
 	abort struct {
@@ -66,16 +69,16 @@ type (
 // in priority order, and hands them to its reader children, at most
 // maxInflight at once.
 type loader struct {
-	s        *System
-	readers  []*actor.PID
-	idle     []int
-	queue    []*chunk
-	inflight int
-	// urgentIn counts the chunks of demanded units in flight: they do not
-	// wait for MaxInflight's room (a request waits on them; what is in
+	s       *System
+	readers []*actor.PID
+	idle    []int
+	queue   []*chunk
+	// inflight counts the chunks in flight (Config.MaxInflight, or
+	// InflightBytes). urgentIn counts those of demanded units apart: they
+	// do not wait for that room (a request waits on them; what is in
 	// flight ahead of them is already as much as the queue may hold), and
-	// have a bound of their own, the same number.
-	urgentIn int
+	// have a bound of their own, the same.
+	inflight, urgentIn flight
 }
 
 func (l *loader) Receive(c actor.Context) {
@@ -139,12 +142,12 @@ func (l *loader) Receive(c actor.Context) {
 		l.idle = append(l.idle, m.c.reader)
 		t := m.c.t
 		if l.s.dropped(t.unit) {
-			l.left(m.c.urgent)
+			l.left(m.c.urgent, m.c.n)
 			l.dispatch(c)
 			return
 		}
 		if m.c.readErr != nil {
-			l.left(m.c.urgent)
+			l.left(m.c.urgent, m.c.n)
 			off := t.FileBase + m.c.off // a piece's bytes, counted in its stacked tensor
 			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", off, off+m.c.n, m.c.readErr))
 			l.dispatch(c)
@@ -156,7 +159,7 @@ func (l *loader) Receive(c actor.Context) {
 		c.Send(l.s.dequant, &toConvert{c: m.c}) // to the pool, which converts it
 		l.dispatch(c)
 	case *chunkDone:
-		l.left(m.urgent)
+		l.left(m.urgent, m.n)
 		l.dispatch(c)
 	case *abort:
 		keep := l.queue[:0]
@@ -213,16 +216,17 @@ func (l *loader) split(t *Tensor) error {
 // dispatch hands queued chunks to idle readers, in order, while there is
 // room in flight (a demanded unit's chunks have room of their own).
 func (l *loader) dispatch(c actor.Context) {
-	max := l.s.cfg.MaxInflight
 	for len(l.queue) > 0 && len(l.idle) > 0 {
 		ch := l.queue[0]
-		if ch.urgent && l.urgentIn < max {
-			l.urgentIn++
-		} else if !ch.urgent && l.inflight < max {
-			l.inflight++
-		} else {
+		f := &l.inflight
+		if ch.urgent {
+			f = &l.urgentIn
+		}
+		if !f.room(l.s.cfg) {
 			return
 		}
+		f.n++
+		f.bytes += ch.n
 		l.queue = l.queue[1:]
 		r := l.idle[len(l.idle)-1]
 		l.idle = l.idle[:len(l.idle)-1]
@@ -231,13 +235,30 @@ func (l *loader) dispatch(c actor.Context) {
 	}
 }
 
-// left counts a chunk out of flight.
-func (l *loader) left(urgent bool) {
+// left counts a chunk of n file bytes out of flight.
+func (l *loader) left(urgent bool, n int64) {
+	f := &l.inflight
 	if urgent {
-		l.urgentIn--
-	} else {
-		l.inflight--
+		f = &l.urgentIn
 	}
+	f.n--
+	f.bytes -= n
+}
+
+// flight is chunks in flight: how many, and their file bytes.
+type flight struct {
+	n     int
+	bytes int64
+}
+
+// room reports whether another chunk may go: under InflightBytes while
+// fewer bytes than that are in flight, else while fewer than MaxInflight
+// chunks are.
+func (f *flight) room(cfg Config) bool {
+	if cfg.InflightBytes > 0 {
+		return f.bytes < cfg.InflightBytes
+	}
+	return f.n < cfg.MaxInflight
 }
 
 // reader reads one chunk at a time: it pages the chunk's bytes in from the
@@ -367,7 +388,7 @@ func (up *uploader) Receive(c actor.Context) {
 		// The chunk leaves the loader's count here, or (a paced
 		// uploader's) once it leaves the uploader's queue.
 		paced, _ := s.cfg.Uploader.(PacedUploader)
-		left := func() { c.Send(s.loader, &chunkDone{urgent: ch.urgent}) }
+		left := func() { c.Send(s.loader, &chunkDone{urgent: ch.urgent, n: ch.n}) }
 		if paced == nil {
 			left()
 		}
@@ -387,7 +408,7 @@ func (up *uploader) Receive(c actor.Context) {
 		}
 		if err == nil {
 			if paced != nil {
-				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{urgent: ch.urgent}) }); err != nil {
+				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{urgent: ch.urgent, n: ch.n}) }); err != nil {
 					err = fmt.Errorf("upload: %w", err)
 				}
 			} else if err = s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {

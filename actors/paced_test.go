@@ -14,11 +14,14 @@ import (
 // the units' chunks in upload order and the most chunks held at once.
 type pacedHost struct {
 	*HostUploader
-	mu    sync.Mutex
-	held  []func()
-	order []string
-	most  int
-	more  chan struct{}
+	mu        sync.Mutex
+	held      []func()
+	heldBytes []int
+	order     []string
+	most      int // chunks held at once
+	bytes     int // bytes held now
+	mostBytes int // at once
+	more      chan struct{}
 }
 
 func (p *pacedHost) UploadThen(t *Tensor, off int64, data []byte, done func()) error {
@@ -27,8 +30,11 @@ func (p *pacedHost) UploadThen(t *Tensor, off int64, data []byte, done func()) e
 	}
 	p.mu.Lock()
 	p.held = append(p.held, done)
+	p.heldBytes = append(p.heldBytes, len(data))
 	p.order = append(p.order, t.unit.Name())
 	p.most = max(p.most, len(p.held))
+	p.bytes += len(data)
+	p.mostBytes = max(p.mostBytes, p.bytes)
 	p.mu.Unlock()
 	select {
 	case p.more <- struct{}{}:
@@ -46,6 +52,8 @@ func (p *pacedHost) release() bool {
 	}
 	done := p.held[0]
 	p.held = p.held[1:]
+	p.bytes -= p.heldBytes[0]
+	p.heldBytes = p.heldBytes[1:]
 	p.mu.Unlock()
 	done()
 	return true
@@ -130,5 +138,46 @@ func TestPacedUploaderBoundsQueueAndDemandOvertakes(t *testing.T) {
 	// unit's chunks have as many again of their own.
 	if mostBefore != inflight || up.most > 2*inflight {
 		t.Errorf("%d chunks held by the uploader at once before the demand, %d after; MaxInflight %d", mostBefore, up.most, inflight)
+	}
+}
+
+// TestPacedUploaderBoundsBytes: with InflightBytes the loader bounds the
+// bytes in flight, not the chunks: small chunks (here rows of ≤ 128 bytes
+// against a bound of 1000) go several more at once than MaxInflight would
+// let them, and the bytes held never pass the bound by more than the last
+// chunk admitted.
+func TestPacedUploaderBoundsBytes(t *testing.T) {
+	f, err := gguf.Open(writeMixture(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 1000
+	up := &pacedHost{HostUploader: &HostUploader{}, more: make(chan struct{}, 1<<10)}
+	s, err := Start(context.Background(), Config{File: f, Layers: 2, Readers: 1, ChunkBytes: 100, MaxInflight: 2, InflightBytes: bound, Uploader: up})
+	if err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	defer s.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, _ := s.Resident().State(); st != Pending {
+			break
+		}
+		up.mu.Lock()
+		full := up.bytes >= bound-128 // as much as may go: let one out
+		up.mu.Unlock()
+		if !full || !up.release() {
+			if time.Now().After(deadline) {
+				t.Fatal("the load never became resident")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := s.Resident().Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if up.most <= 2 || up.mostBytes >= bound+128 {
+		t.Errorf("%d chunks, %d bytes held at once: want more than MaxInflight's 2 chunks, under %d bytes and a chunk", up.most, up.mostBytes, bound)
 	}
 }

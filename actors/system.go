@@ -51,9 +51,13 @@ type Config struct {
 	// ChunkBytes is the read and upload unit (default 4 MiB, whole rows).
 	ChunkBytes int64
 	// MaxInflight bounds the chunks between reading and upload (default
-	// 4 per reader): the staging ring of a GPU.
+	// 4 per reader): what waits for the staging ring of a GPU.
 	MaxInflight int
-	Hooks       Hooks
+	// InflightBytes, when positive, bounds their file bytes instead, so
+	// that a load of small chunks (a mixture's experts, ~1 MB each) keeps
+	// as many bytes in flight as one of whole chunks.
+	InflightBytes int64
+	Hooks         Hooks
 	// Start is when event times count from (default: now).
 	Start time.Time
 	// Order, if set, returns every unit of the plan in the order to load
@@ -62,6 +66,9 @@ type Config struct {
 	// at once. nil: plan order.
 	Order func(p *Plan) []*Unit
 }
+
+// DefaultChunkBytes is Config.ChunkBytes's default.
+const DefaultChunkBytes = 4 << 20
 
 // System is the running load pipeline of one model: the actor system with
 // its loader (and readers), dequantizer pool, uploader and executor, the
@@ -118,7 +125,7 @@ func Start(ctx context.Context, cfg Config) (*System, error) {
 		cfg.Converters = runtime.GOMAXPROCS(0)
 	}
 	if cfg.ChunkBytes <= 0 {
-		cfg.ChunkBytes = 4 << 20
+		cfg.ChunkBytes = DefaultChunkBytes
 	}
 	if cfg.MaxInflight <= 0 {
 		cfg.MaxInflight = 4 * cfg.Readers

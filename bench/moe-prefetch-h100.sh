@@ -14,7 +14,7 @@
 #      by index and writes the profile), then 1. again with that folder:
 #      every run loads the experts earlier runs routed to first;
 #   4. forge bench gen -p 512 -n 128 next to llama-bench.
-# DENSE=1 adds the 8B shape's first token paced and unpaced, alternating,
+# GEN=0 leaves out 4. DENSE=1 adds the 8B shape's first token paced and unpaced, alternating,
 # (pacing must not slow a dense load). Everything lands in $OUT/moe.txt;
 # the timelines in $OUT/*.svg.
 set -uo pipefail
@@ -45,7 +45,7 @@ for pr in ${MOE_PRESETS:-qwen3-30b-a3b}; do
   phase "$pr: prefetch, eager, llama-completion with the profile"
   $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 8 --expert-profiles "$pd" \
     --svg "$out/$pr-profile.svg" --peer "$peer" >>"$log" 2>&1
-  phase "$pr: bench gen"
+  [ "${GEN:-1}" = 1 ] && phase "$pr: bench gen" &&
   $F bench gen -m $f --device gpu -p 512 -n 128 -r 2 --peer "$L/llama-bench -ngl 99 -fa 1" >>"$log" 2>&1
   rm -f $f
 done

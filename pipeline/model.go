@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,9 +167,13 @@ func Open(ctx context.Context, path string, o Options) (*Model, error) {
 		o.Readers = gpuReaders
 	}
 	order, profileID := expertOrder(o, f, cfg.Experts)
+	var inflight int64
+	if gpuReads { // the GPU's paced uploads: as many bytes in flight for a mixture's ~1 MB expert chunks as for whole ones
+		inflight = int64(4*o.Readers) * cmp.Or(o.ChunkBytes, actors.DefaultChunkBytes)
+	}
 	sys, err := actors.Start(ctx, actors.Config{
 		File: f, KeepFile: true, Layers: cfg.Layers, Strategy: o.Strategy.toActors(), Memory: mem.acct, Converter: conv, Uploader: up,
-		Readers: o.Readers, ChunkBytes: o.ChunkBytes, Hooks: o.Hooks.toActors(), Start: start, Order: order,
+		Readers: o.Readers, ChunkBytes: o.ChunkBytes, InflightBytes: inflight, Hooks: o.Hooks.toActors(), Start: start, Order: order,
 	})
 	if err != nil {
 		<-m.prefetched
