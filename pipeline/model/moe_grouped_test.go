@@ -2,8 +2,10 @@ package model_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,4 +138,45 @@ func (d *demandLog) check(t *testing.T) {
 	if d.widest < 2 {
 		t.Errorf("each ask named at most %d expert: want a step's experts asked for together", d.widest)
 	}
+}
+
+// TestMoEGroupedPromptExpertFails: on the grouped path with experts still
+// arriving, an expert that cannot arrive (its ExpertReady fails) fails the
+// prompt with ErrExpertUnavailable, naming the expert, after the step asked
+// for its experts; the same model then runs a prompt whose experts do
+// arrive, to the logits of a model that never failed.
+func TestMoEGroupedPromptExpertFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "moe.gguf")
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: synth.Presets["tiny-qwen3moe"], Mix: synth.MixF32, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	dev := hostGrouper{hostRouter{cpu.New(2)}}
+	defer dev.Close()
+	var broken sync.Map // expert → true: its loads fail
+	asked := 0
+	hook := func(lw *model.LayerWeights) {
+		lw.ExpertsReady = func() bool { return false }
+		lw.DemandExperts = func(es []int) { asked++ }
+		lw.ExpertReady = func(_ context.Context, e int) error {
+			if _, bad := broken.Load(e); bad {
+				return fmt.Errorf("expert %d: read error (test)", e)
+			}
+			return nil
+		}
+	}
+	m := openHooked(t, path, dev, hook)
+	for e := range synth.Presets["tiny-qwen3moe"].Experts {
+		broken.Store(e, true)
+	}
+	prompt := []int32{1, 403, 407, 261, 378, 12}
+	_, err := m.Forward(context.Background(), prompt, 0)
+	if !errors.Is(err, model.ErrExpertUnavailable) || !strings.Contains(err.Error(), "read error (test)") {
+		t.Fatalf("a prompt whose experts cannot arrive: %v, want ErrExpertUnavailable naming the expert", err)
+	}
+	if asked == 0 {
+		t.Error("the step waited without asking for its experts")
+	}
+	broken.Clear()
+	ref := openHooked(t, path, dev, nil)
+	sameLogitBits(t, m, ref, prompt, 3, "a model that never failed")
 }
