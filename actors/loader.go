@@ -41,10 +41,7 @@ type (
 	// chunkRead: a reader is done with a chunk (readErr set on failure).
 	chunkRead struct{ c *chunk }
 	// chunkDone: a chunk has left the pipeline (uploaded or dropped).
-	chunkDone struct {
-		urgent bool
-		n      int64 // its file bytes
-	}
+	chunkDone struct{ c *chunk }
 	// abort: drop the queued chunks of units from index from on, or with
 	// unit set, of that unit only (a failed expert: the others load on).
 	abort struct {
@@ -142,12 +139,12 @@ func (l *loader) Receive(c actor.Context) {
 		l.idle = append(l.idle, m.c.reader)
 		t := m.c.t
 		if l.s.dropped(t.unit) {
-			l.left(m.c.urgent, m.c.n)
+			l.left(m.c)
 			l.dispatch(c)
 			return
 		}
 		if m.c.readErr != nil {
-			l.left(m.c.urgent, m.c.n)
+			l.left(m.c)
 			off := t.FileBase + m.c.off // a piece's bytes, counted in its stacked tensor
 			l.s.fail(t.unit, t.Name(), fmt.Errorf("reading bytes [%d, %d): %w", off, off+m.c.n, m.c.readErr))
 			l.dispatch(c)
@@ -159,7 +156,7 @@ func (l *loader) Receive(c actor.Context) {
 		c.Send(l.s.dequant, &toConvert{c: m.c}) // to the pool, which converts it
 		l.dispatch(c)
 	case *chunkDone:
-		l.left(m.urgent, m.n)
+		l.left(m.c)
 		l.dispatch(c)
 	case *abort:
 		keep := l.queue[:0]
@@ -235,14 +232,14 @@ func (l *loader) dispatch(c actor.Context) {
 	}
 }
 
-// left counts a chunk of n file bytes out of flight.
-func (l *loader) left(urgent bool, n int64) {
+// left counts ch out of flight.
+func (l *loader) left(ch *chunk) {
 	f := &l.inflight
-	if urgent {
+	if ch.urgent {
 		f = &l.urgentIn
 	}
 	f.n--
-	f.bytes -= n
+	f.bytes -= ch.n
 }
 
 // flight is chunks in flight: how many, and their file bytes.
@@ -388,7 +385,7 @@ func (up *uploader) Receive(c actor.Context) {
 		// The chunk leaves the loader's count here, or (a paced
 		// uploader's) once it leaves the uploader's queue.
 		paced, _ := s.cfg.Uploader.(PacedUploader)
-		left := func() { c.Send(s.loader, &chunkDone{urgent: ch.urgent, n: ch.n}) }
+		left := func() { c.Send(s.loader, &chunkDone{c: ch}) }
 		if paced == nil {
 			left()
 		}
@@ -408,7 +405,7 @@ func (up *uploader) Receive(c actor.Context) {
 		}
 		if err == nil {
 			if paced != nil {
-				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{urgent: ch.urgent, n: ch.n}) }); err != nil {
+				if err = paced.UploadThen(t, ch.outOff, ch.data, func() { s.send(s.loader, &chunkDone{c: ch}) }); err != nil {
 					err = fmt.Errorf("upload: %w", err)
 				}
 			} else if err = s.cfg.Uploader.Upload(t, ch.outOff, ch.data); err != nil {

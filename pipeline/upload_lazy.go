@@ -95,19 +95,12 @@ func (l *lazyUploader) Dest(t *actors.Tensor, off, n int64) ([]byte, error) {
 
 // Upload implements actors.Uploader.
 func (l *lazyUploader) Upload(t *actors.Tensor, off int64, data []byte) error {
-	up := l.inner()
-	if up == nil {
-		return errNotReserved
-	}
-	if err := l.failed(); err != nil {
-		return err
-	}
-	return up.Upload(t, off, data)
+	return l.UploadThen(t, off, data, nil)
 }
 
 // UploadThen implements actors.PacedUploader: the device's uploader paces
-// the chunk where it can (a GPU's staging queue), else done is called once
-// the upload returns.
+// the chunk where it can (a GPU's staging queue), else done (if any) is
+// called once the upload returns.
 func (l *lazyUploader) UploadThen(t *actors.Tensor, off int64, data []byte, done func()) error {
 	up := l.inner()
 	if up == nil {
@@ -122,7 +115,9 @@ func (l *lazyUploader) UploadThen(t *actors.Tensor, off int64, data []byte, done
 	if err := up.Upload(t, off, data); err != nil {
 		return err
 	}
-	done()
+	if done != nil {
+		done()
+	}
 	return nil
 }
 

@@ -207,6 +207,12 @@ func TestBenchLoadErrors(t *testing.T) {
 			t.Errorf("%v accepted", bad)
 		}
 	}
+	// A profile folder that is a file is refused before any run, naming the flag.
+	var stdout, stderr bytes.Buffer
+	err := newApp(&stdout, &stderr).Run([]string{"forge", "bench", "load", "-m", m, "--strategies", "prefetch", "--expert-profiles", m})
+	if err == nil || !strings.Contains(err.Error(), "--expert-profiles "+m+": not a directory") {
+		t.Errorf("--expert-profiles naming a file: %v, want it refused naming the flag", err)
+	}
 }
 
 // TestBenchLoadPromptSweep runs `forge bench load --prompt-tokens 3,9`:

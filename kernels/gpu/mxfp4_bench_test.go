@@ -56,26 +56,7 @@ func BenchmarkMXFP4(b *testing.B) {
 		}
 		for _, v := range append(variants, "auto") {
 			b.Run(fmt.Sprintf("MatMul/%dx%d/%s", rows, cols, v), func(b *testing.B) {
-				y, _ := bk.Alloc(rows)
-				defer bk.Free(y)
-				bk.mvVariant = v
-				if v == "auto" {
-					bk.mvVariant = ""
-				}
-				defer func() { bk.mvVariant = "" }()
-				var ms float32
-				err := bk.do(func(c *rocm.Ctx) error {
-					var err error
-					ms, err = timeOn(c, bk.stream, 2*len(copies), b.N, func(i int) error {
-						cw := copies[i%len(copies)]
-						return bk.matvec(c, "mxfp4", cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
-					})
-					return err
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-				report(b, ms, len(w.Host))
+				benchMatvecVariant(b, bk, "mxfp4", v, copies, x, 2*len(copies), report)
 			})
 		}
 		free()
@@ -96,26 +77,7 @@ func BenchmarkMXFP4(b *testing.B) {
 		kt, _ := kernelType(o.typ)
 		for _, v := range []string{"g", "m11", "m21", "auto"} {
 			b.Run(fmt.Sprintf("Other/%s/%dx%d/%s", o.typ, o.rows, o.cols, v), func(b *testing.B) {
-				y, _ := bk.Alloc(o.rows)
-				defer bk.Free(y)
-				bk.mvVariant = v
-				if v == "auto" {
-					bk.mvVariant = ""
-				}
-				defer func() { bk.mvVariant = "" }()
-				var ms float32
-				err := bk.do(func(c *rocm.Ctx) error {
-					var err error
-					ms, err = timeOn(c, bk.stream, len(copies), b.N, func(i int) error {
-						cw := copies[i%len(copies)]
-						return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
-					})
-					return err
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-				report(b, ms, len(w.Host))
+				benchMatvecVariant(b, bk, kt, v, copies, x, len(copies), report)
 			})
 		}
 		free()
@@ -212,4 +174,33 @@ func benchExperts(bk *Backend, c *rocm.Ctx, t0, t1 *expertTable, y0, y1, ids, x 
 		xn = k * t0.cols
 	}
 	return bk.queueExperts(c, t0, t1p, dptr(y0), y1p, tabs, dptr(ids), dptr(x), xn, k, xstride, q8x{})
+}
+
+// benchMatvecVariant times the one-row product of kernel type kt forced to
+// variant v ("auto": MatMul's own choice) over copies of one weight in
+// turn (so each launch reads its weight from memory, not the cache), after
+// warm launches, and reports the weight's bytes through report.
+func benchMatvecVariant(b *testing.B, bk *Backend, kt, v string, copies []*kernels.Weight, x kernels.Tensor, warm int,
+	report func(b *testing.B, ms float32, bytes int)) {
+	w := copies[0]
+	y, _ := bk.Alloc(w.Rows)
+	defer bk.Free(y)
+	bk.mvVariant = v
+	if v == "auto" {
+		bk.mvVariant = ""
+	}
+	defer func() { bk.mvVariant = "" }()
+	var ms float32
+	err := bk.do(func(c *rocm.Ctx) error {
+		var err error
+		ms, err = timeOn(c, bk.stream, warm, b.N, func(i int) error {
+			cw := copies[i%len(copies)]
+			return bk.matvec(c, kt, cw, rocm.DevPtr(cw.Dev), dptr(y), dptr(x), 1, nil)
+		})
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	report(b, ms, len(w.Host))
 }

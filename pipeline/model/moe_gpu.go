@@ -223,18 +223,17 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		fail("up", experts([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, xb, xq, true))
 	}
 	bs, _ := rt.(kernels.ExpertBiaser) // makeTables checked it where oai
+	var hq kernels.Q8                  // hb's 8-bit copy, made by the SiLUMul where the down products take it
 	if oai {
 		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, K, F))
 		fail("up bias", bs.AddExpertBias(up, t.upB, ids, K, F))
 		m.swigluOAI(hb, gate, up, K*F)
-	}
-	var hq kernels.Q8 // hb's 8-bit copy, made by the SiLUMul where the down products can take it
-	switch {
-	case oai:
-	case takesQ8:
-		hq = m.siluMulQ(hb, gate, up, K*F, s.hbQ)
-	default:
-		m.siluMul(hb, gate, up, K*F)
+	} else {
+		var q kernels.Q8 // none: siluMulQ is siluMul
+		if takesQ8 {
+			q = s.hbQ
+		}
+		hq = m.siluMulQ(hb, gate, up, K*F, q)
 	}
 	if m.err != nil {
 		return
