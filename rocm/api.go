@@ -52,6 +52,9 @@ type api struct {
 	graphDestroy, graphGetNodes                     uintptr
 	moduleLoadData, moduleUnload, moduleGetFunction uintptr
 	launchKernel                                    uintptr
+	// CUDA 12.0 and later (absent: 0): launches with attributes, for
+	// programmatic dependent launch (LaunchDependent).
+	launchKernelEx uintptr
 	// CUDA 12.4 and later (absent: 0): a module's functions, loaded now.
 	moduleFuncCount, moduleEnumFuncs, funcLoad uintptr
 	// CUDA 11.2 and later, HIP 5.2 and later (absent: 0): stream-ordered
@@ -114,6 +117,7 @@ func (a *api) symbols() []symbol {
 		{&a.moduleUnload, "cuModuleUnload", "hipModuleUnload", false},
 		{&a.moduleGetFunction, "cuModuleGetFunction", "hipModuleGetFunction", false},
 		{&a.launchKernel, "cuLaunchKernel", "hipModuleLaunchKernel", false},
+		{&a.launchKernelEx, "cuLaunchKernelEx", "", true},
 		{&a.moduleFuncCount, "cuModuleGetFunctionCount", "", true},
 		{&a.moduleEnumFuncs, "cuModuleEnumerateFunctions", "", true},
 		{&a.funcLoad, "cuFuncLoad", "", true},

@@ -94,9 +94,24 @@ type Dim3 struct{ X, Y, Z uint32 }
 func D1(x int) Dim3 { return Dim3{uint32(x), 1, 1} }
 
 const (
-	argBlockSize = 4096                             // C block owned by each worker
-	argDataSize  = 3072                             // bytes of argument values
-	maxArgs      = (argBlockSize - argDataSize) / 8 // 128 pointers
+	argDataSize = 3072 // bytes of argument values
+	maxArgs     = 128  // pointers to them
+	// launchExOffset is where cuLaunchKernelEx's CUlaunchConfig (56 bytes)
+	// and its one CUlaunchAttribute (72 bytes) sit in the block.
+	launchExOffset = argDataSize + maxArgs*8
+	argBlockSize   = launchExOffset + 128 // C block owned by each worker
+)
+
+// The CUDA 12 driver ABI of cuLaunchKernelEx's arguments (cuda.h):
+//
+//	CUlaunchConfig    { u32 grid[3], block[3], sharedMemBytes; CUstream hStream (at 32);
+//	                    CUlaunchAttribute* attrs (40); u32 numAttrs (48) }          56 bytes
+//	CUlaunchAttribute { u32 id; pad to 8; union value (64 bytes) }                 72 bytes
+const (
+	launchConfigSize = 56
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; its value is
+	// the int programmaticStreamSerializationAllowed.
+	attrProgrammaticSerialization = 6
 )
 
 // Args packs kernel arguments in the C ABI layout: each value at its natural
@@ -166,6 +181,58 @@ func (a *Args) Len() int { return a.n }
 // shared memory. The driver copies the argument values during the call, so the
 // worker's one C argument block is reused by every launch.
 func (c *Ctx) Launch(f Function, grid, block Dim3, shmem int, s Stream, a *Args) error {
+	if err := c.packArgs(a); err != nil {
+		return err
+	}
+	r, _, _ := purego.SyscallN(c.launchKernel, uintptr(f),
+		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
+		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
+		uintptr(shmem), uintptr(s), c.args+argDataSize, 0)
+	return c.check("cuLaunchKernel", "hipModuleLaunchKernel", r)
+}
+
+// HasDependentLaunch reports whether LaunchDependent can overlap kernels:
+// a CUDA driver with cuLaunchKernelEx (12.0 and later). Whether the device
+// honours it (compute capability 9.0 and later) is the caller's to check.
+func (c *Ctx) HasDependentLaunch() bool { return c.backend == CUDA && c.launchKernelEx != 0 }
+
+// LaunchDependent is Launch with programmatic stream serialization: f's
+// blocks may be scheduled before the kernel queued ahead of it on s has
+// finished, once every block of that kernel has started or signalled
+// (griddepcontrol.launch_dependents). f must therefore wait for its
+// predecessor (griddepcontrol.wait) before it touches memory; the kernels of
+// kernels/gpu all start so (GRID_DEPEND in common.h). Recorded into a graph,
+// the dependency stays programmatic. Without HasDependentLaunch it is Launch.
+func (c *Ctx) LaunchDependent(f Function, grid, block Dim3, shmem int, s Stream, a *Args) error {
+	if !c.HasDependentLaunch() {
+		return c.Launch(f, grid, block, shmem, s, a)
+	}
+	if err := c.packArgs(a); err != nil {
+		return err
+	}
+	cfg := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(nil), c.args+launchExOffset)), argBlockSize-launchExOffset)
+	clear(cfg)
+	u32 := func(off int, v uint32) { *(*uint32)(unsafe.Pointer(&cfg[off])) = v }
+	u64 := func(off int, v uint64) { *(*uint64)(unsafe.Pointer(&cfg[off])) = v }
+	u32(0, grid.X)
+	u32(4, grid.Y)
+	u32(8, grid.Z)
+	u32(12, block.X)
+	u32(16, block.Y)
+	u32(20, block.Z)
+	u32(24, uint32(shmem))
+	u64(32, uint64(s))
+	u64(40, uint64(c.args+launchExOffset+launchConfigSize))
+	u32(48, 1)
+	u32(launchConfigSize, attrProgrammaticSerialization)
+	u32(launchConfigSize+8, 1)
+	r, _, _ := purego.SyscallN(c.launchKernelEx, c.args+launchExOffset, uintptr(f), c.args+argDataSize, 0)
+	return c.check("cuLaunchKernelEx", "", r)
+}
+
+// packArgs copies a's values and the pointers to them into the worker's C
+// argument block.
+func (c *Ctx) packArgs(a *Args) error {
 	if a.err != nil {
 		return a.err
 	}
@@ -175,9 +242,5 @@ func (c *Ctx) Launch(f Function, grid, block Dim3, shmem int, s Stream, a *Args)
 	for i := 0; i < a.n; i++ {
 		ptrs[i] = c.args + uintptr(a.offs[i])
 	}
-	r, _, _ := purego.SyscallN(c.launchKernel, uintptr(f),
-		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
-		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
-		uintptr(shmem), uintptr(s), c.args+argDataSize, 0)
-	return c.check("cuLaunchKernel", "hipModuleLaunchKernel", r)
+	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -117,7 +118,13 @@ type Backend struct {
 	mmqChoice   map[gguf.Type]string // the variant per type: mmqDefault, or as Options.MMQ says
 	mmqMin      int
 	mmqNoPrompt bool
-	lay         layoutState // the step layout of the Batcher ops (batch.go)
+	// overlap launches every kernel with programmatic stream serialization
+	// (rocm.Ctx.LaunchDependent): the next kernel's blocks are scheduled
+	// while the one before it finishes, which hides most of a launch's
+	// latency in a decode step of hundreds of small kernels. Set by New
+	// where launchOverlap allows it.
+	overlap bool
+	lay     layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
@@ -278,6 +285,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 			nfn += n
 		}
 		tFuncs = time.Since(t)
+		b.overlap = launchOverlap(w.Device, froms, c.HasDependentLaunch(), os.Getenv(EnvLaunchOverlap))
 		s, err := c.NewStream()
 		if err != nil {
 			return err
@@ -290,7 +298,7 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		return nil, err
 	}
 	slog.Debug("gpu: backend", "compiler", tComp, "code", tCode, "modules loaded", time.Since(t0),
-		"kernels", nfn, "kernels loaded in", tFuncs)
+		"kernels", nfn, "kernels loaded in", tFuncs, "overlapped launches", b.overlap)
 	if o.GEMMFMA {
 		b.gemmKernel = "gemm_f16_fma"
 	}
@@ -382,10 +390,39 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 	if b.prof != nil && !b.step.capturing {
 		return b.prof.launch(c, name, func() error { return c.Launch(f, grid, block, 0, b.stream, a) }, b.stream)
 	}
-	if err := c.Launch(f, grid, block, 0, b.stream, a); err != nil {
+	launch := c.Launch
+	if b.overlap {
+		launch = c.LaunchDependent
+	}
+	if err := launch(f, grid, block, 0, b.stream, a); err != nil {
 		return fmt.Errorf("gpu: launch %s grid %v block %v: %w", name, grid, block, err)
 	}
 	return nil
+}
+
+// EnvLaunchOverlap set to "off" launches kernels one after another as
+// before programmatic dependent launch (for comparisons).
+const EnvLaunchOverlap = "FORGE_LAUNCH_OVERLAP"
+
+// launchOverlap reports whether kernels may be launched overlapped
+// (Backend.overlap): a CUDA device of compute capability 9.0 or later whose
+// every module's code was built for such an arch (the shipped sm_90 cubin,
+// or compiled for the device), since GRID_DEPEND's wait exists only there,
+// a driver with cuLaunchKernelEx, and EnvLaunchOverlap not "off". froms
+// says where each module's code came from (moduleCode).
+func launchOverlap(dev rocm.DeviceInfo, froms []string, driverHasIt bool, env string) bool {
+	if dev.Backend != rocm.CUDA || !driverHasIt || env == "off" || archNumber(dev.Arch) < 90 {
+		return false
+	}
+	for _, f := range froms {
+		_, arch, shipped := strings.Cut(f, "shipped ")
+		if shipped {
+			if _, a, _ := strings.Cut(arch, " "); archNumber(a) < 90 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Sync waits for all queued work.

@@ -21,15 +21,18 @@ DEV float gelu_tanh(float x) {
 }
 
 KERNEL void __launch_bounds__(256) gelu_mul(float* dst, const float* gate, const float* up, int n) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     dst[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 KERNEL void __launch_bounds__(256) scale_f32(float* dst, const float* x, float s, int n) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = x[i] * s;
 }
 
 KERNEL void __launch_bounds__(256) softcap_f32(float* x, float c, int n) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     x[i] = c * tanhf(x[i] / c);
 }
@@ -99,7 +102,7 @@ static __device__ void attn_ext(float* out, const float* q, const KT* kc, const 
 #define EXT_KERNELS(sfx, KT)                                                                                    \
   KERNEL void __launch_bounds__(128)                                                                            \
       attn_ext_##sfx(float* out, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D,     \
-                     int pos0, float scale, int window, float cap, const i32* posp, const float* sinks) {      \
+                     int pos0, float scale, int window, float cap, const i32* posp, const float* sinks) { GRID_DEPEND();      \
     attn_ext<KT>(out, q, kc, vc, heads, kvHeads, D, pos0, scale, window, cap, posp, sinks);                    \
   }
 EXT_KERNELS(f16, u16)

@@ -317,17 +317,17 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
 
 #define ATTN_KERNELS(sfx, KT)                                                                               \
   KERNEL void __launch_bounds__(256) kv_store_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int pos0,   \
-                             const i32* posp) {                                                             \
+                             const i32* posp) { GRID_DEPEND();                                              \
     kv_store<KT>(kc, vc, k, v, n, kvDim, pos0, posp);                                                       \
   }                                                                                                         \
   KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
-                                const i32* posp, int* count, i8* oq, float* od, const float* sinks) {        \
+                                const i32* posp, int* count, i8* oq, float* od, const float* sinks) { GRID_DEPEND();        \
     attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks); \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \
-                                                       int pos0, float scale, const float* sinks) {          \
+                                                       int pos0, float scale, const float* sinks) { GRID_DEPEND();          \
     attn_prompt<KT>(out, q, kc, vc, n, heads, kvHeads, D, pos0, scale, sinks);                              \
   }
 ATTN_KERNELS(f16, u16)
@@ -460,19 +460,20 @@ static __device__ void attn_paged(float* part, const float* q, const KT* kc, con
 //   grid (heads, n), block 128
 KERNEL void __launch_bounds__(128)
     attn_paged_merge(float* out, const float* part, int heads, int D, int splits, const float* sinks) {
+  GRID_DEPEND();
   size_t th = (size_t)blockIdx.y * heads + blockIdx.x;
   paged_finish(out + th * D, part + th * splits * (D + 2), D, splits, sinks ? sinks + blockIdx.x : nullptr);
 }
 
 #define PAGED_KERNELS(sfx, KT)                                                                               \
   KERNEL void __launch_bounds__(256) kv_store_paged_##sfx(KT* kc, KT* vc, const float* k, const float* v, int n, int kvDim, int bs, \
-                                   const i32* pos, const i32* seq, const i32* toff, const i32* tabs) {       \
+                                   const i32* pos, const i32* seq, const i32* toff, const i32* tabs) { GRID_DEPEND();       \
     kv_store_paged<KT>(kc, vc, k, v, n, kvDim, bs, pos, seq, toff, tabs);                                    \
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
       attn_paged_##sfx(float* part, const float* q, const KT* kc, const KT* vc, int heads, int kvHeads, int D, \
                        float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,  \
-                       int window) {                                                                         \
+                       int window) { GRID_DEPEND();                                                          \
     attn_paged<KT>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);             \
   }
 PAGED_KERNELS(f16, u16)

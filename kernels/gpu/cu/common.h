@@ -33,6 +33,23 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 #define KERNEL extern "C" __global__
+
+// GRID_DEPEND is the first statement of every kernel (TestKernelsStartWithGridDepend
+// checks it). On Hopper and later the backend launches kernels with
+// programmatic stream serialization (gpu.Backend.overlap): a kernel's blocks
+// may then be scheduled while the kernel before it on the stream still runs,
+// so that the launch and ramp-up of the next kernel hide behind the tail of
+// this one; they are hundreds of kernels a decode step. The wait holds the
+// whole kernel until the previous grid has finished and its writes are
+// visible, so nothing a kernel reads or writes changes; the trigger after it
+// lets the next kernel be scheduled as soon as every block of this one has
+// started. Elsewhere (older GPUs, HIP, the emulator) it is nothing, and the
+// backend launches normally.
+#if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define GRID_DEPEND() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_DEPEND() ((void)0)
+#endif
 #if defined(FORGE_CUDA)
 #define FORGE_INLINE __forceinline__
 #else

@@ -97,19 +97,19 @@ static __device__ void embed_plain(const u8* __restrict__ w, const i32* __restri
 }
 
 #define DEQ_BLOCK(name, T)                                                                             \
-  KERNEL void __launch_bounds__(256) deq16_##name(const u8* w, u16* out, int rows, int cols, int kpad) {                      \
+  KERNEL void __launch_bounds__(256) deq16_##name(const u8* w, u16* out, int rows, int cols, int kpad) { GRID_DEPEND();       \
     deq16_block<T>(w, out, rows, cols, kpad);                                                          \
   }                                                                                                    \
-  KERNEL void __launch_bounds__(256) deq32_##name(const u8* w, float* out, int rows, int cols) { deq32_block<T>(w, out, rows, cols); } \
-  KERNEL void __launch_bounds__(128) embed_##name(const u8* w, const i32* ids, int id0, float* out, int cols) {               \
+  KERNEL void __launch_bounds__(256) deq32_##name(const u8* w, float* out, int rows, int cols) { GRID_DEPEND(); deq32_block<T>(w, out, rows, cols); } \
+  KERNEL void __launch_bounds__(128) embed_##name(const u8* w, const i32* ids, int id0, float* out, int cols) { GRID_DEPEND();               \
     embed_block<T>(w, ids, id0, out, cols);                                                            \
   }
 #define DEQ_PLAIN(name, T)                                                                             \
-  KERNEL void __launch_bounds__(256) deq16_##name(const u8* w, u16* out, int rows, int cols, int kpad) {                      \
+  KERNEL void __launch_bounds__(256) deq16_##name(const u8* w, u16* out, int rows, int cols, int kpad) { GRID_DEPEND();       \
     deq16_plain<T>(w, out, rows, cols, kpad);                                                          \
   }                                                                                                    \
-  KERNEL void __launch_bounds__(256) deq32_##name(const u8* w, float* out, int rows, int cols) { deq32_plain<T>(w, out, rows, cols); } \
-  KERNEL void __launch_bounds__(128) embed_##name(const u8* w, const i32* ids, int id0, float* out, int cols) {               \
+  KERNEL void __launch_bounds__(256) deq32_##name(const u8* w, float* out, int rows, int cols) { GRID_DEPEND(); deq32_plain<T>(w, out, rows, cols); } \
+  KERNEL void __launch_bounds__(128) embed_##name(const u8* w, const i32* ids, int id0, float* out, int cols) { GRID_DEPEND();               \
     embed_plain<T>(w, ids, id0, out, cols);                                                            \
   }
 FOR_BLOCK_TYPES(DEQ_BLOCK)
@@ -118,6 +118,7 @@ FOR_PLAIN_TYPES(DEQ_PLAIN)
 // Activations to f16 for the GEMM: x [n][cols] f32 -> out [n][kpad] f16,
 // zero-padded.
 KERNEL void __launch_bounds__(256) f32_to_f16(const float* x, u16* out, int n, int cols, int kpad) {
+  GRID_DEPEND();
   size_t total = (size_t)n * kpad;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     size_t r = i / kpad;

@@ -202,11 +202,14 @@ DEV void gemm_f16_body(const u16* W, const u16* X, float* C, int M, int N, int K
 }
 
 KERNEL void __launch_bounds__(256) gemm_f16(const u16* W, const u16* X, float* C, int M, int N, int K) {
+  GRID_DEPEND();
   gemm_f16_body<true>(W, X, C, M, N, K);
 }
 KERNEL void __launch_bounds__(256) gemm_f16_lds(const u16* W, const u16* X, float* C, int M, int N, int K) {
+  GRID_DEPEND();
   gemm_f16_body<false>(W, X, C, M, N, K);
 }
 KERNEL void __launch_bounds__(256) gemm_f16_fma(const u16* W, const u16* X, float* C, int M, int N, int K) {
+  GRID_DEPEND();
   gemm_fma_body(W, X, C, M, N, K);
 }

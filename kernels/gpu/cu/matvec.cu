@@ -32,12 +32,12 @@
   y += (size_t)blockIdx.y * MV_MAXNX * rows;                                                            \
   nx = min(nx - (int)blockIdx.y * MV_MAXNX, MV_MAXNX);
 #define MV_BLOCK(name, T)                                                                               \
-  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) { GRID_DEPEND();            \
     MV_CHUNK()                                                                                          \
     mv_block<T>(w, x, y, rows, cols, nx);                                                               \
   }
 #define MV_PLAIN(name, T)                                                                               \
-  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) {            \
+  KERNEL void __launch_bounds__(128) mv_##name(const u8* w, const float* x, float* y, int rows, int cols, int nx) { GRID_DEPEND();            \
     MV_CHUNK()                                                                                          \
     mv_plain<T>(w, x, y, rows, cols, nx);                                                               \
   }
@@ -228,12 +228,12 @@ static __device__ void mv_q4_k_pipe(const u8* __restrict__ w, const float* __res
   }
 }
 
-KERNEL void __launch_bounds__(128) mv_q4_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<4>(w, x, y, rows, cols); }
-KERNEL void __launch_bounds__(128) mv_q4_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<1>(w, x, y, rows, cols); }
-KERNEL void __launch_bounds__(128) mv_q4_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q4_k_pipe<2>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q4_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q4_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q4_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q4_k_pipe<2>(w, x, y, rows, cols); }
 
 #define MV_Q4K_FAST(R, U)                                                                         \
-  KERNEL void __launch_bounds__(128) mv_q4_k_r##R##u##U(const u8* w, const float* x, float* y, int rows, int cols) {     \
+  KERNEL void __launch_bounds__(128) mv_q4_k_r##R##u##U(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND();     \
     mv_q4_k_fast<R, U>(w, x, y, rows, cols);                                                      \
   }
 MV_Q4K_FAST(1, 1)
@@ -379,14 +379,16 @@ static __device__ void mv_q6_k_pipe(const u8* __restrict__ w, const float* __res
   }
 }
 
-KERNEL void __launch_bounds__(128) mv_q6_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<4>(w, x, y, rows, cols); }
-KERNEL void __launch_bounds__(128) mv_q6_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<1>(w, x, y, rows, cols); }
-KERNEL void __launch_bounds__(128) mv_q6_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { mv_q6_k_pipe<2>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p4(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q6_k_pipe<4>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p1(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q6_k_pipe<1>(w, x, y, rows, cols); }
+KERNEL void __launch_bounds__(128) mv_q6_k_p2(const u8* w, const float* x, float* y, int rows, int cols) { GRID_DEPEND(); mv_q6_k_pipe<2>(w, x, y, rows, cols); }
 
 KERNEL void __launch_bounds__(128) mv_q6_k_r1u1(const u8* w, const float* x, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_fast<1>(w, x, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_r2u1(const u8* w, const float* x, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_fast<2>(w, x, y, rows, cols);
 }
 
@@ -476,9 +478,11 @@ static __device__ void mv_q6_k_stage(const u8* __restrict__ w, const float* __re
 }
 
 KERNEL void __launch_bounds__(128) mv_q6_k_s1(const u8* w, const float* x, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_stage<1>(w, x, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_s2(const u8* w, const float* x, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_stage<2>(w, x, y, rows, cols);
 }
 
@@ -497,6 +501,7 @@ KERNEL void __launch_bounds__(128) mv_q6_k_s2(const u8* w, const float* x, float
 // x [n] f32 -> q [n] int8, d [n/32] f32 with x ≈ q·d, d = max|x|/127.
 // One thread per value; 32 consecutive threads share a block.
 KERNEL void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float* d, int n) {
+  GRID_DEPEND();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   q8_group(i < n ? x[i] : 0.0f, i, n, q, d);
 }
@@ -537,18 +542,19 @@ static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1
 
 KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
                          int r2, const i8* xq, const float* xd, int cols) {
+  GRID_DEPEND();
   mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
 
 
 #define MV_Q8X(R, U)                                                                                           \
-  KERNEL void __launch_bounds__(128) mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
     mv_q4_k_q8<R, U, false>(w, xq, xd, y, rows, cols);                                                         \
   }                                                                                                            \
-  KERNEL void __launch_bounds__(128) mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
     mv_q4_k_q8<R, U, true>(w, xq, xd, y, rows, cols);                                                          \
   }                                                                                                            \
-  KERNEL void __launch_bounds__(128) mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {      \
+  KERNEL void __launch_bounds__(128) mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
     mv_q6_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
   }
 // q{R}{U}: R rows per warp, U super-blocks per lane in flight
@@ -665,12 +671,15 @@ static __device__ void mv_q6_k_t8(const u8* __restrict__ w, const i8* __restrict
 
 // t{R}: R rows per warp
 KERNEL void __launch_bounds__(128) mv_q6_k_t1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_t8<1>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_t2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_t8<2>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_t8<4>(w, xq, xd, y, rows, cols);
 }
 
@@ -753,24 +762,26 @@ static __device__ void mv_q6_k_c8(const u8* __restrict__ w, const i8* __restrict
 
 // c{R}: R rows per warp
 KERNEL void __launch_bounds__(128) mv_q6_k_c1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_c8<1>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_c2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_DEPEND();
   mv_q6_k_c8<2>(w, xq, xd, y, rows, cols);
 }
 
 // mv_{type}_b{R}: R rows per warp
 #define MV_B32(name, B)                                                                                        \
   KERNEL void __launch_bounds__(128)                                                                           \
-      mv_##name##_b1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+      mv_##name##_b1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();               \
     mv_b32_q8<B, 1>(w, xq, xd, y, rows, cols);                                                                 \
   }                                                                                                            \
   KERNEL void __launch_bounds__(128)                                                                           \
-      mv_##name##_b2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+      mv_##name##_b2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();               \
     mv_b32_q8<B, 2>(w, xq, xd, y, rows, cols);                                                                 \
   }                                                                                                            \
   KERNEL void __launch_bounds__(128)                                                                           \
-      mv_##name##_b4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {               \
+      mv_##name##_b4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();               \
     mv_b32_q8<B, 4>(w, xq, xd, y, rows, cols);                                                                 \
   }
 MV_B32(q4_0, B8Q4_0)
@@ -986,19 +997,22 @@ DEV void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const fl
 // on (bench/results/2026-11-25-batch-matmul-h100.md).
 KERNEL void __launch_bounds__(128)
     mv_q4_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_DEPEND();
   mv_q4_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
     mv_q4_k_x16r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_DEPEND();
   mv_q4_k_xn<2, 16>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
     mv_q6_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_DEPEND();
   mv_q6_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
 }
 #define MV_B32X(name, B)                                                                                       \
   KERNEL void __launch_bounds__(128)                                                                           \
-      mv_##name##_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {       \
+      mv_##name##_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) { GRID_DEPEND();       \
     mv_b32_xn<B, 8>(w, xq, xd, y, rows, cols, nx);                                                             \
   }
 MV_B32X(q4_0, B8Q4_0)

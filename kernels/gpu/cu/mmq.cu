@@ -48,11 +48,11 @@
 #define MMQ_CALL(NT, ...) (void)0
 #endif
 #define MMQ_ARGS const u8 *w, const i8 *xq, const float *xd, float *y, int rows, int cols, int nx
-KERNEL void __launch_bounds__(128) mmq_q4_k_n8(MMQ_ARGS) { MMQ_CALL(1, mmq_q4_k_body<1, false>); }
-KERNEL void __launch_bounds__(128) mmq_q4_k_n8p(MMQ_ARGS) { MMQ_CALL(1, mmq_q4_k_body<1, true>); }
-KERNEL void __launch_bounds__(128) mmq_q4_k_n16(MMQ_ARGS) { MMQ_CALL(2, mmq_q4_k_body<2, false>); }
-KERNEL void __launch_bounds__(128) mmq_q4_k_n16p(MMQ_ARGS) { MMQ_CALL(2, mmq_q4_k_body<2, true>); }
-KERNEL void __launch_bounds__(256) mmq_q6_k_n8(MMQ_ARGS) { MMQ_CALL(1, mmq_q6_k_body<1, false>); }
-KERNEL void __launch_bounds__(256) mmq_q6_k_n8p(MMQ_ARGS) { MMQ_CALL(1, mmq_q6_k_body<1, true>); }
-KERNEL void __launch_bounds__(256) mmq_q6_k_n16(MMQ_ARGS) { MMQ_CALL(2, mmq_q6_k_body<2, false>); }
-KERNEL void __launch_bounds__(256) mmq_q6_k_n16p(MMQ_ARGS) { MMQ_CALL(2, mmq_q6_k_body<2, true>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n8(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(1, mmq_q4_k_body<1, false>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n8p(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(1, mmq_q4_k_body<1, true>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n16(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(2, mmq_q4_k_body<2, false>); }
+KERNEL void __launch_bounds__(128) mmq_q4_k_n16p(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(2, mmq_q4_k_body<2, true>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n8(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(1, mmq_q6_k_body<1, false>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n8p(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(1, mmq_q6_k_body<1, true>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n16(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(2, mmq_q6_k_body<2, false>); }
+KERNEL void __launch_bounds__(256) mmq_q6_k_n16p(MMQ_ARGS) { GRID_DEPEND(); MMQ_CALL(2, mmq_q6_k_body<2, true>); }

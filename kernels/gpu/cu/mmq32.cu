@@ -145,12 +145,12 @@ DEV void mmq32_body(const u8* __restrict__ w, const i8* __restrict__ xq, const f
 #define MQ32_CALL(...) (void)0
 #endif
 #define MQ32_ARGS const u8 *w, const i8 *xq, const float *xd, float *y, int rows, int cols, int nx
-KERNEL void __launch_bounds__(128) mmq32_q4_0_n16(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q4_0, 2>); }
-KERNEL void __launch_bounds__(128) mmq32_q4_0_n32(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q4_0, 4>); }
-KERNEL void __launch_bounds__(128) mmq32_q4_0_n64(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q4_0, 8>); }
-KERNEL void __launch_bounds__(128) mmq32_q8_0_n16(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 2>); }
-KERNEL void __launch_bounds__(128) mmq32_q8_0_n32(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 4>); }
-KERNEL void __launch_bounds__(128) mmq32_q8_0_n64(MQ32_ARGS) { MQ32_CALL(mmq32_body<M32Q8_0, 8>); }
+KERNEL void __launch_bounds__(128) mmq32_q4_0_n16(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q4_0, 2>); }
+KERNEL void __launch_bounds__(128) mmq32_q4_0_n32(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q4_0, 4>); }
+KERNEL void __launch_bounds__(128) mmq32_q4_0_n64(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q4_0, 8>); }
+KERNEL void __launch_bounds__(128) mmq32_q8_0_n16(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q8_0, 2>); }
+KERNEL void __launch_bounds__(128) mmq32_q8_0_n32(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q8_0, 4>); }
+KERNEL void __launch_bounds__(128) mmq32_q8_0_n64(MQ32_ARGS) { GRID_DEPEND(); MQ32_CALL(mmq32_body<M32Q8_0, 8>); }
 
 // q8_to_f16: x [n] f32 → xh [n] f16 of its 8-bit form, q·d per block of 32
 // (the codes and the f16-rounded scale the CPU backend multiplies with,
@@ -161,6 +161,7 @@ KERNEL void __launch_bounds__(128) mmq32_q8_0_n64(MQ32_ARGS) { MQ32_CALL(mmq32_b
 // 8-bit rounding both share. One thread per value, 32 consecutive threads
 // a block of x: n % 32 == 0 (x rows of whole blocks).
 KERNEL void __launch_bounds__(256) q8_to_f16(const float* x, u16* xh, int n) {
+  GRID_DEPEND();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   float v = i < n ? x[i] : 0.0f;
   float a = fabsf(v);

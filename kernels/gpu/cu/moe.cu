@@ -29,6 +29,7 @@ DEV float add_rn(float a, float b) { return a + b; }
 
 // grid (⌈cols/256⌉, min(nrows, 65535)), block 256; rows [nrows].
 KERNEL void __launch_bounds__(256) gather_rows(float* dst, const float* src, const i32* rows, int nrows, int cols) {
+  GRID_DEPEND();
   for (int i = blockIdx.y; i < nrows; i += gridDim.y) {
     const float* s = src + (size_t)rows[i] * cols;
     float* d = dst + (size_t)i * cols;
@@ -40,6 +41,7 @@ KERNEL void __launch_bounds__(256) gather_rows(float* dst, const float* src, con
 // is row t·k+j of src.
 KERNEL void __launch_bounds__(256) mix_rows(float* dst, const float* src, const i32* rows, const float* w, int n, int k,
                                             int cols) {
+  GRID_DEPEND();
   for (int t = blockIdx.y; t < n; t += gridDim.y) {
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
       float acc = 0.0f;
@@ -59,6 +61,7 @@ KERNEL void __launch_bounds__(256) mix_rows(float* dst, const float* src, const 
 // per-expert biases, after the products by id); an add per value, as the
 // AddBias kernel it replaces rounds it. grid (⌈cols/256⌉, k), block 256.
 KERNEL void __launch_bounds__(256) moe_add_bias(float* dst, const u64* t, const i32* ids, int k, int cols) {
+  GRID_DEPEND();
   int j = blockIdx.y;
   if (j >= k) return;
   const float* b = (const float*)t[ids[j]];
@@ -79,6 +82,7 @@ DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
 // 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
 // those k (routeTopK). ids, w [n][k].
 KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float* w, int experts, int k, int mode) {
+  GRID_DEPEND();
   __shared__ float p[MOE_MAXE];
   __shared__ unsigned char taken[MOE_MAXE];
   __shared__ int sel[MOE_MAXE];
@@ -177,7 +181,7 @@ KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float
 #define MOE_MV(name, body)                                                                                   \
   KERNEL void __launch_bounds__(128) moe_mv_##name(const u64* t0, const u64* t1, float* y0, float* y1,        \
                                                     const i32* ids, const i8* xq, const float* xd, int rows,  \
-                                                    int cols, int k, int xstride) {                           \
+                                                    int cols, int k, int xstride) { GRID_DEPEND();            \
     MOE_SLOT()                                                                                               \
     body(w, xq + (size_t)j * xstride, xd + (size_t)j * (xstride / 32), y, rows, cols);                       \
   }
@@ -192,7 +196,7 @@ MOE_MV(q8_0_b, (mv_b32_q8<B8Q8_0, 2>))
 #define MOE_MV_G(name, body)                                                                                 \
   KERNEL void __launch_bounds__(128) moe_mv_g_##name(const u64* t0, const u64* t1, float* y0, float* y1,      \
                                                       const i32* ids, const float* x, int rows, int cols,     \
-                                                      int k, int xstride) {                                   \
+                                                      int k, int xstride) { GRID_DEPEND();                    \
     MOE_SLOT()                                                                                               \
     body(w, x + (size_t)j * xstride, y, rows, cols, 1);                                                      \
   }
@@ -204,6 +208,7 @@ FOR_PLAIN_TYPES(MOE_MV_PLAIN)
 // moe_table fills a table of n addresses base + i·stride (experts laid out
 // back to back; the tests build their tables with it).
 KERNEL void __launch_bounds__(256) moe_table(u64* t, const u8* base, int stride, int n) {
+  GRID_DEPEND();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) t[i] = (u64)(base + (size_t)i * stride);
 }

@@ -46,5 +46,5 @@
 #define MOEMMQ_BODY(...) (void)0
 #endif
 
-KERNEL void __launch_bounds__(128) moemmq_q4_k(MOEMMQ_ARGS) { MOEMMQ_BODY(mmq_q4_k_body<2, false>); }
-KERNEL void __launch_bounds__(256) moemmq_q6_k(MOEMMQ_ARGS) { MOEMMQ_BODY(mmq_q6_k_body<2, false>); }
+KERNEL void __launch_bounds__(128) moemmq_q4_k(MOEMMQ_ARGS) { GRID_DEPEND(); MOEMMQ_BODY(mmq_q4_k_body<2, false>); }
+KERNEL void __launch_bounds__(256) moemmq_q6_k(MOEMMQ_ARGS) { GRID_DEPEND(); MOEMMQ_BODY(mmq_q6_k_body<2, false>); }

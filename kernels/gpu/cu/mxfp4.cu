@@ -352,7 +352,7 @@ DEV void st_mv(const u8* __restrict__ w, const i8* __restrict__ xq, const float*
 // staged U runs at a time.
 #define MV_MXFP4(R, U)                                                                                       \
   KERNEL void __launch_bounds__(128)                                                                         \
-      mv_mxfp4_m##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {           \
+      mv_mxfp4_m##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();           \
     st_mv<SMXFP4, R, U, 1>(w, xq, xd, y, rows, cols, 1);                                                          \
   }
 MV_MXFP4(1, 1)
@@ -365,6 +365,7 @@ MV_MXFP4(1, 3)
 // time, each staged block used for every row of x.
 KERNEL void __launch_bounds__(128)
     mv_mxfp4_x8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_DEPEND();
   st_mv<SMXFP4, 1, 1, 8>(w, xq, xd, y, rows, cols, nx);
 }
 
@@ -377,7 +378,7 @@ KERNEL void __launch_bounds__(128)
 #define MOE_MXFP4(R, U)                                                                                      \
   KERNEL void __launch_bounds__(128)                                                                         \
       moe_mv_mxfp4_##R##U(const u64* t0, const u64* t1, float* y0, float* y1, const i32* ids, const i8* xq,  \
-                          const float* xd, int rows, int cols, int k, int xstride) {                         \
+                          const float* xd, int rows, int cols, int k, int xstride) { GRID_DEPEND();          \
     int s = blockIdx.y, tab = s / k, j = s - tab * k;                                                        \
     const u8* w = (const u8*)(tab ? t1 : t0)[ids[j]];                                                        \
     float* y = (tab ? y1 : y0) + (size_t)j * rows;                                                           \
@@ -392,20 +393,20 @@ MOE_MXFP4(2, 1)
 // MXFP4 kernels above.
 #define ST32(name, B)                                                                                        \
   KERNEL void __launch_bounds__(128)                                                                         \
-      mv_##name##_m11(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {            \
+      mv_##name##_m11(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();            \
     st_mv<B, 1, 1, 1>(w, xq, xd, y, rows, cols, 1);                                                          \
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
-      mv_##name##_m21(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {            \
+      mv_##name##_m21(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();            \
     st_mv<B, 2, 1, 1>(w, xq, xd, y, rows, cols, 1);                                                          \
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
-      mv_##name##_mx8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {    \
+      mv_##name##_mx8(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) { GRID_DEPEND();    \
     st_mv<B, 1, 1, 8>(w, xq, xd, y, rows, cols, nx);                                                         \
   }                                                                                                          \
   KERNEL void __launch_bounds__(128)                                                                         \
       moe_mv_##name##_m21(const u64* t0, const u64* t1, float* y0, float* y1, const i32* ids, const i8* xq,  \
-                          const float* xd, int rows, int cols, int k, int xstride) {                         \
+                          const float* xd, int rows, int cols, int k, int xstride) { GRID_DEPEND();          \
     int s = blockIdx.y, tab = s / k, j = s - tab * k;                                                        \
     const u8* w = (const u8*)(tab ? t1 : t0)[ids[j]];                                                        \
     float* y = (tab ? y1 : y0) + (size_t)j * rows;                                                           \

@@ -9,6 +9,7 @@
 
 KERNEL void __launch_bounds__(256) swiglu_oai(float* dst, const float* gate, const float* up, int n, float alpha,
                                               float limit) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float g = fminf(gate[i], limit);
     float u = fminf(fmaxf(up[i], -limit), limit);

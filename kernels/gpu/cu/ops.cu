@@ -3,6 +3,7 @@
 
 // RMSNorm, one block per row: dst[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w.
 KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
+  GRID_DEPEND();
   __shared__ float scratch[32];
   const float* xr = x + (size_t)blockIdx.x * cols;
   float* dr = dst + (size_t)blockIdx.x * cols;
@@ -62,6 +63,7 @@ DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, 
 
 KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
                                                 float eps, i8* q, float* d) {
+  GRID_DEPEND();
   __shared__ float scratch[32];
   rmsnorm_row_body(dst, x, r, w, cols, eps, q, d, blockIdx.x, scratch);
 }
@@ -71,6 +73,7 @@ KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const floa
 // keys' head norms in one launch); each row the bits rmsnorm_row gives it.
 KERNEL void __launch_bounds__(1024) rmsnorm_row2(float* dsta, float* xa, const float* wa, int na, float* dstb, float* xb,
                                                  const float* wb, int cols, float eps) {
+  GRID_DEPEND();
   __shared__ float scratch[32];
   int row = blockIdx.x;
   if (row < na)
@@ -82,6 +85,7 @@ KERNEL void __launch_bounds__(1024) rmsnorm_row2(float* dsta, float* xa, const f
 // x += r, then RMSNorm, one block per row (the prompt shape).
 //   x, r, dst [rows][cols]
 KERNEL void __launch_bounds__(256) add_rmsnorm(float* dst, float* x, const float* r, const float* w, int cols, float eps) {
+  GRID_DEPEND();
   __shared__ float scratch[32];
   float* xr = x + (size_t)blockIdx.x * cols;
   const float* rr = r + (size_t)blockIdx.x * cols;
@@ -99,6 +103,7 @@ KERNEL void __launch_bounds__(256) add_rmsnorm(float* dst, float* x, const float
 
 // dst = silu(gate) ⊙ up, silu(g) = g / (1 + e^-g).
 KERNEL void __launch_bounds__(256) silu_mul(float* dst, const float* gate, const float* up, int n) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float g = gate[i];
     dst[i] = g / (1.0f + expf(-g)) * up[i];
@@ -108,6 +113,7 @@ KERNEL void __launch_bounds__(256) silu_mul(float* dst, const float* gate, const
 // silu_mul that also writes dst quantized to 8-bit blocks of 32 (n a
 // multiple of 32), the input of the down projection.
 KERNEL void __launch_bounds__(256) silu_mul_q8(float* dst, const float* gate, const float* up, int n, i8* q, float* d) {
+  GRID_DEPEND();
   for (int i0 = blockIdx.x * blockDim.x; i0 < n; i0 += gridDim.x * blockDim.x) {
     int i = i0 + threadIdx.x;
     float v = 0.0f;
@@ -122,11 +128,13 @@ KERNEL void __launch_bounds__(256) silu_mul_q8(float* dst, const float* gate, co
 
 // dst = a + b.
 KERNEL void __launch_bounds__(256) add(float* dst, const float* a, const float* b, int n) {
+  GRID_DEPEND();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = a[i] + b[i];
 }
 
 // x [n][cols] += b [cols].
 KERNEL void __launch_bounds__(256) add_bias(float* x, const float* b, int n, int cols) {
+  GRID_DEPEND();
   int total = n * cols;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) x[i] += b[i % cols];
 }
@@ -156,6 +164,7 @@ DEV void rope_pair(float* x, int t, int h, int p, int pos, int heads, int headDi
 // off by 10^-2 radians there.
 KERNEL void __launch_bounds__(256) rope(float* x, int n, int heads, int headDim, int pos0, int dim, float base, float scale,
                  const float* freqs, int neox, const i32* posp) {
+  GRID_DEPEND();
   if (posp) pos0 = *posp;
   int half = dim / 2;
   int total = n * heads * half;
@@ -171,6 +180,7 @@ KERNEL void __launch_bounds__(256) rope(float* x, int n, int heads, int headDim,
 // each from its own sequence).
 KERNEL void __launch_bounds__(256) rope_at(float* x, int n, int heads, int headDim, const i32* pos, int dim, float base, float scale,
                     const float* freqs, int neox) {
+  GRID_DEPEND();
   int half = dim / 2;
   int total = n * heads * half;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -183,6 +193,7 @@ KERNEL void __launch_bounds__(256) rope_at(float* x, int n, int heads, int headD
 
 // The token and position a replayed decode graph reads (step[0], step[1]).
 KERNEL void __launch_bounds__(32) set_step(i32* step, int token, int pos) {
+  GRID_DEPEND();
   if (threadIdx.x == 0) {
     step[0] = token;
     step[1] = pos;
@@ -221,6 +232,7 @@ DEV void argmax_block(float& bv, int& bi) {
 // parts (one block). A single block would walk a vocabulary of 10^5 with
 // one load in flight per thread.
 KERNEL void __launch_bounds__(256) argmax_slices(const float* x, int cols, int chunk, float* pv, i32* pi) {
+  GRID_DEPEND();
   int c0 = blockIdx.x * chunk, c1 = min(cols, c0 + chunk);
   float bv = __int_as_float(0xff800000u);  // -inf: a row of -inf still has an argmax
   int bi = 0x7fffffff;
@@ -233,6 +245,7 @@ KERNEL void __launch_bounds__(256) argmax_slices(const float* x, int cols, int c
 }
 
 KERNEL void __launch_bounds__(256) argmax_parts(const float* pv, const i32* pi, int parts, i32* out) {
+  GRID_DEPEND();
   float bv = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) argmax_merge(bv, bi, pv[i], pi[i]);
@@ -243,6 +256,7 @@ KERNEL void __launch_bounds__(256) argmax_parts(const float* pv, const i32* pi, 
 // Argmax of each row: one block per row; ties go to the lowest index.
 //   x [rows][cols] -> out [rows]
 KERNEL void __launch_bounds__(256) argmax_rows(const float* x, i32* out, int cols) {
+  GRID_DEPEND();
   const float* xr = x + (size_t)blockIdx.x * cols;
   float bv = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
@@ -257,6 +271,7 @@ KERNEL void __launch_bounds__(256) argmax_rows(const float* x, i32* out, int col
 // over the chunk held in shared memory; ties go to the lowest index.
 #define TOPK_CHUNK 4096
 KERNEL void __launch_bounds__(256) topk_step(const float* vals, const i32* idx, int count, int k, float* ovals, i32* oidx) {
+  GRID_DEPEND();
   __shared__ float sv[TOPK_CHUNK];
   __shared__ float rv[32];
   __shared__ int ri[32];

@@ -142,11 +142,13 @@ KERNEL void __launch_bounds__(128)
     attn_paged_fine_f16(float* part, const float* q, const u16* kc, const u16* vc, int heads, int kvHeads, int D,
                         float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,
                         int window) {
+  GRID_DEPEND();
   attn_paged_fine<u16>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);
 }
 KERNEL void __launch_bounds__(128)
     attn_paged_fine_f32(float* part, const float* q, const float* kc, const float* vc, int heads, int kvHeads, int D,
                         float scale, int bs, const i32* pos, const i32* seq, const i32* toff, const i32* tabs,
                         int window) {
+  GRID_DEPEND();
   attn_paged_fine<float>(part, q, kc, vc, heads, kvHeads, D, scale, bs, pos, seq, toff, tabs, window);
 }

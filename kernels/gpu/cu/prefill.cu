@@ -628,9 +628,9 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 #define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s], window, sinks
 
 #define PREFILL_KERNELS(DD)                                                                                        \
-  KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { PREFILL_BODY(DD)(PREFILL_ARGS); }     \
-  KERNEL void __launch_bounds__(128) attn_prefill_v1_f16_d##DD(PREFILL_PARAMS) { PREFILL_V1_BODY<DD>(PREFILL_ARGS); } \
-  KERNEL void __launch_bounds__(128) attn_prefill_plain_f16_d##DD(PREFILL_PARAMS) { prefill_plain<DD>(PREFILL_ARGS); }
+  KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); PREFILL_BODY(DD)(PREFILL_ARGS); }     \
+  KERNEL void __launch_bounds__(128) attn_prefill_v1_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); PREFILL_V1_BODY<DD>(PREFILL_ARGS); } \
+  KERNEL void __launch_bounds__(128) attn_prefill_plain_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_plain<DD>(PREFILL_ARGS); }
 PREFILL_KERNELS(64)
 PREFILL_KERNELS(128)
 
@@ -638,7 +638,7 @@ PREFILL_KERNELS(128)
 // The split form (out is the merge's part buffer): sm_80 on only; the
 // runtime chooses it only there (prefill.go).
 #define PREFILL_SPLIT_KERNEL(DD)                                                                                        \
-  KERNEL void __launch_bounds__(128) attn_prefill_split_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, true>(PREFILL_ARGS); }
+  KERNEL void __launch_bounds__(128) attn_prefill_split_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_pipe<DD, true>(PREFILL_ARGS); }
 PREFILL_SPLIT_KERNEL(64)
 PREFILL_SPLIT_KERNEL(128)
 #endif
@@ -648,9 +648,9 @@ PREFILL_SPLIT_KERNEL(128)
 // and prefill_mma (the path the H100 has run) on its mma.sync, a check of
 // the emulator's fragment layouts against a kernel known to be right.
 #define PREFILL_EMU_KERNEL(DD)                                                                  \
-  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, false>(PREFILL_ARGS); }     \
-  KERNEL void attn_prefill_emusplit_f16_d##DD(PREFILL_PARAMS) { prefill_pipe<DD, true>(PREFILL_ARGS); } \
-  KERNEL void attn_prefill_emuv1_f16_d##DD(PREFILL_PARAMS) { prefill_mma<DD>(PREFILL_ARGS); }
+  KERNEL void attn_prefill_emu_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_pipe<DD, false>(PREFILL_ARGS); }     \
+  KERNEL void attn_prefill_emusplit_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_pipe<DD, true>(PREFILL_ARGS); } \
+  KERNEL void attn_prefill_emuv1_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_mma<DD>(PREFILL_ARGS); }
 PREFILL_EMU_KERNEL(64)
 PREFILL_EMU_KERNEL(128)
 #endif

@@ -1,0 +1,159 @@
+package gpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forge-llm/forge/rocm"
+)
+
+// TestKernelsStartWithGridDepend: every kernel of every module begins with
+// GRID_DEPEND(), since the backend launches all of them overlapped on
+// Hopper: a kernel without the wait would read its input while the kernel
+// before it still writes it.
+func TestKernelsStartWithGridDepend(t *testing.T) {
+	body := regexp.MustCompile(`^\{[\s\\]*GRID_DEPEND\(\);`)
+	total := 0
+	for _, m := range Modules() {
+		src, err := Source(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, loc := range regexp.MustCompile(`\bKERNEL\b`).FindAllStringIndex(src, -1) {
+			if strings.HasPrefix(src[loc[0]:], "KERNEL extern") { // the macro's definition
+				continue
+			}
+			// The body opens at the first '{' outside parentheses:
+			// the signature (launch bounds, parameters) has none.
+			depth, i := 0, loc[1]
+			for ; i < len(src) && !(depth == 0 && src[i] == '{'); i++ {
+				switch src[i] {
+				case '(':
+					depth++
+				case ')':
+					depth--
+				}
+			}
+			if line := strings.Count(src[:loc[0]], "\n") + 1; i == len(src) || !body.MatchString(src[i:]) {
+				t.Errorf("%s:%d: kernel does not start with GRID_DEPEND(): %.120q", m, line, src[loc[0]:min(len(src), loc[0]+200)])
+			}
+			total++
+		}
+	}
+	if total < 100 {
+		t.Fatalf("found %d kernels; the scan is broken", total)
+	}
+}
+
+// TestLaunchOverlapChoice: overlapped launches only where every module's
+// code holds GRID_DEPEND's wait (built for sm_90 or later) on a CUDA device
+// that honours them.
+func TestLaunchOverlapChoice(t *testing.T) {
+	h100 := rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_90"}
+	for _, c := range []struct {
+		name  string
+		dev   rocm.DeviceInfo
+		froms []string
+		has   bool
+		env   string
+		want  bool
+	}{
+		{"shipped sm_90 cubins", h100, []string{"shipped cubin sm_90", "shipped cubin sm_90"}, true, "", true},
+		{"compiled for the device", h100, []string{"compiled", "kernel cache"}, true, "", true},
+		{"switched off", h100, []string{"compiled"}, true, "off", false},
+		{"no cuLaunchKernelEx", h100, []string{"compiled"}, false, "", false},
+		{"one module from compute_80 PTX", h100, []string{"shipped cubin sm_90", "shipped ptx compute_80"}, true, "", false},
+		{"Ampere", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_86"}, []string{"compiled"}, true, "", false},
+		{"Blackwell compiled", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_100"}, []string{"compiled"}, true, "", true},
+		{"HIP", rocm.DeviceInfo{Backend: rocm.HIP, Arch: "gfx90a:sramecc+:xnack-"}, []string{"compiled"}, true, "", false},
+	} {
+		if got := launchOverlap(c.dev, c.froms, c.has, c.env); got != c.want {
+			t.Errorf("%s: launchOverlap = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestOverlappedLaunchesKeepOrder runs a chain of 4000 small kernels, each
+// reading what the one before it wrote (x = x·s, then x = x + y), on a
+// backend that launches them overlapped and on one that does not: the
+// float32 results must equal the host's same operations bit for bit on
+// both, so no kernel started before its predecessor's writes were visible.
+// It logs the time a launch takes either way.
+func TestOverlappedLaunchesKeepOrder(t *testing.T) {
+	sb := gpuBackend(t, false)
+	d := sb.w.Device
+	var has bool
+	if err := sb.do(func(c *rocm.Ctx) error { has = c.HasDependentLaunch(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if d.Backend == rocm.CUDA && d.CCMajor >= 9 && has && os.Getenv(EnvLaunchOverlap) != "off" && !sb.overlap {
+		t.Errorf("%s (%s) with cuLaunchKernelEx launches without overlap", d.Name, d.Arch)
+	}
+	const n, rounds = 4096, 2000
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 41))
+	x0, y := randVec(rng, n, 1), randVec(rng, n, 0.01)
+	want := append([]float32(nil), x0...)
+	for range rounds {
+		for i := range want {
+			want[i] *= 1.0009765625
+			want[i] += y[i]
+		}
+	}
+	for _, overlap := range []bool{false, true} {
+		if overlap && !sb.overlap {
+			continue
+		}
+		b, err := New(sb.w, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.overlap = overlap
+		x, err := b.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		yt, err := b.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Write(x, 0, x0); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Write(yt, 0, y); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		for range rounds {
+			if err := b.Scale(x, x, 1.0009765625, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Add(x, x, yt, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		el := time.Since(start)
+		got := download(t, b, x)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("overlap %v: x[%d] = %v after %d rounds, host %v", overlap, i, got[i], rounds, want[i])
+			}
+		}
+		t.Logf("overlap %v: %d launches in %v (%.2f µs each)", overlap, 2*rounds, el, float64(el.Microseconds())/(2*rounds))
+		b.Free(x)
+		b.Free(yt)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
