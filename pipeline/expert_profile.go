@@ -109,8 +109,15 @@ func (p *expertProfile) uses(l, e int) int64 {
 }
 
 // profileOrder is the load order base (nil: the plan's) with the expert
-// units, which come after every block, sorted most used first (ties: the
-// base order, by block and index).
+// units, which come after every block, in two parts. First the hot
+// experts: those its block's tokens were routed to at least half as often
+// as an even spread over the block's experts would give (every expert
+// that a profile of one prompt's run holds), block by block, so that a
+// prompt's first blocks run while later blocks' experts still arrive
+// (sorted by use alone, the last block's experts came as early as the
+// first's, and the prompt's blocks all waited for the last one routed).
+// Then the others, most used first. Ties keep the base order (by block
+// and index).
 func profileOrder(base func(*actors.Plan) []*actors.Unit, prof *expertProfile) func(*actors.Plan) []*actors.Unit {
 	return func(p *actors.Plan) []*actors.Unit {
 		units := p.Units
@@ -122,11 +129,36 @@ func profileOrder(base func(*actors.Plan) []*actors.Unit, prof *expertProfile) f
 		for head < len(units) && !units[head].IsExpert() {
 			head++
 		}
+		hot := func(u *actors.Unit) bool { return prof.hot(u.Layer, u.Expert) }
 		slices.SortStableFunc(units[head:], func(a, b *actors.Unit) int {
+			ha, hb := hot(a), hot(b)
+			switch {
+			case ha && hb:
+				return cmp.Compare(a.Layer, b.Layer)
+			case ha != hb:
+				if ha {
+					return -1
+				}
+				return 1
+			}
 			return cmp.Compare(prof.uses(b.Layer, b.Expert), prof.uses(a.Layer, a.Expert))
 		})
 		return units
 	}
+}
+
+// hot reports whether block l's tokens reached expert e at least half as
+// often as an even spread over the block's experts would.
+func (p *expertProfile) hot(l, e int) bool {
+	u := p.uses(l, e)
+	if u <= 0 {
+		return false
+	}
+	var total int64
+	for _, v := range p.Uses[l] {
+		total += v
+	}
+	return 2*u*int64(len(p.Uses[l])) >= total
 }
 
 // saveProfile adds this model's routing (how many tokens the router sent

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -550,6 +551,11 @@ func TestExpertProfileOrder(t *testing.T) {
 		if (i < len(routed)) != routed[k] {
 			t.Fatalf("read order %v: the %d routed experts %v do not come first", order, len(routed), routed)
 		}
+		// A profile of one prompt: every expert it routed to is hot, and
+		// the hot ones load block by block.
+		if i > 0 && i < len(routed) && k.layer < order[i-1].layer {
+			t.Fatalf("read order %v: the routed experts do not load block by block", order)
+		}
 	}
 
 	// The same shapes and types, other weights (another seed): only the
@@ -657,5 +663,33 @@ func TestExpertUnitsBatched(t *testing.T) {
 		if want := referenceGreedy(t, path, p, 4); fmt.Sprint(got[i]) != fmt.Sprint(want) {
 			t.Fatalf("prompt %v: tokens %v, want %v", p, got[i], want)
 		}
+	}
+}
+
+// TestProfileOrderHotByBlock: the experts a profile holds as hot (at
+// least half an even spread's share of their block's uses) load block by
+// block, whatever their counts; the rest follow, most used first.
+func TestProfileOrderHotByBlock(t *testing.T) {
+	prof := &expertProfile{Uses: [][]int64{
+		{1, 1, 0, 0},  // block 0: both used experts hot
+		{9, 1, 0, 0},  // block 1: 1 use of 10 is under half of 10/4: cold
+		{0, 0, 40, 0}, // block 2: one hot expert
+	}}
+	p := &actors.Plan{Units: []*actors.Unit{{Layer: 0, Expert: -1}, {Layer: 1, Expert: -1}, {Layer: 2, Expert: -1}}}
+	for l := range 3 {
+		for e := range 4 {
+			p.Units = append(p.Units, &actors.Unit{Layer: l, Expert: e})
+		}
+	}
+	var got [][2]int
+	for _, u := range profileOrder(nil, prof)(p) {
+		got = append(got, [2]int{u.Layer, u.Expert})
+	}
+	want := [][2]int{{0, -1}, {1, -1}, {2, -1}, // the blocks first, as planned
+		{0, 0}, {0, 1}, {1, 0}, {2, 2}, // hot, block by block (not 2.2 then 1.0 by count)
+		{1, 1},                                                 // cold but used
+		{0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 0}, {2, 1}, {2, 3}} // unused, in plan order
+	if !slices.Equal(got, want) {
+		t.Fatalf("load order\n got %v\nwant %v", got, want)
 	}
 }
