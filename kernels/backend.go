@@ -253,6 +253,24 @@ type NormPairer interface {
 	RMSNormPair(dstA, xA Tensor, wA *Weight, nA int, dstB, xB Tensor, wB *Weight, nB int, eps float32) error
 }
 
+// QKVPreparer is a Backend that makes one token's attention inputs ready in
+// one op (a GPU launch instead of three): the per-head norms of the queries
+// and keys where a model has them (Qwen3, Gemma), RoPE, and the store of
+// the key and value in the cache; AttentionStoredQ8 then attends without
+// storing again. Every value must get the bits that RMSNormPair (or the
+// two RMSNorms), RoPE over the queries and keys, and AttentionQ8's store
+// give it: the model falls back to those ops.
+type QKVPreparer interface {
+	// PrepareQKV normalises each HeadDim-wide head of q (a.Heads) with qw
+	// and of k (a.KVHeads) with kw, each where set, in place; rotates q
+	// and k at position pos with r; and stores k and v in row pos of
+	// layer's cache: one token.
+	PrepareQKV(q, k, v Tensor, qw, kw *Weight, eps float32, c *KVCache, layer, pos int, r Rope, a Attn) error
+	// AttentionStoredQ8 is Q8Ops.AttentionQ8 for the one token at pos
+	// whose key and value PrepareQKV stored (oq may be empty).
+	AttentionStoredQ8(out, q Tensor, c *KVCache, layer, pos int, a Attn, oq Q8) (Q8, error)
+}
+
 // SharedInputMatMuler is a Backend that multiplies one input by several
 // weights at once (a block's Q, K and V; its gate and up projections): one
 // pass that a GPU can launch as one kernel. The model falls back to one

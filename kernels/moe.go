@@ -68,6 +68,18 @@ type ExpertRouter interface {
 	MixSlots(dst, src, w Tensor, k, cols int) error
 }
 
+// MixNormer is an ExpertRouter that fuses a decode step's weighted sum of
+// its experts' outputs with the residual add and the RMSNorm that follow
+// it (the next block's pre-norm): one launch instead of two. The model
+// falls back to MixSlots then Q8Ops.AddRMSNormQ8, whose bits it must give.
+type MixNormer interface {
+	// MixAddRMSNormQ8 is MixSlots(r, src, w, k, nw.Cols), then x += r,
+	// dst = rmsnorm(x) ⊙ nw for the one row, with dst's 8-bit copy in q
+	// where q is not empty (AddRMSNormQ8's rules); it returns the copy
+	// made.
+	MixAddRMSNormQ8(dst, x, r, src, w Tensor, k int, nw *Weight, eps float32, q Q8) (Q8, error)
+}
+
 // ExpertQ8MatMuler is an ExpertRouter whose expert products take x's
 // 8-bit copy from the op that wrote x (a decode step's norm for the gate
 // and up products, Q8Ops.SiLUMulQ8 for the down ones): the products that

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -371,5 +372,41 @@ func TestEmuMoeAddBias(t *testing.T) {
 			}
 			emuSame(t, fmt.Sprintf("warp %d k %d: moe_add_bias", ed.dev.Warp, k), res.f32(db), want)
 		}
+	}
+}
+
+// TestEmuMixAddNorm: mix_add_rmsnorm_row gives the bits of mix_rows (one
+// token's k slots) then rmsnorm_row with that residual, the 8-bit copy
+// included, at both widths.
+func TestEmuMixAddNorm(t *testing.T) {
+	rng := emuRNG(t)
+	const eps = float32(1e-6)
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			for _, c := range []struct{ k, cols int }{{8, 2048}, {4, 2880}, {2, 256}} {
+				var job emuJob
+				src := job.f32(conformance.RandomVector(rng, c.k*c.cols, 1))
+				w := job.f32(conformance.RandomVector(rng, c.k, 1))
+				nw := job.f32(conformance.RandomVector(rng, c.cols, 1))
+				x := conformance.RandomVector(rng, c.cols, 2)
+				l, _ := planNorm(1, c.cols, true, true)
+				// fused
+				fx, fr, fd := job.f32(x), job.zeros(4*c.cols, true), job.zeros(4*c.cols, true)
+				fq, fs := job.zeros(c.cols, true), job.zeros(4*c.cols/32, true)
+				job.launch("mix_add_rmsnorm_row", l.Grid, l.Block, eP(fd, 0), eP(fx, 0), eP(fr, 0), eP(src, 0), eP(w, 0), eI(c.k),
+					eP(nw, 0), eI(c.cols), eF(eps), eP(fq, 0), eP(fs, 0))
+				// mix_rows, then rmsnorm_row with the residual
+				sx, sr, sd := job.f32(x), job.zeros(4*c.cols, true), job.zeros(4*c.cols, true)
+				sq, ss := job.zeros(c.cols, true), job.zeros(4*c.cols/32, true)
+				job.launch("mix_rows", planMoeRows(1, c.cols), rocm.D1(256), eP(sr, 0), eP(src, 0), eNull(), eP(w, 0), eI(1), eI(c.k), eI(c.cols))
+				job.launch(l.Kernel, l.Grid, l.Block, eP(sd, 0), eP(sx, 0), eP(sr, 0), eP(nw, 0), eI(c.cols), eF(eps), eP(sq, 0), eP(ss, 0))
+				res := runEmu(t, ed.dev.Warp, &job)
+				for _, p := range [][3]any{{fx, sx, "x"}, {fr, sr, "weighted sum"}, {fd, sd, "norm"}, {fq, sq, "codes"}, {fs, ss, "scales"}} {
+					if !slices.Equal(res.bufs[p[0].(int)], res.bufs[p[1].(int)]) {
+						t.Errorf("%d slots of %d: %s of mix_add_rmsnorm_row differs from mix_rows then rmsnorm_row", c.k, c.cols, p[2])
+					}
+				}
+			}
+		})
 	}
 }

@@ -331,3 +331,96 @@ func TestEmuNormPair(t *testing.T) {
 		})
 	}
 }
+
+// TestEmuQKVPrep: qkv_prep (a decode step's head norms, RoPE and cache
+// store in one launch) gives the bits of rmsnorm_row2, rope over the
+// adjacent queries and keys, and kv_store, at both widths: with and
+// without the norms, NeoX and plain rotation, a partial rotation with
+// frequency divisors, f16 and f32 caches, positions from the host and
+// from the device.
+func TestEmuQKVPrep(t *testing.T) {
+	rng := emuRNG(t)
+	const eps = float32(1e-6)
+	type tc struct {
+		nq, nk, D, dim, pos int
+		norm, neox, freqs   bool
+		posp                bool
+		sfx                 string
+	}
+	cases := []tc{
+		{32, 4, 128, 128, 7, true, true, false, false, "f16"}, // Qwen3-MoE's heads
+		{8, 2, 96, 96, 0, true, true, false, true, "f32"},
+		{8, 8, 64, 64, 300, false, false, false, false, "f16"}, // Llama: no norms, pairs (2i, 2i+1)
+		{4, 2, 64, 32, 41, false, true, true, true, "f16"},     // partial rotation, divisors
+	}
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			for _, c := range cases {
+				const ctx = 512
+				var job emuJob
+				kvDim := c.nk * c.D
+				q := conformance.RandomVector(rng, c.nq*c.D, 2)
+				kv := conformance.RandomVector(rng, 2*kvDim, 2) // k then v, adjacent like a model's q, k, v
+				qk := append(append([]float32(nil), q...), kv[:kvDim]...)
+				v := kv[kvDim:]
+				norms := []emuArg{eNull(), eNull()}
+				var wq, wk int
+				if c.norm {
+					wq, wk = job.f32(conformance.RandomVector(rng, c.D, 1)), job.f32(conformance.RandomVector(rng, c.D, 1))
+					norms = []emuArg{eP(wq, 0), eP(wk, 0)}
+				}
+				freqs := eNull()
+				if c.freqs {
+					f := make([]float32, c.dim/2)
+					for i := range f {
+						f[i] = 1 + 3*rng.Float32()
+					}
+					freqs = eP(job.f32(f), 0)
+				}
+				es := 2
+				if c.sfx == "f32" {
+					es = 4
+				}
+				pos, posp := eI(c.pos), eNull()
+				if c.posp {
+					pos, posp = eI(0), eP(job.i32([]int32{int32(c.pos)}), 0)
+				}
+				neox := 0
+				if c.neox {
+					neox = 1
+				}
+				// the fused launch
+				fqk, fv := job.f32(qk), job.f32(v)
+				fkc, fvc := job.zeros(ctx*kvDim*es, false), job.zeros(ctx*kvDim*es, false)
+				l, _ := planNorm(1, c.D, false, false)
+				job.launch("qkv_prep_"+c.sfx, rocm.D1(c.nq+c.nk), l.Block, eP(fqk, 0), eP(fqk, 4*c.nq*c.D), eP(fv, 0),
+					norms[0], norms[1], eI(c.nq), eI(c.nk), eI(c.D), eF(eps), eP(fkc, 0), eP(fvc, 0), pos, posp,
+					eI(c.dim), eF(1e6), eF(1), freqs, eI(neox))
+				// the three launches it replaces
+				sqk, sv := job.f32(qk), job.f32(v)
+				skc, svc := job.zeros(ctx*kvDim*es, false), job.zeros(ctx*kvDim*es, false)
+				if c.norm {
+					job.launch("rmsnorm_row2", rocm.D1(c.nq+c.nk), l.Block, eP(sqk, 0), eP(sqk, 0), norms[0], eI(c.nq),
+						eP(sqk, 4*c.nq*c.D), eP(sqk, 4*c.nq*c.D), norms[1], eI(c.D), eF(eps))
+				}
+				job.launch("rope", grid1((c.nq+c.nk)*c.dim/2), rocm.D1(256), eP(sqk, 0), eI(1), eI(c.nq+c.nk), eI(c.D), pos,
+					eI(c.dim), eF(1e6), eF(1), freqs, eI(neox), posp)
+				job.launch("kv_store_"+c.sfx, grid1(kvDim), rocm.D1(256), eP(skc, 0), eP(svc, 0), eP(sqk, 4*c.nq*c.D), eP(sv, 0),
+					eI(1), eI(kvDim), pos, posp)
+				res := runEmu(t, ed.dev.Warp, &job)
+				for _, p := range [][2]int{{fqk, sqk}, {fkc, skc}, {fvc, svc}} {
+					if !slices.Equal(res.bufs[p[0]], res.bufs[p[1]]) {
+						t.Errorf("%+v: qkv_prep differs from the three launches (buffer %d)", c, p[0])
+					}
+				}
+				if slices.Equal(res.f32(fqk), qk) {
+					t.Errorf("%+v: queries and keys untouched", c)
+				}
+				row := res.bufs[fkc][c.pos*kvDim*es : (c.pos+1)*kvDim*es]
+				if slices.Equal(row, make([]byte, len(row))) {
+					t.Errorf("%+v: nothing stored at position %d", c, c.pos)
+				}
+			}
+		})
+	}
+}

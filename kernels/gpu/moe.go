@@ -142,6 +142,51 @@ func (b *Backend) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	})
 }
 
+var _ kernels.MixNormer = (*Backend)(nil)
+
+// MixAddRMSNormQ8 implements kernels.MixNormer: mix_add_rmsnorm_row, one
+// block of rmsnorm_row's size, also filling q where rmsnorm_row would.
+func (b *Backend) MixAddRMSNormQ8(dst, x, r, src, w kernels.Tensor, k int, nw *kernels.Weight, eps float32, q kernels.Q8) (kernels.Q8, error) {
+	const op = "mix, add and rmsnorm"
+	if nw == nil || k <= 0 {
+		return kernels.Q8{}, fmt.Errorf("gpu: %s: %d slots, norm %v", op, k, nw)
+	}
+	cols := nw.Cols
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"dst", dst, cols}, {"x", x, cols}, {"r", r, cols}, {"src", src, k * cols}, {"w", w, k}} {
+		if err := checkTensor(op+": "+c.what, c.t, c.n); err != nil {
+			return kernels.Q8{}, err
+		}
+	}
+	dq, err := devQ8(op, q, 1, cols)
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	l, fuse := planNorm(1, cols, true, !b.noFuse)
+	if !fuse {
+		dq, q = q8x{}, kernels.Q8{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wp, err := b.normWeight(op, nw, cols)
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	err = b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(dst)).Ptr(dptr(x)).Ptr(dptr(r)).Ptr(dptr(src)).Ptr(dptr(w)).I32(int32(k)).Ptr(wp).I32(int32(cols)).F32(eps).
+			Ptr(dq.codes).Ptr(dq.scales)
+		return b.launch(c, "mix_add_rmsnorm_row", l.Grid, l.Block, &a)
+	})
+	if err != nil {
+		return kernels.Q8{}, err
+	}
+	return q, nil
+}
+
 // AddExpertBias implements kernels.ExpertBiaser (moe_add_bias).
 func (b *Backend) AddExpertBias(dst kernels.Tensor, table kernels.ExpertTable, ids kernels.Tensor, k, cols int) error {
 	t, ok := table.(*expertTable)

@@ -646,6 +646,91 @@ func (b *Backend) Attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	return err
 }
 
+var _ kernels.QKVPreparer = (*Backend)(nil)
+
+// PrepareQKV implements kernels.QKVPreparer: one qkv_prep launch, a block
+// per query head and per key (and value) head, with rmsnorm_row's block so
+// that the norms keep their bits.
+func (b *Backend) PrepareQKV(q, k, v kernels.Tensor, qw, kw *kernels.Weight, eps float32, kc *kernels.KVCache, layer, pos int, r kernels.Rope, at kernels.Attn) error {
+	const op = "prepare qkv"
+	kp, vp, esize, err := b.cacheLayer(op, kc, layer, at)
+	if err != nil {
+		return err
+	}
+	if pos < 0 || pos >= kc.Ctx {
+		return fmt.Errorf("gpu: %s: position %d outside the context of %d", op, pos, kc.Ctx)
+	}
+	dim, scale, neox, err := ropeArgs(op, op+": q", q, 1, at.Heads, at.HeadDim, r)
+	if err != nil {
+		return err
+	}
+	kvDim := at.KVHeads * at.HeadDim
+	if err := checkTensor(op+": k", k, kvDim); err != nil {
+		return err
+	}
+	if err := checkTensor(op+": v", v, kvDim); err != nil {
+		return err
+	}
+	for _, w := range []*kernels.Weight{qw, kw} {
+		if w != nil && w.Cols != at.HeadDim {
+			return fmt.Errorf("gpu: %s: norm %s of %d values for heads of %d", op, w.Name, w.Cols, at.HeadDim)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var wq, wk rocm.DevPtr
+	if qw != nil {
+		if wq, err = b.normWeight(op, qw, at.HeadDim); err != nil {
+			return err
+		}
+	}
+	if kw != nil {
+		if wk, err = b.normWeight(op, kw, at.HeadDim); err != nil {
+			return err
+		}
+	}
+	fp, err := b.ropeFreqs(r, dim)
+	if err != nil {
+		return err
+	}
+	sfx := "f16"
+	if esize == 4 {
+		sfx = "f32"
+	}
+	l, _ := planNorm(1, at.HeadDim, false, false) // rmsnorm_row's block: the norms' bits
+	return b.do(func(c *rocm.Ctx) error {
+		var a rocm.Args
+		a.Ptr(dptr(q)).Ptr(dptr(k)).Ptr(dptr(v)).Ptr(wq).Ptr(wk).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+			I32(int32(at.HeadDim)).F32(eps).Ptr(kp).Ptr(vp).I32(int32(pos)).Ptr(b.stepPos()).
+			I32(int32(dim)).F32(r.Base).F32(scale).Ptr(fp).I32(neox)
+		return b.launch(c, "qkv_prep_"+sfx, rocm.D1(at.Heads+at.KVHeads), l.Block, &a)
+	})
+}
+
+// AttentionStoredQ8 implements kernels.QKVPreparer: attention without the
+// store (PrepareQKV made it).
+func (b *Backend) AttentionStoredQ8(out, q kernels.Tensor, kc *kernels.KVCache, layer, pos int, at kernels.Attn, oq kernels.Q8) (kernels.Q8, error) {
+	return b.attentionFrom(out, q, kernels.Tensor{}, kernels.Tensor{}, kc, layer, pos, 1, at, oq, true)
+}
+
+// cacheLayer checks kc against at and returns the device addresses of
+// layer's keys and values and the element size.
+func (b *Backend) cacheLayer(op string, kc *kernels.KVCache, layer int, at kernels.Attn) (kp, vp rocm.DevPtr, esize int, err error) {
+	if kc == nil {
+		return 0, 0, 0, fmt.Errorf("gpu: %s: nil kv cache", op)
+	}
+	kb, ok := kc.Impl.(*kvBuf)
+	if !ok || kb.base == 0 {
+		return 0, 0, 0, fmt.Errorf("gpu: %s: kv cache was not made by this backend (or was freed)", op)
+	}
+	if err := checkAttn(op, "cache", at, kc.KVDim, kc.Layers, layer); err != nil {
+		return 0, 0, 0, err
+	}
+	layerBytes := int64(kc.Ctx) * int64(kc.KVDim) * int64(kb.esize)
+	kp = kb.base + rocm.DevPtr(int64(2*layer)*layerBytes)
+	return kp, kp + rocm.DevPtr(layerBytes), kb.esize, nil
+}
+
 // AttentionQ8 implements kernels.Q8Ops: Attention, one token's output also
 // quantized into oq by the decode kernel itself (plain attention, head
 // sizes of whole blocks of 32).
@@ -654,14 +739,14 @@ func (b *Backend) AttentionQ8(out, q, k, v kernels.Tensor, kc *kernels.KVCache, 
 }
 
 func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn, oq kernels.Q8) (kernels.Q8, error) {
-	if kc == nil {
-		return kernels.Q8{}, fmt.Errorf("gpu: attention: nil kv cache")
-	}
-	kb, ok := kc.Impl.(*kvBuf)
-	if !ok || kb.base == 0 {
-		return kernels.Q8{}, fmt.Errorf("gpu: attention: kv cache was not made by this backend (or was freed)")
-	}
-	if err := checkAttn("attention", "cache", at, kc.KVDim, kc.Layers, layer); err != nil {
+	return b.attentionFrom(out, q, k, v, kc, layer, pos0, n, at, oq, false)
+}
+
+// attentionFrom is attention; stored: the keys and values are in the
+// cache already (PrepareQKV), k and v are not read.
+func (b *Backend) attentionFrom(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos0, n int, at kernels.Attn, oq kernels.Q8, stored bool) (kernels.Q8, error) {
+	kp, vp, esize, err := b.cacheLayer("attention", kc, layer, at)
+	if err != nil {
 		return kernels.Q8{}, err
 	}
 	kvDim := at.KVHeads * at.HeadDim
@@ -674,6 +759,9 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 		t    kernels.Tensor
 		n    int
 	}{{"q", q, n * qDim}, {"out", out, n * qDim}, {"k", k, n * kvDim}, {"v", v, n * kvDim}} {
+		if stored && (c.what == "k" || c.what == "v") {
+			continue
+		}
 		if err := checkTensor("attention: "+c.what, c.t, c.n); err != nil {
 			return kernels.Q8{}, err
 		}
@@ -690,12 +778,9 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 		dq, oq = q8x{}, kernels.Q8{}
 	}
 	sfx := "f16"
-	if kb.esize == 4 {
+	if esize == 4 {
 		sfx = "f32"
 	}
-	layerBytes := int64(kc.Ctx) * int64(kvDim) * int64(kb.esize)
-	kp := kb.base + rocm.DevPtr(int64(2*layer)*layerBytes)
-	vp := kp + rocm.DevPtr(layerBytes)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.step.on && n > 2 {
@@ -707,11 +792,13 @@ func (b *Backend) attention(out, q, k, v kernels.Tensor, kc *kernels.KVCache, la
 	}
 	err = b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
-		a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0)).Ptr(b.stepPos())
-		if err := b.launch(c, "kv_store_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
-			return err
+		if !stored {
+			a.Ptr(kp).Ptr(vp).Ptr(dptr(k)).Ptr(dptr(v)).I32(int32(n)).I32(int32(kvDim)).I32(int32(pos0)).Ptr(b.stepPos())
+			if err := b.launch(c, "kv_store_"+sfx, grid1(n*kvDim), rocm.D1(256), &a); err != nil {
+				return err
+			}
+			a.Reset()
 		}
-		a.Reset()
 		if at.Window > 0 || at.Softcap > 0 { // a sliding window or a soft-cap, and any sinks (archops.go)
 			return b.attnExt(c, sfx, out, q, kp, vp, sp, pos0, n, at)
 		}

@@ -123,11 +123,11 @@ func gemmaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 
 	xq := m.preNorm(a, lw.AttnNorm, n)
 	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
-	if c.QKNorm {
-		m.rmsnormPair(a.q, lw.QNorm, n*c.Heads, a.k, lw.KNorm, n*c.KVHeads)
+	qw, kw := lw.QNorm, lw.KNorm // Gemma 3's; Gemma 2 has none
+	if !c.QKNorm {
+		qw, kw = nil, nil
 	}
-	m.ropeQK(a, n, pos0, layer)
-	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
+	aq := m.selfAttention(a, qw, kw, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}

@@ -203,9 +203,8 @@ func gptossLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 	m.addBias(a.q, lw.QBias, n)
 	m.addBias(a.k, lw.KBias, n)
 	m.addBias(a.v, lw.VBias, n)
-	m.ropeQK(a, n, pos0, layer)
 	m.attns[layer].Sinks = lw.AttnSinks // the layer's own: its weights may arrive late
-	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
+	aq := m.selfAttention(a, nil, nil, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}

@@ -119,8 +119,7 @@ func llamaLayer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 
 	xq := m.preNorm(a, lw.AttnNorm, n)
 	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
-	m.ropeQK(a, n, pos0, layer)
-	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
+	aq := m.selfAttention(a, nil, nil, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}

@@ -103,7 +103,16 @@ type Model struct {
 	// pairNorm normalises the queries' and the keys' heads in one op
 	// (rmsnormPair), where the backend can.
 	pairNorm kernels.NormPairer
-	pending  bool
+	// prep makes one token's queries, keys and values ready for attention
+	// in one op (selfAttention), where the backend can.
+	prep    kernels.QKVPreparer
+	pending bool
+	// mix, where its norm is set, is a mixture's weighted sum that a
+	// device-routed decode step left to the next preNorm, which fuses it
+	// with the residual add and the norm (kernels.MixNormer): xb2 is not
+	// written until then (settleMix writes it for other readers).
+	mix       deferredMix
+	mixNormed int // how many (tests)
 	// multi multiplies one input by several weights at once, where the
 	// backend can; mmDst and mmW hold the arguments (no allocation).
 	multi kernels.SharedInputMatMuler
@@ -219,6 +228,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	m.argmax, _ = kernels.As[kernels.Argmaxer](be)
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.pairNorm, _ = kernels.As[kernels.NormPairer](be)
+	m.prep, _ = kernels.As[kernels.QKVPreparer](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.q8, _ = kernels.As[kernels.Q8Ops](be)
 
@@ -515,7 +525,7 @@ func (m *Model) step(ctx context.Context, tokens []int32, pos0, nOut int) error 
 func (m *Model) run(ctx context.Context, tokens []int32, pos0, nOut int, fetch bool) error {
 	defer m.during(ctx)()
 	c, n := m.Cfg, len(tokens)
-	m.pending = false
+	m.pending, m.mix = false, deferredMix{}
 	// x [n][Embd] = token_embd[tokens]
 	if err := m.embed(m.s.x.View(0, n*c.Embd), tokens); err != nil {
 		return err

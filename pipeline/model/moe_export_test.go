@@ -59,3 +59,9 @@ func DecodeGraphRecorded(m *Model) bool { return m.graph != nil }
 func RouteTopKOnHost(logits []float32, n, experts, k int, sel []int32, w []float32) {
 	routeTopK(logits, n, experts, k, sel, w)
 }
+
+// MoENoMixNorm keeps m's device-routed weighted sums their own op.
+func MoENoMixNorm(m *Model) { m.moeState().dev.noMixNorm = true }
+
+// MixNormed is how many weighted sums m fused with the norm after them.
+func MixNormed(m *Model) int { return m.mixNormed }

@@ -29,8 +29,11 @@ import (
 type devRouting struct {
 	router kernels.ExpertRouter
 	off    bool // tests: the host path always
-	tables map[*LayerWeights]*expertTables
-	steps  int // decode steps' layers routed on the device (tests)
+	// noMixNorm (tests) keeps the weighted sum its own op, not fused
+	// with the next norm (kernels.MixNormer).
+	noMixNorm bool
+	tables    map[*LayerWeights]*expertTables
+	steps     int // decode steps' layers routed on the device (tests)
 }
 
 // expertTables are one layer's gate, up and down tables, and the device
@@ -243,6 +246,11 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		fail("down bias", bs.AddExpertBias(out, t.downB, ids, K, D))
 	}
 	if m.err != nil {
+		return
+	}
+	if mn, ok := rt.(kernels.MixNormer); ok && m.bat == nil && !st.dev.noMixNorm {
+		// left to the next norm, which adds it to x (preNorm)
+		m.mix = deferredMix{norm: mn, router: rt, dst: dst, src: out, w: wts, k: K}
 		return
 	}
 	fail("weighted sum", rt.MixSlots(dst, out, wts, K, D))

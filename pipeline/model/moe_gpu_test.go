@@ -81,6 +81,20 @@ func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	return r.MixRows(dst, src, seq, w.Host[:k], 1, k, cols)
 }
 
+var _ kernels.MixNormer = hostRouter{}
+
+// MixAddRMSNormQ8 is MixSlots then the residual add and the norm as the
+// model's preNorm queues them on the CPU.
+func (r hostRouter) MixAddRMSNormQ8(dst, x, res, src, w kernels.Tensor, k int, nw *kernels.Weight, eps float32, q kernels.Q8) (kernels.Q8, error) {
+	if err := r.MixSlots(res, src, w, k, nw.Cols); err != nil {
+		return kernels.Q8{}, err
+	}
+	if err := r.Add(x, x, res, nw.Cols); err != nil {
+		return kernels.Q8{}, err
+	}
+	return kernels.Q8{}, r.RMSNorm(dst, x, nw, 1, eps)
+}
+
 // layerHook is the file's weights with each layer changed by mod first.
 type layerHook struct {
 	*model.FileWeights
@@ -152,12 +166,20 @@ func TestMoEDeviceRoutedDecode(t *testing.T) {
 					}, 0},
 					{"usage profile", func(lw *model.LayerWeights) { lw.ExpertUsed = func(int, int) {} }, 0},
 				} {
-					m := openHooked(t, path, dev, c.mod)
-					host := model.OpenModel(t, path, plain, model.Options{Ctx: 64})
-					model.MoEPerExpert(host)
-					sameGreedy(t, m, host)
-					if got := model.MoEDeviceSteps(m); got != c.steps {
-						t.Errorf("%s: %d layers routed on the device, want %d", c.name, got, c.steps)
+					for _, fused := range []bool{true, false} {
+						m := openHooked(t, path, dev, c.mod)
+						if !fused {
+							model.MoENoMixNorm(m)
+						}
+						host := model.OpenModel(t, path, plain, model.Options{Ctx: 64})
+						model.MoEPerExpert(host)
+						sameGreedy(t, m, host)
+						if got := model.MoEDeviceSteps(m); got != c.steps {
+							t.Errorf("%s: %d layers routed on the device, want %d", c.name, got, c.steps)
+						}
+						if got, want := model.MixNormed(m), 0; fused && c.steps > 0 && got == want {
+							t.Errorf("%s: no weighted sum was fused with the norm after it", c.name)
+						}
 					}
 				}
 			})

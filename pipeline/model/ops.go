@@ -75,6 +75,37 @@ func (m *Model) ropeQK(a act, n, pos0, layer int) {
 	m.rope(a.k, n, c.KVHeads, pos0, r)
 }
 
+// selfAttention is a block's attention from its projections in a (q, k,
+// v): the per-head norms of the queries and keys with qw and kw where set
+// (Qwen3, Gemma), RoPE, the store of the keys and values in the cache, and
+// attention over it; it returns att's 8-bit copy as attention does. One
+// token of the single-sequence path on a kernels.QKVPreparer takes two ops
+// (prepare, attend) instead of four, with the same bits.
+func (m *Model) selfAttention(a act, qw, kw *kernels.Weight, layer, pos0, n int) kernels.Q8 {
+	c := m.Cfg
+	if n == 1 && m.prep != nil && m.bat == nil && (qw == nil) == (kw == nil) {
+		if m.err != nil {
+			return kernels.Q8{}
+		}
+		at := m.attns[layer]
+		if err := m.prep.PrepareQKV(a.q, a.k, a.v, qw, kw, c.NormEps, m.kv, layer-m.lo, pos0, m.ropes[layer], at); err != nil {
+			m.err = fmt.Errorf("prepare attention: %w", err)
+			return kernels.Q8{}
+		}
+		oq, err := m.prep.AttentionStoredQ8(a.att, a.q, m.kv, layer-m.lo, pos0, at, m.q8Store(a.attQ, 1))
+		if err != nil {
+			m.err = fmt.Errorf("attention: %w", err)
+			return kernels.Q8{}
+		}
+		return oq
+	}
+	if qw != nil {
+		m.rmsnormPair(a.q, qw, n*c.Heads, a.k, kw, n*c.KVHeads)
+	}
+	m.ropeQK(a, n, pos0, layer)
+	return m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
+}
+
 // preNorm is the norm that starts a sub-block (and the output head):
 //
 //	xb = rmsnorm(x) ⊙ w   over n rows
@@ -92,6 +123,9 @@ func (m *Model) preNorm(a act, w *kernels.Weight, n int) kernels.Q8 {
 		return m.rmsnormQ(a.xb, a.x, w, n, q)
 	}
 	m.pending = false
+	if m.mix.norm != nil {
+		return m.mixNorm(a, w, n, q)
+	}
 	if m.resNorm == nil && q.Empty() {
 		m.add(a.x, a.x, a.xb2, n*m.Cfg.Embd)
 		m.rmsnorm(a.xb, a.x, w, n)
@@ -111,6 +145,51 @@ func (m *Model) preNorm(a act, w *kernels.Weight, n int) kernels.Q8 {
 		return kernels.Q8{}
 	}
 	return q
+}
+
+// deferredMix is a one-token mixture's weighted sum not yet computed:
+// dst = Σ_j w[j]·src[j] over k slots (mixtureDevice leaves it to preNorm).
+type deferredMix struct {
+	norm        kernels.MixNormer
+	router      kernels.ExpertRouter
+	dst, src, w kernels.Tensor
+	k           int
+}
+
+// mixNorm is preNorm for a pending output that is a deferred mixture: the
+// weighted sum into xb2, the residual add and the norm in one op.
+func (m *Model) mixNorm(a act, w *kernels.Weight, n int, q kernels.Q8) kernels.Q8 {
+	mix := m.mix
+	m.mix = deferredMix{}
+	if m.err != nil {
+		return kernels.Q8{}
+	}
+	if n != 1 {
+		m.err = fmt.Errorf("mixture of experts: a weighted sum of one token deferred to a norm of %d rows", n)
+		return kernels.Q8{}
+	}
+	q, err := mix.norm.MixAddRMSNormQ8(a.xb, a.x, mix.dst, mix.src, mix.w, mix.k, w, m.Cfg.NormEps, q)
+	if err != nil {
+		m.err = fmt.Errorf("weighted sum, residual add and rmsnorm %s: %w", w.Name, err)
+		return kernels.Q8{}
+	}
+	m.mixNormed++
+	return q
+}
+
+// settleMix computes a deferred weighted sum into its destination, for a
+// reader of the pending output other than preNorm (the crossing after a
+// split model's span, runSpan).
+func (m *Model) settleMix() error {
+	mix := m.mix
+	m.mix = deferredMix{}
+	if mix.norm == nil {
+		return nil
+	}
+	if err := mix.router.MixSlots(mix.dst, mix.src, mix.w, mix.k, m.Cfg.Embd); err != nil {
+		return fmt.Errorf("mixture of experts (routed on the device): weighted sum: %w", err)
+	}
+	return nil
 }
 
 // rmsnormQ is rmsnorm, filling q (when not empty) with dst's 8-bit copy

@@ -61,9 +61,7 @@ func qwen3Layer(m *Model, lw *LayerWeights, layer, pos0, n, nOut int) error {
 
 	xq := m.preNorm(a, lw.AttnNorm, n)
 	m.matmul3(a.q, lw.Q, a.k, lw.K, a.v, lw.V, a.xb, xq, n)
-	m.rmsnormPair(a.q, lw.QNorm, n*c.Heads, a.k, lw.KNorm, n*c.KVHeads)
-	m.ropeQK(a, n, pos0, layer)
-	aq := m.attention(a.att, a.q, a.k, a.v, a.attQ, layer, pos0, n)
+	aq := m.selfAttention(a, lw.QNorm, lw.KNorm, layer, pos0, n)
 	if nOut == 0 {
 		return m.err
 	}

@@ -250,7 +250,7 @@ func (m *Model) stepSplit(ctx context.Context, tokens []int32, pos0, nOut int) e
 
 // embedTokens starts a step: x = token_embd[tokens].
 func (m *Model) embedTokens(tokens []int32) error {
-	m.pending = false
+	m.pending, m.mix = false, deferredMix{}
 	if err := m.be.Embed(m.s.x.View(0, len(tokens)*m.Cfg.Embd), m.g.Embed, tokens); err != nil {
 		return fmt.Errorf("model: embedding: %w", err)
 	}
@@ -282,7 +282,9 @@ func (m *Model) runSpan(ctx context.Context, lo, hi, pos0, n, nOut int, fetch bo
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
-	return nil
+	// The pending output crosses to the next part as xb2 (cross): a
+	// weighted sum left to the next norm is computed here, in the stage.
+	return m.settleMix()
 }
 
 // splitHead runs the output norm and head on the last nOut of n rows of x

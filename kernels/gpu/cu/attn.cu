@@ -66,9 +66,6 @@ DEV float kdot(const u16* kr, const float* qs, int D) {
 }
 DEV float kdot(const float* kr, const float* qs, int D) { return kdot_pairs(kr, qs, D); }
 
-DEV void stkv(u16* p, size_t i, float v) { p[i] = f2h(v); }
-DEV void stkv(float* p, size_t i, float v) { p[i] = v; }
-
 // Store n new keys and values at positions pos0… of one layer's cache
 // ([ctx][kvDim] each).
 template <class KT>

@@ -88,6 +88,11 @@ DEV u16 f2h(float f) {
 
 DEV float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
+// stkv stores element i of a KV cache row: f16 (the default) or f32 (exact,
+// for checking against a float reference).
+DEV void stkv(u16* p, size_t i, float v) { p[i] = f2h(v); }
+DEV void stkv(float* p, size_t i, float v) { p[i] = v; }
+
 // The float whose bits are 0x4B000000|q is 2^23+q for q < 2^23, so a small
 // unsigned integer becomes a float with one OR and one subtraction instead of
 // a conversion instruction (which runs at a quarter rate or less).

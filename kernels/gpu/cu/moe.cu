@@ -15,6 +15,7 @@
 //   moe_add_bias  each slot's expert's bias row added (gpt-oss)
 #include "common.h"
 #include "mvbody.h"
+#include "norm.h"
 
 // The products and sums of mix_rows are rounded one by one, as the Scale
 // and Add kernels they replace round them: no fused multiply-add.
@@ -54,6 +55,28 @@ KERNEL void __launch_bounds__(256) mix_rows(float* dst, const float* src, const 
       dst[(size_t)t * cols + c] = acc;
     }
   }
+}
+
+// mix_add_rmsnorm_row: a decode step's weighted sum of its k experts'
+// outputs fused with the residual add and the norm that follow it (the
+// next block's pre-norm): r = Σ_j w[j]·src[j] (mix_rows' arithmetic, into
+// r as mix_rows writes it), then rmsnorm_row's x += r, dst = norm(x) ⊙ nw
+// and, with q, dst's 8-bit copy. One block of rmsnorm_row's size; each
+// thread reads back only the r values it wrote.
+//   src [k][cols], w [k], r, x, dst [cols]
+KERNEL void __launch_bounds__(1024) mix_add_rmsnorm_row(float* dst, float* x, float* r, const float* src, const float* w,
+                                                       int k, const float* nw, int cols, float eps, i8* q, float* d) {
+  GRID_DEPEND();
+  __shared__ float scratch[32];
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) {
+      float p = mul_rn(src[(size_t)j * cols + c], w[j]);
+      acc = j == 0 ? p : add_rn(acc, p);
+    }
+    r[c] = acc;
+  }
+  rmsnorm_row_body(dst, x, r, nw, cols, eps, q, d, 0, scratch);
 }
 
 // moe_add_bias: dst [k][cols] += the bias row of slot j's expert, found

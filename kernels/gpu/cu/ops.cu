@@ -1,5 +1,6 @@
 // ops.cu: the element-wise and per-row ops of the forward pass.
 #include "common.h"
+#include "norm.h"
 
 // RMSNorm, one block per row: dst[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w.
 KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
@@ -12,53 +13,6 @@ KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const flo
   s = block_sum(s, scratch);
   float inv = 1.0f / sqrtf(s / (float)cols + eps);
   for (int c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = xr[c] * inv * w[c];
-}
-
-// RMSNorm of one row, the decode shape, in one block of 1024 threads (a
-// block per row leaves one row's work to a quarter of the threads and to
-// one chain of dependent loads; this keeps four loads in flight per
-// thread). With r, the residual is added first, in place: x += r (the add
-// that always comes before a norm in a block). With q, the normalised row
-// is also quantized to 8-bit blocks of 32 (codes q, scales d; cols a
-// multiple of 32), the input of the matrix–vector products that follow.
-// Block b takes row b of [gridDim.x][cols]: a batched step's rows each get
-// exactly the arithmetic of a row alone (batch invariance).
-// rmsnorm_row_body is one such row (row of dst, x, r, q, d), shared with
-// rmsnorm_row2.
-DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, int cols, float eps, i8* q, float* d,
-                          int row, float* scratch) {
-  size_t ro = (size_t)row * cols;
-  dst += ro;
-  x += ro;
-  if (r) r += ro;
-  if (q) {
-    q += ro;
-    d += ro / 32;
-  }
-  float s = 0.0f;
-  if (r) {
-#pragma unroll 4
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      float v = x[c] + r[c];
-      x[c] = v;
-      s = fmaf(v, v, s);
-    }
-  } else {
-#pragma unroll 4
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
-  }
-  s = block_sum(s, scratch);
-  float inv = 1.0f / sqrtf(s / (float)cols + eps);
-#pragma unroll 4
-  for (int c0 = 0; c0 < cols; c0 += blockDim.x) {
-    int c = c0 + threadIdx.x;
-    float v = 0.0f;
-    if (c < cols) {
-      v = x[c] * inv * w[c];  // x[c] was written by this thread, if at all
-      dst[c] = v;
-    }
-    if (q) q8_group(v, c, cols, q, d);
-  }
 }
 
 KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
@@ -190,6 +144,53 @@ KERNEL void __launch_bounds__(256) rope_at(float* x, int n, int heads, int headD
     rope_pair(x, t, h, p, pos[t], heads, headDim, dim, base, scale, freqs, neox);
   }
 }
+
+// qkv_prep makes one token's queries, keys and values ready for attention
+// in one launch (a decode step) with the bits of the three it replaces
+// (rmsnorm_row2, rope over the adjacent queries and keys, kv_store): block
+// h < nq takes query head h, block nq + j key head j and value head j. A
+// head is normalised in place with qw (queries) or kw (keys) where set
+// (rmsnorm_row's arithmetic: launch with rmsnorm_row's block), rotated at
+// position pos (rope_pair), and a key head and its value head are stored
+// in row pos of the layer's cache (kv_store's conversion).
+//   q [nq][D], k, v [nk][D] f32; kc, vc [ctx][nk·D]; grid nq + nk
+// posp, when set, holds pos in device memory (a replayed decode graph).
+template <class KT>
+static __device__ void qkv_prep(float* q, float* k, const float* v, const float* qw, const float* kw, int nq, int nk, int D,
+                                float eps, KT* kc, KT* vc, int pos, const i32* posp, int dim, float base, float scale,
+                                const float* freqs, int neox, float* scratch) {
+  if (posp) pos = *posp;
+  bool isq = (int)blockIdx.x < nq;
+  int h = isq ? blockIdx.x : blockIdx.x - nq;
+  float* x = isq ? q : k;
+  const float* w = isq ? qw : kw;
+  if (w) {
+    rmsnorm_row_body(x, x, nullptr, w, D, eps, nullptr, nullptr, h, scratch);
+    __syncthreads();  // the pairs below read values other threads normalised
+  }
+  for (int p = threadIdx.x; p < dim / 2; p += blockDim.x) rope_pair(x, 0, h, p, pos, isq ? nq : nk, D, dim, base, scale, freqs, neox);
+  if (isq) return;
+  __syncthreads();
+  size_t o = (size_t)pos * nk * D + (size_t)h * D;
+  const float* kh = x + (size_t)h * D;
+  const float* vh = v + (size_t)h * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    stkv(kc, o + i, kh[i]);
+    stkv(vc, o + i, vh[i]);
+  }
+}
+
+#define QKV_PREP(sfx, KT)                                                                                          \
+  KERNEL void __launch_bounds__(1024) qkv_prep_##sfx(float* q, float* k, const float* v, const float* qw,          \
+                                                     const float* kw, int nq, int nk, int D, float eps, KT* kc,    \
+                                                     KT* vc, int pos, const i32* posp, int dim, float base,        \
+                                                     float scale, const float* freqs, int neox) {                  \
+    GRID_DEPEND();                                                                                                 \
+    __shared__ float scratch[32];                                                                                  \
+    qkv_prep<KT>(q, k, v, qw, kw, nq, nk, D, eps, kc, vc, pos, posp, dim, base, scale, freqs, neox, scratch);     \
+  }
+QKV_PREP(f16, u16)
+QKV_PREP(f32, float)
 
 // The token and position a replayed decode graph reads (step[0], step[1]).
 KERNEL void __launch_bounds__(32) set_step(i32* step, int token, int pos) {

@@ -1,0 +1,121 @@
+package gpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/forge-llm/forge/gguf"
+	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/conformance"
+)
+
+// fusedSame fails unless a (fused) and b (the ops) hold the same bits.
+func fusedSame(t *testing.T, what string, a, b []float32) {
+	t.Helper()
+	if j := sameBits(a, b); j >= 0 {
+		t.Fatalf("%s[%d] = %v fused, %v by the ops", what, j, a[j], b[j])
+	}
+}
+
+// TestPrepareQKVMatchesOps: PrepareQKV then AttentionStoredQ8 give the
+// bits of RMSNormPair, RoPE over the queries and keys and AttentionQ8 at
+// every position of a 40-token run (each step attends over all the keys
+// and values stored before it, so the cache rows must match too), with
+// and without the head norms.
+func TestPrepareQKVMatchesOps(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 42))
+	at := kernels.Attn{Heads: 16, KVHeads: 4, HeadDim: 128, Scale: 0.088}
+	rope := kernels.Rope{Dim: 128, Base: 1e6, Scale: 1, NeoX: true}
+	qDim, kvDim := at.Heads*at.HeadDim, at.KVHeads*at.HeadDim
+	for _, norms := range []bool{true, false} {
+		var qw, kw *kernels.Weight
+		if norms {
+			qw = &kernels.Weight{Name: "q_norm", Type: gguf.TypeF32, Cols: at.HeadDim, Rows: 1, Host: f32bytes(randVec(rng, at.HeadDim, 1))}
+			kw = &kernels.Weight{Name: "k_norm", Type: gguf.TypeF32, Cols: at.HeadDim, Rows: 1, Host: f32bytes(randVec(rng, at.HeadDim, 1))}
+		}
+		const ctx = 64
+		caches := [2]*kernels.KVCache{}
+		for i := range caches {
+			var err error
+			if caches[i], err = b.NewKVCache(1, ctx, kvDim); err != nil {
+				t.Fatal(err)
+			}
+			defer b.FreeKVCache(caches[i])
+		}
+		for pos := range 40 {
+			qk := randVec(rng, qDim+kvDim, 2)
+			v := randVec(rng, kvDim, 1)
+			var outs [2][]float32
+			var qs [2][]float32
+			for i, fused := range []bool{true, false} {
+				qkt, vt := upload(t, b, qk), upload(t, b, v)
+				q, k := qkt.View(0, qDim), qkt.View(qDim, kvDim)
+				out := upload(t, b, make([]float32, qDim))
+				oq := allocQ8(t, b, 1, qDim)
+				var err error
+				if fused {
+					if err = b.PrepareQKV(q, k, vt, qw, kw, 1e-6, caches[i], 0, pos, rope, at); err == nil {
+						_, err = b.AttentionStoredQ8(out, q, caches[i], 0, pos, at, oq)
+					}
+				} else {
+					if norms {
+						err = b.RMSNormPair(q, q, qw, at.Heads, k, k, kw, at.KVHeads, 1e-6)
+					}
+					if err == nil {
+						err = b.RoPE(qkt, 1, at.Heads+at.KVHeads, at.HeadDim, pos, rope)
+					}
+					if err == nil {
+						_, err = b.AttentionQ8(out, q, k, vt, caches[i], 0, pos, 1, at, oq)
+					}
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs[i], qs[i] = download(t, b, out), download(t, b, qkt)
+			}
+			fusedSame(t, fmt.Sprintf("norms %v, position %d: queries and keys", norms, pos), qs[0], qs[1])
+			fusedSame(t, fmt.Sprintf("norms %v, position %d: attention", norms, pos), outs[0], outs[1])
+		}
+	}
+}
+
+// TestMixAddRMSNormMatchesOps: MixAddRMSNormQ8 gives the bits of
+// MixSlots then AddRMSNormQ8: the weighted sum, the residual stream, the
+// normalised row and its 8-bit copy (read through a product on it).
+func TestMixAddRMSNormMatchesOps(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 43))
+	for _, c := range []struct{ k, cols int }{{8, 2048}, {4, 2880}} {
+		nw := &kernels.Weight{Name: "ffn_norm", Type: gguf.TypeF32, Cols: c.cols, Rows: 1, Host: f32bytes(randVec(rng, c.cols, 1))}
+		wm := conformance.RandomWeight(rng, "w", gguf.TypeQ4_K, 256, c.cols)
+		src, w, x := randVec(rng, c.k*c.cols, 1), randVec(rng, c.k, 1), randVec(rng, c.cols, 2)
+		var got [2][4][]float32
+		for i, fused := range []bool{true, false} {
+			st, wt, xt := upload(t, b, src), upload(t, b, w), upload(t, b, x)
+			r, dst, y := upload(t, b, make([]float32, c.cols)), upload(t, b, make([]float32, c.cols)), upload(t, b, make([]float32, 256))
+			q := allocQ8(t, b, 1, c.cols)
+			var err error
+			var made kernels.Q8
+			if fused {
+				made, err = b.MixAddRMSNormQ8(dst, xt, r, st, wt, c.k, nw, 1e-6, q)
+			} else if err = b.MixSlots(r, st, wt, c.k, c.cols); err == nil {
+				made, err = b.AddRMSNormQ8(dst, xt, r, nw, 1, 1e-6, q)
+			}
+			if err == nil {
+				if made.Empty() {
+					t.Fatalf("fused %v: no 8-bit copy made", fused)
+				}
+				err = b.MatMulQ8(y, wm, dst, made, 1)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = [4][]float32{download(t, b, r), download(t, b, xt), download(t, b, dst), download(t, b, y)}
+		}
+		for j, what := range []string{"weighted sum", "x", "norm", "product on the 8-bit copy"} {
+			fusedSame(t, what, got[0][j], got[1][j])
+		}
+	}
+}
