@@ -5,7 +5,8 @@
 # for bench/kernels-gen.sh merge), the GPU tests of $PKGS on them, then
 # `forge bench gen -p 512 -n 128 -r 3` on each of $PRESETS with the
 # launches overlapped and with FORGE_LAUNCH_OVERLAP=off, alternating, and
-# llama-bench as the peer where $PEER=1 (carry .carry/llama-bin.*).
+# llama-bench as the peer where $PEER=1 (carry .carry/llama-bin.*);
+# OVERLAP_MODES="on" times the overlapped launches alone.
 # Steps stop being started once $BUDGET seconds (default 540) have passed.
 #
 #   make device && tar -C bin -cJf bin/device.tar.xz device   # here
@@ -44,7 +45,7 @@ for pr in ${PRESETS:-qwen3-30b-a3b}; do
   f=/tmp/$pr.gguf
   $B/forge gen --preset "$pr" --quant q4_k_m --valid-utf8 -o $f --progress plain >/tmp/gen-$pr.txt 2>&1 || { tail -3 /tmp/gen-$pr.txt >>"$log"; continue; }
   echo "=== $pr ($(date -u +%T))" >>"$log"
-  for v in off on off on; do
+  for v in ${OVERLAP_MODES:-off on off on}; do
     left || break
     echo "--- launches overlapped: $v" >>"$log"
     FORGE_LAUNCH_OVERLAP=$v $B/forge bench gen -m $f --device gpu -p 512 -n 128 -r 3 >>"$log" 2>&1

@@ -68,6 +68,17 @@ type ExpertRouter interface {
 	MixSlots(dst, src, w Tensor, k, cols int) error
 }
 
+// RouterFuser is an ExpertRouter that computes a decode step's router
+// product (with its bias, gpt-oss) and the routing from it in one op: one
+// launch instead of two or three. The model falls back to MatMul, AddBias
+// and RouteTopK, whose bits it must give.
+type RouterFuser interface {
+	// RouteFused is MatMul(logits, gate, x, 1), AddBias(logits, bias, 1)
+	// where bias is set, then RouteTopK(ids, w, logits, 1, gate.Rows, k,
+	// rule); false, with nothing done, where it cannot (the gate's type).
+	RouteFused(ids, w, logits, x Tensor, gate, bias *Weight, k int, rule Routing) (bool, error)
+}
+
 // MixNormer is an ExpertRouter that fuses a decode step's weighted sum of
 // its experts' outputs with the residual add and the RMSNorm that follow
 // it (the next block's pre-norm): one launch instead of two. The model

@@ -410,3 +410,55 @@ func TestEmuMixAddNorm(t *testing.T) {
 		})
 	}
 }
+
+// TestEmuRouterFused: moe_router_f32 gives the logits of mv_f32 (and
+// add_bias) and the routing of moe_route, both rules, at both widths,
+// twice in a row (its last block resets the count for the next launch).
+func TestEmuRouterFused(t *testing.T) {
+	rng := emuRNG(t)
+	for _, ed := range emuDevices {
+		t.Run(ed.name, func(t *testing.T) {
+			for _, c := range []struct {
+				experts, cols, k, mode int
+				bias                   bool
+			}{{128, 2048, 8, 0, false}, {32, 2880, 4, 1, true}, {8, 256, 2, 0, false}} {
+				var job emuJob
+				gate := job.f32(conformance.RandomVector(rng, c.experts*c.cols, 1))
+				bias := eNull()
+				if c.bias {
+					bias = eP(job.f32(conformance.RandomVector(rng, c.experts, 1)), 0)
+				}
+				l, err := planMatvec(ed.dev, gguf.TypeF32, c.experts, c.cols, 1, false, false, mvOverrides{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				count := job.zeros(4, false)
+				var fused, plain [2][3]int // logits, ids, weights of two tokens
+				for i := range 2 {
+					x := job.f32(conformance.RandomVector(rng, c.cols, 1))
+					fused[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
+					job.launch("moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), bias, eP(fused[i][0], 0),
+						eI(c.experts), eI(c.cols), eP(fused[i][1], 0), eP(fused[i][2], 0), eI(c.k), eI(c.mode), eP(count, 0))
+					plain[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
+					job.launch(l.Kernel, rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), eP(plain[i][0], 0), eI(c.experts), eI(c.cols), eI(1))
+					if c.bias {
+						job.launch("add_bias", grid1(c.experts), rocm.D1(256), eP(plain[i][0], 0), bias, eI(1), eI(c.experts))
+					}
+					job.launch("moe_route", rocm.D1(1), rocm.D1(ed.dev.Warp), eP(plain[i][0], 0), eP(plain[i][1], 0), eP(plain[i][2], 0),
+						eI(c.experts), eI(c.k), eI(c.mode))
+				}
+				res := runEmu(t, ed.dev.Warp, &job)
+				for i := range 2 {
+					for j, what := range []string{"logits", "ids", "weights"} {
+						if !slices.Equal(res.bufs[fused[i][j]], res.bufs[plain[i][j]]) {
+							t.Errorf("%+v, token %d: %s of moe_router_f32 differ from the ops'", c, i, what)
+						}
+					}
+				}
+				if got := res.i32(count)[0]; got != 0 {
+					t.Errorf("%+v: count left at %d", c, got)
+				}
+			}
+		})
+	}
+}

@@ -119,3 +119,51 @@ func TestMixAddRMSNormMatchesOps(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteFusedMatchesOps: RouteFused gives the logits, ids and weights
+// of MatMul, AddBias and RouteTopK, both rules, over several launches (the
+// count its last block resets).
+func TestRouteFusedMatchesOps(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 44))
+	for _, c := range []struct {
+		experts, cols, k int
+		rule             kernels.Routing
+		bias             bool
+	}{{128, 2048, 8, kernels.RouteSoftmax, false}, {32, 2880, 4, kernels.RouteTopKSoftmax, true}} {
+		gate := &kernels.Weight{Name: "ffn_gate_inp", Type: gguf.TypeF32, Cols: c.cols, Rows: c.experts, Host: f32bytes(randVec(rng, c.experts*c.cols, 1))}
+		var bias *kernels.Weight
+		if c.bias {
+			bias = &kernels.Weight{Name: "ffn_gate_inp_bias", Type: gguf.TypeF32, Cols: c.experts, Rows: 1, Host: f32bytes(randVec(rng, c.experts, 1))}
+		}
+		for step := range 5 {
+			x := randVec(rng, c.cols, 1)
+			var got [2][3][]float32
+			for i, fused := range []bool{true, false} {
+				xt := upload(t, b, x)
+				logits, ids, w := upload(t, b, make([]float32, c.experts)), upload(t, b, make([]float32, c.k)), upload(t, b, make([]float32, c.k))
+				var err error
+				if fused {
+					var ok bool
+					if ok, err = b.RouteFused(ids, w, logits, xt, gate, bias, c.k, c.rule); !ok && err == nil {
+						t.Fatal("RouteFused declined an F32 gate")
+					}
+				} else if err = b.MatMul(logits, gate, xt, 1); err == nil {
+					if bias != nil {
+						err = b.AddBias(logits, bias, 1)
+					}
+					if err == nil {
+						err = b.RouteTopK(ids, w, logits, 1, c.experts, c.k, c.rule)
+					}
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[i] = [3][]float32{download(t, b, logits), download(t, b, ids), download(t, b, w)}
+			}
+			for j, what := range []string{"logits", "ids", "weights"} {
+				fusedSame(t, fmt.Sprintf("%d experts, step %d: %s", c.experts, step, what), got[0][j], got[1][j])
+			}
+		}
+	}
+}

@@ -246,6 +246,63 @@ func (b *Backend) RouteTopK(ids, w, logits kernels.Tensor, n, experts, k int, r 
 	})
 }
 
+var _ kernels.RouterFuser = (*Backend)(nil)
+
+// RouteFused implements kernels.RouterFuser for an F32 gate (the type
+// llama.cpp keeps routers in): moe_router_f32, whose blocks compute the
+// logits with the generic float kernel's grid and arithmetic and whose
+// last block routes them.
+func (b *Backend) RouteFused(ids, w, logits, x kernels.Tensor, gate, bias *kernels.Weight, k int, r kernels.Routing) (bool, error) {
+	if gate == nil || gate.Type != gguf.TypeF32 {
+		return false, nil
+	}
+	experts := gate.Rows
+	if experts <= 0 || experts > moeMaxExperts || k <= 0 || k > experts {
+		return false, fmt.Errorf("gpu: route: top-%d of %d experts (at most %d experts)", k, experts, moeMaxExperts)
+	}
+	if r != kernels.RouteSoftmax && r != kernels.RouteTopKSoftmax {
+		return false, fmt.Errorf("gpu: route: unknown rule %d", r)
+	}
+	if bias != nil && (bias.Type != gguf.TypeF32 || bias.Cols != experts) {
+		return false, nil
+	}
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"ids", ids, k}, {"w", w, k}, {"logits", logits, experts}, {"x", x, gate.Cols}} {
+		if err := checkTensor("route: "+c.what, c.t, c.n); err != nil {
+			return false, err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	gp, err := b.weightPtr(gate)
+	if err != nil {
+		return false, err
+	}
+	var bp rocm.DevPtr
+	if bias != nil {
+		if bp, err = b.normWeight("router bias", bias, experts); err != nil {
+			return false, err
+		}
+	}
+	l, err := planMatvec(b.launchDevice(), gguf.TypeF32, experts, gate.Cols, 1, false, false, mvOverrides{})
+	if err != nil {
+		return false, err
+	}
+	return true, b.do(func(c *rocm.Ctx) error {
+		count, err := b.zeroedScratch(c, "router-count", 4)
+		if err != nil {
+			return err
+		}
+		var a rocm.Args
+		a.Ptr(gp).Ptr(dptr(x)).Ptr(bp).Ptr(dptr(logits)).I32(int32(experts)).I32(int32(gate.Cols)).
+			Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(k)).I32(int32(r)).Ptr(count)
+		return b.launch(c, "moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), &a)
+	})
+}
+
 // expertTable is the kernels.ExpertTable of this backend: the device
 // array of every expert's matrix address, the matrices' type and shape,
 // and the launch of their products.

@@ -65,3 +65,7 @@ func MoENoMixNorm(m *Model) { m.moeState().dev.noMixNorm = true }
 
 // MixNormed is how many weighted sums m fused with the norm after them.
 func MixNormed(m *Model) int { return m.mixNormed }
+
+// MoENoFusedRoute keeps m's device-routed router product and routing
+// their own ops.
+func MoENoFusedRoute(m *Model) { m.moeState().dev.noFusedRoute = true }

@@ -32,8 +32,11 @@ type devRouting struct {
 	// noMixNorm (tests) keeps the weighted sum its own op, not fused
 	// with the next norm (kernels.MixNormer).
 	noMixNorm bool
-	tables    map[*LayerWeights]*expertTables
-	steps     int // decode steps' layers routed on the device (tests)
+	// noFusedRoute (tests) keeps the router's product and the routing
+	// their own ops (kernels.RouterFuser).
+	noFusedRoute bool
+	tables       map[*LayerWeights]*expertTables
+	steps        int // decode steps' layers routed on the device (tests)
 }
 
 // expertTables are one layer's gate, up and down tables, and the device
@@ -191,25 +194,37 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 	gate, up, hb := s.gate.View(0, K*F), s.up.View(0, K*F), s.hb.View(0, K*F)
 	out := s.out.View(0, K*D)
 	oai := t.gateB != nil // gpt-oss: a router bias, top-k then softmax, expert biases, the clamped SwiGLU
-	m.matmul(router, lw.GateInp, xb, xq, 1)
-	rule := kernels.RouteSoftmax
+	rule, bias := kernels.RouteSoftmax, (*kernels.Weight)(nil)
 	if oai {
-		m.addBias(router, lw.GateInpBias, 1)
-		rule = kernels.RouteTopKSoftmax
+		rule, bias = kernels.RouteTopKSoftmax, lw.GateInpBias
 	}
 	if m.err != nil {
 		return
 	}
-	st.dev.steps++
 	fail := func(what string, err error) {
 		if err != nil && m.err == nil {
 			m.err = fmt.Errorf("mixture of experts (routed on the device): %s: %w", what, err)
 		}
 	}
-	fail("route", rt.RouteTopK(ids, wts, router, 1, E, K, rule))
+	var routed bool
+	if rf, ok := rt.(kernels.RouterFuser); ok && !st.dev.noFusedRoute {
+		var err error
+		routed, err = rf.RouteFused(ids, wts, router, xb, lw.GateInp, bias, K, rule)
+		fail("router and route", err)
+	}
+	if !routed && m.err == nil {
+		m.matmul(router, lw.GateInp, xb, xq, 1)
+		if bias != nil {
+			m.addBias(router, bias, 1)
+		}
+		if m.err == nil {
+			fail("route", rt.RouteTopK(ids, wts, router, 1, E, K, rule))
+		}
+	}
 	if m.err != nil {
 		return
 	}
+	st.dev.steps++
 	rq, takesQ8 := rt.(kernels.ExpertQ8MatMuler)
 	// experts multiplies x (k rows, or one shared) by tables: on x's
 	// 8-bit copy xq where there is one and the backend takes it.

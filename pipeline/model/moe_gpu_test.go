@@ -81,6 +81,22 @@ func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	return r.MixRows(dst, src, seq, w.Host[:k], 1, k, cols)
 }
 
+var _ kernels.RouterFuser = hostRouter{}
+
+// RouteFused is the product, the bias and RouteTopK as the model queues
+// them.
+func (r hostRouter) RouteFused(ids, w, logits, x kernels.Tensor, gate, bias *kernels.Weight, k int, rule kernels.Routing) (bool, error) {
+	if err := r.MatMul(logits, gate, x, 1); err != nil {
+		return true, err
+	}
+	if bias != nil {
+		if err := r.AddBias(logits, bias, 1); err != nil {
+			return true, err
+		}
+	}
+	return true, r.RouteTopK(ids, w, logits, 1, gate.Rows, k, rule)
+}
+
 var _ kernels.MixNormer = hostRouter{}
 
 // MixAddRMSNormQ8 is MixSlots then the residual add and the norm as the
@@ -170,6 +186,7 @@ func TestMoEDeviceRoutedDecode(t *testing.T) {
 						m := openHooked(t, path, dev, c.mod)
 						if !fused {
 							model.MoENoMixNorm(m)
+							model.MoENoFusedRoute(m)
 						}
 						host := model.OpenModel(t, path, plain, model.Options{Ctx: 64})
 						model.MoEPerExpert(host)

@@ -104,15 +104,16 @@ DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
 // the lower expert), weights p renormalised by their float sum clamped at
 // 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
 // those k (routeTopK). ids, w [n][k].
-KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float* w, int experts, int k, int mode) {
-  GRID_DEPEND();
+// route_token is one token's routing from its logits row (moe_route's
+// body): lanes of the calling block's first warp; the others return. row
+// may be another block's writes (moe_router_f32): read through volatile.
+static __device__ void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode) {
   __shared__ float p[MOE_MAXE];
   __shared__ unsigned char taken[MOE_MAXE];
   __shared__ int sel[MOE_MAXE];
   __shared__ float inv;
   if (threadIdx.x >= warpSize) return;
   int lane = threadIdx.x;
-  const float* row = logits + (size_t)blockIdx.x * experts;
   if (mode == 0) {
     // the largest logit, NaN if one is NaN (Go's max)
     float m = __uint_as_float(0xff800000u), nan = 0.0f;
@@ -165,8 +166,6 @@ KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float
     WARP_SYNC();
   }
   if (lane != 0) return;
-  i32* id = ids + (size_t)blockIdx.x * k;
-  float* wt = w + (size_t)blockIdx.x * k;
   if (mode == 0) {
     float total = 0.0f;
     for (int j = 0; j < k; j++) total += p[sel[j]];
@@ -186,6 +185,39 @@ KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float
       wt[j] /= sum;
     }
   }
+}
+
+KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float* w, int experts, int k, int mode) {
+  GRID_DEPEND();
+  route_token(logits + (size_t)blockIdx.x * experts, ids + (size_t)blockIdx.x * k, w + (size_t)blockIdx.x * k, experts, k,
+              mode);
+}
+
+// moe_router_f32: a decode step's router product and its routing in one
+// launch. Each block computes rows of logits = x · gateᵀ (+ bias where
+// set), the generic float kernel's arithmetic for one row of x (mv_plain:
+// a row per warp, 128 threads) and add_bias's add; the block that finishes
+// last routes them (moe_route's body in its first warp) and sets count
+// back to 0 for the next launch (a replayed step).
+//   gate [experts][cols] f32, x [cols], logits [experts], ids, w [k]
+KERNEL void __launch_bounds__(128) moe_router_f32(const u8* gate, const float* x, const float* bias, float* logits,
+                                                  int experts, int cols, i32* ids, float* w, int k, int mode,
+                                                  int* count) {
+  GRID_DEPEND();
+  __shared__ int last;
+  mv_plain<TF32>(gate, x, logits, experts, cols, 1);
+  if (bias) {
+    int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+    if (row < experts && threadIdx.x % warpSize == 0) logits[row] = logits[row] + bias[row];
+  }
+  __threadfence();  // this block's logits before its count
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(count, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every block's logits after the count
+  route_token(logits, ids, w, experts, k, mode);
+  if (threadIdx.x == 0) *count = 0;
 }
 
 // moe_mv_*: for table i < 2 (t1 null: one table) and slot j < k (blockIdx.y
