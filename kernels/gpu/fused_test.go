@@ -87,7 +87,7 @@ func TestPrepareQKVMatchesOps(t *testing.T) {
 func TestMixAddRMSNormMatchesOps(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 43))
-	for _, c := range []struct{ k, cols int }{{8, 2048}, {4, 2880}} {
+	for _, c := range []struct{ k, cols int }{{8, 2048}, {4, 3072}} {
 		nw := &kernels.Weight{Name: "ffn_norm", Type: gguf.TypeF32, Cols: c.cols, Rows: 1, Host: f32bytes(randVec(rng, c.cols, 1))}
 		wm := conformance.RandomWeight(rng, "w", gguf.TypeQ4_K, 256, c.cols)
 		src, w, x := randVec(rng, c.k*c.cols, 1), randVec(rng, c.k, 1), randVec(rng, c.cols, 2)
