@@ -97,7 +97,7 @@ KERNEL void __launch_bounds__(256) moe_add_bias(float* dst, const u64* t, const 
 // route_better: value a beats b (NaN below any number, -inf included).
 DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
 
-// moe_route: one block per token. mode 0 (Mixtral, Qwen3-MoE):
+// moe_route: one block of one warp per token. mode 0 (Mixtral, Qwen3-MoE):
 // p = softmax(logits) as moe.go's route computes it on the host (each
 // exponential in double rounded to float, their sum in double in expert
 // order, NaN probabilities taken as 0), the k largest best first (ties:
@@ -105,28 +105,19 @@ DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
 // 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
 // those k (routeTopK). ids, w [n][k].
 // route_token is one token's routing from its logits row (moe_route's
-// body), by every thread of the calling block (any whole number of
-// warps): the choice is the same whatever the block. row may be another
-// block's writes (moe_router_f32): read through volatile.
-//
-// The k best are found by rank, not by k rounds of a warp's argmax (a
-// chain of k × log2(warpSize) shuffles that took a decode step's router
-// most of its time): expert e's rank is the number of experts that come
-// before it in the order the host's selection follows (a better value,
-// or as good and a lower index; NaN below any number), and the expert of
-// rank j is the j-th chosen.
+// body): lanes of the calling block's first warp; the others return. row
+// may be another block's writes (moe_router_f32): read through volatile.
 static __device__ void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode) {
   __shared__ float p[MOE_MAXE];
+  __shared__ unsigned char taken[MOE_MAXE];
   __shared__ int sel[MOE_MAXE];
   __shared__ float inv;
-  __shared__ float red[2][32];  // each warp's largest logit and NaN flag
-  int t = threadIdx.x, nt = blockDim.x;
-  int lane = t % warpSize, wid = t / warpSize, nw = nt / warpSize;
+  if (threadIdx.x >= warpSize) return;
+  int lane = threadIdx.x;
   if (mode == 0) {
-    // the largest logit, NaN if one is NaN (Go's max): fmaxf over numbers
-    // is exact, so the order of the reduction does not matter
+    // the largest logit, NaN if one is NaN (Go's max)
     float m = __uint_as_float(0xff800000u), nan = 0.0f;
-    for (int e = t; e < experts; e += nt) {
+    for (int e = lane; e < experts; e += warpSize) {
       float v = row[e];
       if (v != v)
         nan = 1.0f;
@@ -134,44 +125,47 @@ static __device__ void route_token(const volatile float* row, i32* id, float* wt
         m = fmaxf(m, v);
     }
     m = warp_max(m);
-    nan = warp_max(nan);
+    if (warp_max(nan) > 0.0f) m = __uint_as_float(0x7fc00000u);
+    for (int e = lane; e < experts; e += warpSize) p[e] = (float)exp((double)(row[e] - m));
+    WARP_SYNC();
     if (lane == 0) {
-      red[0][wid] = m;
-      red[1][wid] = nan;
-    }
-    __syncthreads();
-    for (int i = 0; i < nw; i++) {
-      m = fmaxf(m, red[0][i]);
-      nan = fmaxf(nan, red[1][i]);
-    }
-    if (nan > 0.0f) m = __uint_as_float(0x7fc00000u);
-    for (int e = t; e < experts; e += nt) p[e] = (float)exp((double)(row[e] - m));
-    __syncthreads();
-    if (t == 0) {
       double s = 0.0;
       for (int e = 0; e < experts; e++) s += (double)p[e];
       inv = (float)(1.0 / s);
     }
-    __syncthreads();
-    for (int e = t; e < experts; e += nt) {
+    WARP_SYNC();
+    for (int e = lane; e < experts; e += warpSize) {
       float q = p[e] * inv;
       p[e] = q >= 0.0f ? q : 0.0f;
     }
   } else {
-    for (int e = t; e < experts; e += nt) p[e] = row[e];
+    for (int e = lane; e < experts; e += warpSize) p[e] = row[e];
   }
-  __syncthreads();
-  for (int e = t; e < experts; e += nt) {
-    float v = p[e];
-    int r = 0;
-    for (int f = 0; f < experts && r < k; f++) {
-      float u = p[f];
-      r += route_better(u, v) || (f < e && !route_better(v, u));
+  for (int e = lane; e < experts; e += warpSize) taken[e] = 0;
+  WARP_SYNC();
+  for (int j = 0; j < k; j++) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int e = lane; e < experts; e += warpSize)
+      if (!taken[e] && (bi < 0 || route_better(p[e], bv))) {
+        bv = p[e];
+        bi = e;
+      }
+    for (int o = warpSize / 2; o > 0; o >>= 1) {
+      float ov = SHFL_XOR(bv, o);
+      int oi = SHFL_XOR(bi, o);
+      if (oi >= 0 && (bi < 0 || route_better(ov, bv) || (!route_better(bv, ov) && oi < bi))) {
+        bv = ov;
+        bi = oi;
+      }
     }
-    if (r < k) sel[r] = e;
+    if (lane == 0) {
+      sel[j] = bi;
+      taken[bi] = 1;
+    }
+    WARP_SYNC();
   }
-  __syncthreads();
-  if (t != 0) return;
+  if (lane != 0) return;
   if (mode == 0) {
     float total = 0.0f;
     for (int j = 0; j < k; j++) total += p[sel[j]];

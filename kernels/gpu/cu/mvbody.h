@@ -320,25 +320,13 @@ static __device__ void mv_plain(const u8* __restrict__ w, const float* __restric
   if (row >= rows) return;
   const u8* wr = w + (size_t)row * cols * T::ES;
   if (nx == 1) {
-    // One row of x (a decode step's router, a few rows of weight): 32,
-    // then 8 columns per lane loaded before their multiply-adds, which run
-    // in the column order of the loop below, so the sum has the same bits.
+    // One row of x (a decode step's router, a few rows of weight): eight
+    // columns per lane loaded before their multiply-adds, which run in
+    // the column order of the loop below, so the sum has the same bits.
     // The loop below, whose loads wait behind its per-row branches, kept
-    // a 1 MB router at ~40 GB/s; eight at a time, a 2048-wide row still
-    // took eight round trips to memory, most of a decode step's router
-    // time (bench/results/2026-11-26-decode-launches-h100.md).
+    // a 1 MB router at ~40 GB/s.
     float a = 0.0f;
     int c = lane;
-    for (; c + 31 * warpSize < cols; c += 32 * warpSize) {
-      float v[32], xv[32];
-#pragma unroll
-      for (int u = 0; u < 32; u++) {
-        v[u] = T::get(wr, c + u * warpSize);
-        xv[u] = x[c + u * warpSize];
-      }
-#pragma unroll
-      for (int u = 0; u < 32; u++) a = fmaf(v[u], xv[u], a);
-    }
     for (; c + 7 * warpSize < cols; c += 8 * warpSize) {
       float v[8], xv[8];
 #pragma unroll
