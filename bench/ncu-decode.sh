@@ -19,7 +19,7 @@ bin/forge gen --preset "${PRESET:-qwen3-30b-a3b}" --quant q4_k_m -o $f --progres
 bin/forge bench gen -m $f --device gpu -p 8 -n 6 -r 1 >"$out/plain.txt" 2>&1
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: $ncu"
-timeout 480 "$ncu" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv --log-file /tmp/ncu.csv \
+timeout 480 "$ncu" --clock-control none ${NCU_FLAGS:-} --graph-profiling node --metrics gpu__time_duration.sum --csv --log-file /tmp/ncu.csv \
   bin/forge bench gen -m $f --device gpu -p 8 -n 6 -r 1 >"$out/ncu-run.txt" 2>&1
 echo "ncu exit $?"
 python3 - /tmp/ncu.csv >"$out/ncu-summary.txt" <<'PY'
@@ -39,7 +39,7 @@ print("kernels profiled:", len(rows))
 names = [n for _, n, _, _, _ in rows]
 last_prompt = max((i for i, n in enumerate(names) if n.startswith(("moemmq", "mmq", "attn_prefill", "attn_prompt", "gather_rows"))), default=-1)
 dec = rows[last_prompt + 1:]
-steps = max(1, sum(1 for r in dec if r[1].startswith("moe_route")) // 48)
+steps = max(1, sum(1 for r in dec if r[1] in ("moe_route", "moe_router_f32")) // 48)
 print("decode kernels after the last prompt kernel:", len(dec), "steps (moe_route/48):", steps)
 agg = collections.OrderedDict()
 for _, n, us, g, b in dec:
