@@ -14,7 +14,7 @@
 #      by index and writes the profile), then 1. again with that folder:
 #      every run loads the experts earlier runs routed to first;
 #   4. forge bench gen -p 512 -n 128 next to llama-bench.
-# GEN=0 leaves out 4. DENSE=1 adds the 8B shape's first token paced and unpaced, alternating,
+# GEN=0 leaves out 4, UNPACED=0 leaves out 2. DENSE=1 adds the 8B shape's first token paced and unpaced, alternating,
 # (pacing must not slow a dense load). Everything lands in $OUT/moe.txt;
 # the timelines in $OUT/*.svg.
 set -uo pipefail
@@ -37,8 +37,10 @@ for pr in ${MOE_PRESETS:-qwen3-30b-a3b}; do
   echo "=== $pr ($(stat -c %s $f) bytes)" >>"$log"
   phase "$pr: prefetch, eager, llama-completion"
   $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch,eager --prompt-tokens 8 --svg "$out/$pr.svg" --peer "$peer" >>"$log" 2>&1
-  phase "$pr: prefetch unpaced"
-  $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch --prompt-tokens 8 --gpu-upload unpaced >>"$log" 2>&1
+  if [ "${UNPACED:-1}" = 1 ]; then
+    phase "$pr: prefetch unpaced"
+    $F bench load -m $f --device gpu --runs 3 --cache warm --strategies prefetch --prompt-tokens 8 --gpu-upload unpaced >>"$log" 2>&1
+  fi
   phase "$pr: the expert profile's first run (loads by index, writes the profile)"
   pd=$(mktemp -d)
   $F bench load -m $f --device gpu --runs 1 --cache warm --strategies prefetch --prompt-tokens 8 --expert-profiles "$pd" 2>&1 | grep -E '^ +prefetch|strategy' >>"$log"
