@@ -73,9 +73,8 @@ fi
 # $out/cuda-obj.tar (bench/kernels-gen.sh merge), and run everything below
 # on them.
 if [ "${KOBJ:-0}" = 1 ] && [ -x bin/device/kernels-gen ]; then
-  mkdir -p /tmp/kobj/obj
-  if bin/device/kernels-gen -backend cuda -dir /tmp/kobj/obj >"$out/kobj.txt" 2>&1; then
-    tar -C /tmp/kobj -cf "$out/cuda-obj.tar" obj && export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
+  if KOBJ_DIR=/tmp/kobj bash bench/kernels-gen.sh cuda >"$out/kobj.txt" 2>&1; then
+    export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
     echo "== kernel objects regenerated" | tee -a "$out/log"
   else
     echo "== kernels-gen failed" | tee -a "$out/log"; tail -5 "$out/kobj.txt" | tee -a "$out/log"

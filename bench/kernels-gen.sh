@@ -8,7 +8,8 @@
 #                                   # too where libnvrtc is installed; else it builds
 #                                   # bin/device/kernels-gen for the GPU machine
 #   bench/kernels-gen.sh cuda       # on a machine with libnvrtc but no Go (the GPU
-#                                   # machine): writes $OUT/cuda-obj.tar
+#                                   # machine): writes $OUT/cuda-obj.tar (and keeps
+#                                   # the objects in $KOBJ_DIR/obj where it is set)
 #   bench/kernels-gen.sh merge FILE # back here: merges that tar into kernels/gpu/obj
 #
 # nvrtc needs no GPU: it only has to be installed. `make kernels` runs the
@@ -29,12 +30,14 @@ here)
   fi
   ;;
 cuda)
+  # KOBJ_DIR keeps the objects in $KOBJ_DIR/obj after the tar is written,
+  # so that the runs that follow load them (FORGE_KERNEL_OBJECTS).
   out=${OUT:-out}
-  tmp=$(mktemp -d)
+  tmp=${KOBJ_DIR:-$(mktemp -d)}
   mkdir -p "$out" "$tmp/obj"
   "${BIN:-bin/device}/kernels-gen" -backend cuda -dir "$tmp/obj"
   tar -C "$tmp" -cf "$out/cuda-obj.tar" obj
-  rm -rf "$tmp"
+  [ -n "${KOBJ_DIR:-}" ] || rm -rf "$tmp"
   echo "wrote $out/cuda-obj.tar"
   ;;
 merge)

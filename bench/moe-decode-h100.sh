@@ -15,9 +15,8 @@ B=bin/device
 export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=/tmp/forge-kernels
 log=$out/decode.txt
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$log"
-mkdir -p /tmp/kobj/obj
-if $B/kernels-gen -backend cuda -dir /tmp/kobj/obj >/tmp/kobj.txt 2>&1; then
-  tar -C /tmp/kobj -cf "$out/cuda-obj.tar" obj && export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
+if KOBJ_DIR=/tmp/kobj BIN=$B bash bench/kernels-gen.sh cuda >/tmp/kobj.txt 2>&1; then
+  export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
   echo "kernel objects compiled ($(date -u +%T))" >>"$log"
 else
   tail -5 /tmp/kobj.txt >>"$log"
