@@ -113,7 +113,8 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 	what := ""
 	oq, od := -1, -1
 	if n <= 2 {
-		l, splits, splitLen := planAttnDecode(d, sfx, at.Heads, n, pos0, ctx)
+		minSplit := 64 * (pos0 % 2) // both ways: splits of at least 64 positions, or none
+		l, splits, splitLen := planAttnDecode(d, sfx, at.Heads, n, pos0, ctx, minSplit)
 		part, count := eNull(), eNull()
 		if splits > 1 {
 			part = eP(job.zeros(4*n*at.Heads*splits*(at.HeadDim+2), true), 0)
@@ -126,8 +127,8 @@ func emuAttnCase(t *testing.T, rng *rand.Rand, d LaunchDevice, sfx string, pos0,
 		}
 		job.launch(l.Kernel, l.Grid, l.Block,
 			eP(out, 0), part, eP(qb, 0), eP(kc, 0), eP(vc, 0), eI(at.Heads), eI(at.KVHeads), eI(at.HeadDim), eI(pos0),
-			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda, emuSinks(&job, at))
-		what = fmt.Sprintf("attn_decode_%s %d splits", sfx, splits)
+			eF(at.Scale), eI(splitLen), eNull(), count, oqa, oda, emuSinks(&job, at), eI(minSplit))
+		what = fmt.Sprintf("attn_decode_%s %d splits of at least %d", sfx, splits, minSplit)
 	} else {
 		l := planAttnPrompt(sfx, at.Heads, n)
 		job.launch(l.Kernel, l.Grid, l.Block,

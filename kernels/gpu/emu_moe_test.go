@@ -413,7 +413,8 @@ func TestEmuMixAddNorm(t *testing.T) {
 
 // TestEmuRouterFused: moe_router_f32 gives the logits of mv_f32 (and
 // add_bias) and the routing of moe_route, both rules, at both widths,
-// twice in a row (its last block resets the count for the next launch).
+// each of its four ways (rank, wide), one after another (its last block
+// resets the count for the next launch).
 func TestEmuRouterFused(t *testing.T) {
 	rng := emuRNG(t)
 	for _, ed := range emuDevices {
@@ -433,12 +434,13 @@ func TestEmuRouterFused(t *testing.T) {
 					t.Fatal(err)
 				}
 				count := job.zeros(4, false)
-				var fused, plain [2][3]int // logits, ids, weights of two tokens
-				for i := range 2 {
+				var fused, plain [4][3]int // logits, ids, weights of four tokens
+				for i := range 4 {         // the four ways (rank, wide) of moe_router_f32
+					rank, wide := i&1, i>>1
 					x := job.f32(conformance.RandomVector(rng, c.cols, 1))
 					fused[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
 					job.launch("moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), bias, eP(fused[i][0], 0),
-						eI(c.experts), eI(c.cols), eP(fused[i][1], 0), eP(fused[i][2], 0), eI(c.k), eI(c.mode), eP(count, 0))
+						eI(c.experts), eI(c.cols), eP(fused[i][1], 0), eP(fused[i][2], 0), eI(c.k), eI(c.mode), eP(count, 0), eI(rank), eI(wide))
 					plain[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
 					job.launch(l.Kernel, rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), eP(plain[i][0], 0), eI(c.experts), eI(c.cols), eI(1))
 					if c.bias {
@@ -448,7 +450,7 @@ func TestEmuRouterFused(t *testing.T) {
 						eI(c.experts), eI(c.k), eI(c.mode))
 				}
 				res := runEmu(t, ed.dev.Warp, &job)
-				for i := range 2 {
+				for i := range 4 {
 					for j, what := range []string{"logits", "ids", "weights"} {
 						if !slices.Equal(res.bufs[fused[i][j]], res.bufs[plain[i][j]]) {
 							t.Errorf("%+v, token %d: %s of moe_router_f32 differ from the ops'", c, i, what)

@@ -41,7 +41,7 @@ func (b *Backend) Fork() (*Backend, error) {
 
 		mvVariant: b.mvVariant, mvBlocksPerSM: b.mvBlocksPerSM, gemmKernel: b.gemmKernel, noFuse: b.noFuse,
 		rowsMax: b.rowsMax, mxVariant: b.mxVariant, mmqOff: b.mmqOff, mmqMin: b.mmqMin, mmqNoPrompt: b.mmqNoPrompt,
-		mmqVariant: b.mmqVariant, mmqChoice: b.mmqChoice, overlap: b.overlap,
+		mmqVariant: b.mmqVariant, mmqChoice: b.mmqChoice, overlap: b.overlap, tune: b.tune,
 	}
 	b.mu.Unlock()
 	if sw, err := b.w.Sibling(); err == nil {

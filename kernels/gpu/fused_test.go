@@ -124,7 +124,21 @@ func TestMixAddRMSNormMatchesOps(t *testing.T) {
 // of MatMul, AddBias and RouteTopK, both rules, over several launches (the
 // count its last block resets).
 func TestRouteFusedMatchesOps(t *testing.T) {
-	b := gpuBackend(t, false)
+	sb := gpuBackend(t, false)
+	for _, tune := range []decodeTuning{defaultTuning, {routeRank: true}, {routeWide: true}, {routeRank: true, routeWide: true}} {
+		b, err := New(sb.w, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.tune = tune
+		routeFusedMatchesOps(t, b, tune)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func routeFusedMatchesOps(t *testing.T, b *Backend, tune decodeTuning) {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 44))
 	for _, c := range []struct {
 		experts, cols, k int
@@ -162,7 +176,7 @@ func TestRouteFusedMatchesOps(t *testing.T) {
 				got[i] = [3][]float32{download(t, b, logits), download(t, b, ids), download(t, b, w)}
 			}
 			for j, what := range []string{"logits", "ids", "weights"} {
-				fusedSame(t, fmt.Sprintf("%d experts, step %d: %s", c.experts, step, what), got[0][j], got[1][j])
+				fusedSame(t, fmt.Sprintf("%+v, %d experts, step %d: %s", tune, c.experts, step, what), got[0][j], got[1][j])
 			}
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -124,7 +125,10 @@ type Backend struct {
 	// latency in a decode step of hundreds of small kernels. Set by New
 	// where launchOverlap allows it.
 	overlap bool
-	lay     layoutState // the step layout of the Batcher ops (batch.go)
+	// tune holds the decode kernels' ways that give the same results and
+	// differ only in speed (decodeTuning).
+	tune decodeTuning
+	lay  layoutState // the step layout of the Batcher ops (batch.go)
 
 	step   stepState           // decode-step capture and replay (step.go)
 	noFuse bool                // no rmsnorm_q8 / silu_mul_q8 (tests compare)
@@ -286,6 +290,10 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 		}
 		tFuncs = time.Since(t)
 		b.overlap = launchOverlap(w.Device, froms, c.HasDependentLaunch(), os.Getenv(EnvLaunchOverlap))
+		var err error
+		if b.tune, err = parseDecodeTuning(os.Getenv(EnvDecodeTuning)); err != nil {
+			return err
+		}
 		s, err := c.NewStream()
 		if err != nil {
 			return err
@@ -398,6 +406,49 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 		return fmt.Errorf("gpu: launch %s grid %v block %v: %w", name, grid, block, err)
 	}
 	return nil
+}
+
+// EnvDecodeTuning chooses among decode kernels' ways that give the same
+// results and differ only in speed, for comparing them on one machine: a
+// comma-separated list of "rank" (the router's top-k by rank over the
+// block), "wide" (the router's rows 32 columns a lane in flight) and
+// "minsplit=N" (decode attention splits of at least N positions); "" is
+// the default ways (defaultTuning).
+const EnvDecodeTuning = "FORGE_DECODE_TUNING"
+
+// decodeTuning is EnvDecodeTuning parsed.
+type decodeTuning struct {
+	routeRank, routeWide bool
+	attnMinSplit         int
+}
+
+// defaultTuning is the ways measured fastest (bench/results).
+var defaultTuning = decodeTuning{}
+
+// parseDecodeTuning reads EnvDecodeTuning's value; "" is defaultTuning.
+func parseDecodeTuning(v string) (decodeTuning, error) {
+	if v == "" {
+		return defaultTuning, nil
+	}
+	var t decodeTuning
+	for _, f := range strings.Split(v, ",") {
+		switch k, val, _ := strings.Cut(strings.TrimSpace(f), "="); k {
+		case "rank":
+			t.routeRank = true
+		case "wide":
+			t.routeWide = true
+		case "minsplit":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 {
+				return t, fmt.Errorf("gpu: $%s: minsplit=%q is not a count of positions", EnvDecodeTuning, val)
+			}
+			t.attnMinSplit = n
+		case "", "default":
+		default:
+			return t, fmt.Errorf("gpu: $%s: unknown way %q (rank, wide, minsplit=N)", EnvDecodeTuning, k)
+		}
+	}
+	return t, nil
 }
 
 // EnvLaunchOverlap set to "off" launches kernels one after another as

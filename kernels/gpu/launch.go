@@ -306,11 +306,13 @@ func planAttnPrompt(sfx string, heads, n int) kLaunch {
 // planAttnDecode is the decode attention for n ≤ 2 tokens over a cache of
 // ctx positions: splits blocks per head and token
 // (planAttnDecodeSplits), each covering splitLen of the pos0+n positions
-// in use.
-func planAttnDecode(d LaunchDevice, sfx string, heads, n, pos0, ctx int) (l kLaunch, splits, splitLen int) {
+// in use, at least minSplit (the kernel computes the same from the
+// position a replayed step reads: pass it minSplit too). With minSplit, a
+// short context leaves most splits empty and runs in few blocks.
+func planAttnDecode(d LaunchDevice, sfx string, heads, n, pos0, ctx, minSplit int) (l kLaunch, splits, splitLen int) {
 	splits = planAttnDecodeSplits(d, heads, n, ctx)
 	return kLaunch{"attn_decode_" + sfx, rocm.Dim3{X: uint32(heads), Y: uint32(n), Z: uint32(splits)}, rocm.D1(128)},
-		splits, ceilDiv(pos0+n, splits)
+		splits, max(minSplit, ceilDiv(pos0+n, splits))
 }
 
 // planPaged is the paged attention of n rows whose largest position is

@@ -298,7 +298,7 @@ func (b *Backend) RouteFused(ids, w, logits, x kernels.Tensor, gate, bias *kerne
 		}
 		var a rocm.Args
 		a.Ptr(gp).Ptr(dptr(x)).Ptr(bp).Ptr(dptr(logits)).I32(int32(experts)).I32(int32(gate.Cols)).
-			Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(k)).I32(int32(r)).Ptr(count)
+			Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(k)).I32(int32(r)).Ptr(count).I32(b2i(b.tune.routeRank)).I32(b2i(b.tune.routeWide))
 		return b.launch(c, "moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), &a)
 	})
 }
@@ -506,4 +506,12 @@ func (b *Backend) queueExperts(c *rocm.Ctx, t0 *expertTable, t1p, y0, y1 rocm.De
 	a.I32(int32(t0.rows)).I32(int32(t0.cols)).I32(int32(k)).I32(int32(xstride))
 	grid := rocm.Dim3{X: uint32(ceilDiv(t0.rows, mvBlock/b.warp*pl.R)), Y: uint32(k * tabs), Z: 1}
 	return b.launch(c, pl.Kernel, grid, rocm.D1(mvBlock), &a)
+}
+
+// b2i is a kernel's int flag.
+func b2i(v bool) int32 {
+	if v {
+		return 1
+	}
+	return 0
 }

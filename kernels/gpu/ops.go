@@ -828,7 +828,7 @@ func (b *Backend) attentionFrom(out, q, k, v kernels.Tensor, kc *kernels.KVCache
 // (sinkPtr; 0 for none). With oq (one token), it also quantizes the output
 // into it.
 func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x) error {
-	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx) // splitLen: as the kernel computes it from posp
+	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx, b.tune.attnMinSplit) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
 		var err error
@@ -843,7 +843,7 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	var a rocm.Args
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
-		Ptr(oq.codes).Ptr(oq.scales).Ptr(sp)
+		Ptr(oq.codes).Ptr(oq.scales).Ptr(sp).I32(int32(b.tune.attnMinSplit))
 	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
 }
 

@@ -157,3 +157,26 @@ func TestOverlappedLaunchesKeepOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestParseDecodeTuning: EnvDecodeTuning's ways, and a clear error for a
+// way it does not know.
+func TestParseDecodeTuning(t *testing.T) {
+	for v, want := range map[string]decodeTuning{
+		"":                      defaultTuning,
+		"default":               {},
+		"rank":                  {routeRank: true},
+		"wide, rank":            {routeRank: true, routeWide: true},
+		"minsplit=64":           {attnMinSplit: 64},
+		"rank,wide,minsplit=32": {routeRank: true, routeWide: true, attnMinSplit: 32},
+	} {
+		got, err := parseDecodeTuning(v)
+		if err != nil || got != want {
+			t.Errorf("parseDecodeTuning(%q) = %+v, %v; want %+v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"fast", "minsplit=x", "minsplit=-1"} {
+		if _, err := parseDecodeTuning(v); err == nil || !strings.Contains(err.Error(), EnvDecodeTuning) {
+			t.Errorf("parseDecodeTuning(%q): error %v, want one naming $%s", v, err, EnvDecodeTuning)
+		}
+	}
+}

@@ -32,7 +32,16 @@ type stepBufs struct {
 // The fused 8-bit quantization must give the products exactly what
 // quantize_q8 gives them: the products are compared with a third copy run
 // without the fused kernels.
+//
+// It runs with the decode kernels' default ways and with decode attention
+// splits of at least 64 positions (EnvDecodeTuning's minsplit).
 func TestStepGraphMatchesOps(t *testing.T) {
+	for _, tune := range []decodeTuning{defaultTuning, {attnMinSplit: 64}} {
+		t.Run(fmt.Sprintf("minsplit=%d", tune.attnMinSplit), func(t *testing.T) { stepGraphMatchesOps(t, tune) })
+	}
+}
+
+func stepGraphMatchesOps(t *testing.T, tune decodeTuning) {
 	sb := gpuBackend(t, true)
 	b, err := New(sb.w, Options{KVF32: true})
 	if err != nil {
@@ -46,6 +55,7 @@ func TestStepGraphMatchesOps(t *testing.T) {
 	defer plain.Close()
 	plain.noFuse = true
 	plain.overlap = false // and each kernel after the last: b's graph and ops are overlapped on Hopper
+	b.tune, plain.tune = tune, tune
 	before := rocm.Live()
 
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 11))

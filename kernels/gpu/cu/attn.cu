@@ -129,10 +129,10 @@ DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, 
 template <class KT>
 static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
                                    int kvHeads, int D, int pos0, float scale, int splitLen, const i32* posp,
-                                   int* count, i8* oq, float* od, const float* sinks) {
+                                   int* count, i8* oq, float* od, const float* sinks, int minSplit) {
   if (posp) {
     pos0 = *posp;
-    splitLen = (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z;
+    splitLen = max(minSplit, (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z);
   }
   __shared__ float qs[256];
   __shared__ float ps[ATT_CH];
@@ -319,8 +319,10 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   }                                                                                                         \
   KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
-                                const i32* posp, int* count, i8* oq, float* od, const float* sinks) { GRID_DEPEND();        \
-    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks); \
+                                const i32* posp, int* count, i8* oq, float* od, const float* sinks,          \
+                                int minSplit) { GRID_DEPEND();                                                \
+    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
+                    minSplit);                                                                                \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \

@@ -105,45 +105,68 @@ DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
 // 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
 // those k (routeTopK). ids, w [n][k].
 // route_token is one token's routing from its logits row (moe_route's
-// body): lanes of the calling block's first warp; the others return. row
-// may be another block's writes (moe_router_f32): read through volatile.
-static __device__ void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode) {
+// body): the calling block's first warp, and with rank every thread of
+// the block (so every thread must call it; the others return once the
+// ranks are in). row may be another block's writes (moe_router_f32):
+// read through volatile.
+// With rank, the k best are found by rank instead of k rounds of the
+// warp's argmax: expert e's rank is the number of experts that come
+// before it in the order the rounds follow (a better value, or as good
+// and a lower index; NaN below any number), and the expert of rank j is
+// the j-th chosen: the same ids.
+static __device__ void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode,
+                                   bool rank = false) {
   __shared__ float p[MOE_MAXE];
   __shared__ unsigned char taken[MOE_MAXE];
   __shared__ int sel[MOE_MAXE];
   __shared__ float inv;
-  if (threadIdx.x >= warpSize) return;
   int lane = threadIdx.x;
-  if (mode == 0) {
-    // the largest logit, NaN if one is NaN (Go's max)
-    float m = __uint_as_float(0xff800000u), nan = 0.0f;
-    for (int e = lane; e < experts; e += warpSize) {
-      float v = row[e];
-      if (v != v)
-        nan = 1.0f;
-      else
-        m = fmaxf(m, v);
+  if (lane < warpSize) {  // the first warp: p
+    if (mode == 0) {
+      // the largest logit, NaN if one is NaN (Go's max)
+      float m = __uint_as_float(0xff800000u), nan = 0.0f;
+      for (int e = lane; e < experts; e += warpSize) {
+        float v = row[e];
+        if (v != v)
+          nan = 1.0f;
+        else
+          m = fmaxf(m, v);
+      }
+      m = warp_max(m);
+      if (warp_max(nan) > 0.0f) m = __uint_as_float(0x7fc00000u);
+      for (int e = lane; e < experts; e += warpSize) p[e] = (float)exp((double)(row[e] - m));
+      WARP_SYNC();
+      if (lane == 0) {
+        double s = 0.0;
+        for (int e = 0; e < experts; e++) s += (double)p[e];
+        inv = (float)(1.0 / s);
+      }
+      WARP_SYNC();
+      for (int e = lane; e < experts; e += warpSize) {
+        float q = p[e] * inv;
+        p[e] = q >= 0.0f ? q : 0.0f;
+      }
+    } else {
+      for (int e = lane; e < experts; e += warpSize) p[e] = row[e];
     }
-    m = warp_max(m);
-    if (warp_max(nan) > 0.0f) m = __uint_as_float(0x7fc00000u);
-    for (int e = lane; e < experts; e += warpSize) p[e] = (float)exp((double)(row[e] - m));
-    WARP_SYNC();
-    if (lane == 0) {
-      double s = 0.0;
-      for (int e = 0; e < experts; e++) s += (double)p[e];
-      inv = (float)(1.0 / s);
-    }
-    WARP_SYNC();
-    for (int e = lane; e < experts; e += warpSize) {
-      float q = p[e] * inv;
-      p[e] = q >= 0.0f ? q : 0.0f;
-    }
-  } else {
-    for (int e = lane; e < experts; e += warpSize) p[e] = row[e];
   }
+  if (rank) {  // every thread of the block
+    __syncthreads();
+    for (int e = lane; e < experts; e += blockDim.x) {
+      float v = p[e];
+      int r = 0;
+      for (int f = 0; f < experts && r < k; f++) {
+        float u = p[f];
+        r += route_better(u, v) || (f < e && !route_better(v, u));
+      }
+      if (r < k) sel[r] = e;
+    }
+    __syncthreads();
+  }
+  if (lane >= warpSize) return;
   for (int e = lane; e < experts; e += warpSize) taken[e] = 0;
   WARP_SYNC();
-  for (int j = 0; j < k; j++) {
+  for (int j = 0; j < k && !rank; j++) {
     float bv = 0.0f;
     int bi = -1;
     for (int e = lane; e < experts; e += warpSize)
@@ -200,12 +223,14 @@ KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float
 // last routes them (moe_route's body in its first warp) and sets count
 // back to 0 for the next launch (a replayed step).
 //   gate [experts][cols] f32, x [cols], logits [experts], ids, w [k]
+// rank and wide choose route_token's and mv_plain's ways (the same bits
+// either way).
 KERNEL void __launch_bounds__(128) moe_router_f32(const u8* gate, const float* x, const float* bias, float* logits,
                                                   int experts, int cols, i32* ids, float* w, int k, int mode,
-                                                  int* count) {
+                                                  int* count, int rank, int wide) {
   GRID_DEPEND();
   __shared__ int last;
-  mv_plain<TF32>(gate, x, logits, experts, cols, 1);
+  mv_plain<TF32>(gate, x, logits, experts, cols, 1, wide != 0);
   if (bias) {
     int row = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
     if (row < experts && threadIdx.x % warpSize == 0) logits[row] = logits[row] + bias[row];
@@ -216,7 +241,7 @@ KERNEL void __launch_bounds__(128) moe_router_f32(const u8* gate, const float* x
   __syncthreads();
   if (!last) return;
   __threadfence();  // every block's logits after the count
-  route_token(logits, ids, w, experts, k, mode);
+  route_token(logits, ids, w, experts, k, mode, rank != 0);
   if (threadIdx.x == 0) *count = 0;
 }
 
