@@ -30,13 +30,13 @@ f=/tmp/$pr.gguf
 $B/forge gen --preset "$pr" --quant q4_k_m --valid-utf8 -o $f --progress plain >/tmp/gen.txt 2>&1 || { tail -3 /tmp/gen.txt >>"$log"; exit 1; }
 echo "=== $pr ($(date -u +%T))" >>"$log"
 for round in 1 2; do
-  for w in ${WAYS:-default rank wide minsplit=64 rank,wide,minsplit=64}; do
+  for w in ${WAYS:-none none,rank none,wide none,minsplit=64 none,rank,wide,minsplit=64}; do
     printf '%s round %s: ' "$w" "$round" >>"$log"
     FORGE_DECODE_TUNING=$w $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128' | sed -E 's/ +/ /g' >>"$log"
   done
 done
 bash bench/llamacpp-cuda.sh unpack >/tmp/unpack.txt 2>&1 || tail -5 /tmp/unpack.txt >>"$log"
-echo "--- default, then $BEST, then llama-bench ($(date -u +%T))" >>"$log"
+echo "--- default, then ${BEST:-rank,wide,minsplit=64}, then llama-bench ($(date -u +%T))" >>"$log"
 $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128' >>"$log"
 FORGE_DECODE_TUNING=${BEST:-rank,wide,minsplit=64} $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 \
   --peer "/tmp/llama/bin/llama-bench -ngl 99 -fa 1" 2>&1 | grep -E 'tg128|runtime' >>"$log"

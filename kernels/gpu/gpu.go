@@ -412,8 +412,9 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 // results and differ only in speed, for comparing them on one machine: a
 // comma-separated list of "rank" (the router's top-k by rank over the
 // block), "wide" (the router's rows 32 columns a lane in flight) and
-// "minsplit=N" (decode attention splits of at least N positions); "" is
-// the default ways (defaultTuning).
+// "minsplit=N" (decode attention splits of at least N positions); "none"
+// (none of them) and "default" (defaultTuning) start the list over; "" is
+// "default".
 const EnvDecodeTuning = "FORGE_DECODE_TUNING"
 
 // decodeTuning is EnvDecodeTuning parsed.
@@ -422,8 +423,11 @@ type decodeTuning struct {
 	attnMinSplit         int
 }
 
-// defaultTuning is the ways measured fastest (bench/results).
-var defaultTuning = decodeTuning{}
+// defaultTuning is the ways measured fastest: on the H100, Qwen3-MoE
+// decoded 1–2 % faster with the router's wide rows, 2–3 % slower with
+// its top-k by rank and 5–6 % slower with splits of at least 64 positions
+// (bench/results/2026-11-26-decode-launches-h100.md, calls 8 and 9).
+var defaultTuning = decodeTuning{routeWide: true}
 
 // parseDecodeTuning reads EnvDecodeTuning's value; "" is defaultTuning.
 func parseDecodeTuning(v string) (decodeTuning, error) {
@@ -443,9 +447,13 @@ func parseDecodeTuning(v string) (decodeTuning, error) {
 				return t, fmt.Errorf("gpu: $%s: minsplit=%q is not a count of positions", EnvDecodeTuning, val)
 			}
 			t.attnMinSplit = n
-		case "", "default":
+		case "default": // the defaults, then what follows
+			t = defaultTuning
+		case "none": // every way off, then what follows
+			t = decodeTuning{}
+		case "":
 		default:
-			return t, fmt.Errorf("gpu: $%s: unknown way %q (rank, wide, minsplit=N)", EnvDecodeTuning, k)
+			return t, fmt.Errorf("gpu: $%s: unknown way %q (rank, wide, minsplit=N, none, default)", EnvDecodeTuning, k)
 		}
 	}
 	return t, nil

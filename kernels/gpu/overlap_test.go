@@ -163,10 +163,12 @@ func TestOverlappedLaunchesKeepOrder(t *testing.T) {
 func TestParseDecodeTuning(t *testing.T) {
 	for v, want := range map[string]decodeTuning{
 		"":                      defaultTuning,
-		"default":               {},
-		"rank":                  {routeRank: true},
+		"default":               defaultTuning,
+		"none":                  {},
+		"none,rank":             {routeRank: true},
 		"wide, rank":            {routeRank: true, routeWide: true},
-		"minsplit=64":           {attnMinSplit: 64},
+		"none,minsplit=64":      {attnMinSplit: 64},
+		"default,minsplit=64":   {routeWide: defaultTuning.routeWide, routeRank: defaultTuning.routeRank, attnMinSplit: 64},
 		"rank,wide,minsplit=32": {routeRank: true, routeWide: true, attnMinSplit: 32},
 	} {
 		got, err := parseDecodeTuning(v)
