@@ -8,19 +8,7 @@
 #   tar -C bin -cJf bin/moe-dev.tar.xz device/forge device/kernels-gen device/gpu.test device/model.test   # here
 #   MOE_PRESETS="qwen3-30b-a3b gpt-oss-20b" bash bench/moe-decode-h100.sh   # there, with .carry/llama-bin.*
 set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-tar -C bin -xJf bin/moe-dev.tar.xz
-B=bin/device
-export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=/tmp/forge-kernels
-log=$out/decode.txt
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$log"
-if KOBJ_DIR=/tmp/kobj BIN=$B bash bench/kernels-gen.sh cuda >/tmp/kobj.txt 2>&1; then
-  export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
-  echo "kernel objects compiled ($(date -u +%T))" >>"$log"
-else
-  tail -5 /tmp/kobj.txt >>"$log"
-fi
+. bench/device-prelude.sh bin/moe-dev.tar.xz decode.txt
 (cd kernels/gpu && ../../$B/gpu.test -test.v -test.run "${GPU_RUN:-Conformance|Moe|MoE|Route|Norm}" -test.timeout 300s) >/tmp/gpu.log 2>&1
 echo "kernels/gpu tests: exit $?" >>"$log"
 grep -E -- '^(--- FAIL|FAIL|ok|PASS|panic)' /tmp/gpu.log | head -20 >>"$log"

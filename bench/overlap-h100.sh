@@ -12,21 +12,9 @@
 #   make device && tar -C bin -cJf bin/device.tar.xz device   # here
 #   PRESETS="qwen3-30b-a3b gpt-oss-20b llama3-8b" bash bench/overlap-h100.sh   # there
 set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
 t0=$(date +%s)
 left() { [ $(( $(date +%s) - t0 )) -lt "${BUDGET:-540}" ]; }
-tar -C bin -xJf bin/device.tar.xz
-B=bin/device
-export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=/tmp/forge-kernels
-log=$out/log
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$log"
-if KOBJ_DIR=/tmp/kobj BIN=$B bash bench/kernels-gen.sh cuda >/tmp/kobj.txt 2>&1; then
-  export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
-  echo "kernel objects compiled ($(date -u +%T))" >>"$log"
-else
-  tail -5 /tmp/kobj.txt >>"$log"
-fi
+. bench/device-prelude.sh bin/device.tar.xz log
 d=$(mktemp -d); mkdir -p "$d/github.com/forge-llm" && ln -s "$PWD" "$d/github.com/forge-llm/forge"
 for pkg in ${PKGS-rocm kernels/gpu pipeline/model}; do
   left || break

@@ -9,19 +9,7 @@
 #   tar -C bin -cJf bin/device.tar.xz device/gpu.test device/forge device/kernels-gen   # here
 #   bash bench/tuning-h100.sh                                                           # there
 set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-tar -C bin -xJf bin/device.tar.xz
-B=bin/device
-export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=/tmp/forge-kernels
-log=$out/log
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$log"
-if KOBJ_DIR=/tmp/kobj BIN=$B bash bench/kernels-gen.sh cuda >/tmp/kobj.txt 2>&1; then
-  export FORGE_KERNEL_OBJECTS=/tmp/kobj/obj
-  echo "kernel objects compiled ($(date -u +%T))" >>"$log"
-else
-  tail -5 /tmp/kobj.txt >>"$log"
-fi
+. bench/device-prelude.sh bin/device.tar.xz log
 (cd kernels/gpu && ../../$B/gpu.test -test.v -test.run "${GPU_RUN:-RouteFused|StepGraph|PrepareQKV|MixAdd|Attention|Overlap|MoEOps}" -test.timeout 200s) >/tmp/gpu.log 2>&1
 echo "kernels/gpu tests: exit $? ($(date -u +%T))" >>"$log"
 grep -E -- '^(--- FAIL|FAIL|ok|PASS|panic)' /tmp/gpu.log | head -20 >>"$log"
