@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,9 +113,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	b = append(b, '\n')
+	// A length, not chunks: counted flushes each answer before shutdown
+	// may close its connection, and a chunked answer's last chunk is only
+	// written after that, when net/http finishes the request, so a client
+	// could read a 503 cut short (TestServeShutdownQueued, seen once in CI).
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	w.Write(b)
 }
 
 // engineError maps an error to an HTTP status and code (the README's
