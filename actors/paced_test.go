@@ -65,6 +65,25 @@ func (p *pacedHost) uploaded() []string {
 	return append([]string(nil), p.order...)
 }
 
+// startPaced starts a load of the test mixture with cfg through a
+// pacedHost uploader; the load is closed when the test ends.
+func startPaced(t *testing.T, cfg Config) (*System, *pacedHost) {
+	t.Helper()
+	f, err := gguf.Open(writeMixture(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &pacedHost{HostUploader: &HostUploader{}, more: make(chan struct{}, 1<<10)}
+	cfg.File, cfg.Uploader = f, up
+	s, err := Start(context.Background(), cfg)
+	if err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, up
+}
+
 // TestPacedUploaderBoundsQueueAndDemandOvertakes: with an uploader that
 // queues (PacedUploader), the loader keeps at most MaxInflight chunks
 // between its queue and the uploader's, so experts a request demands
@@ -73,18 +92,8 @@ func (p *pacedHost) uploaded() []string {
 // ahead of them, without waiting for room (they have MaxInflight of their
 // own); and the load still ends with every unit resident.
 func TestPacedUploaderBoundsQueueAndDemandOvertakes(t *testing.T) {
-	f, err := gguf.Open(writeMixture(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const inflight = 2
-	up := &pacedHost{HostUploader: &HostUploader{}, more: make(chan struct{}, 1<<10)}
-	s, err := Start(context.Background(), Config{File: f, Layers: 2, Readers: 1, ChunkBytes: 100, MaxInflight: inflight, Uploader: up})
-	if err != nil {
-		f.Close()
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, up := startPaced(t, Config{Layers: 2, Readers: 1, ChunkBytes: 100, MaxInflight: inflight})
 	wait := func(n int) {
 		t.Helper()
 		start := time.Now()
@@ -147,18 +156,8 @@ func TestPacedUploaderBoundsQueueAndDemandOvertakes(t *testing.T) {
 // let them, and the bytes held never pass the bound by more than the last
 // chunk admitted.
 func TestPacedUploaderBoundsBytes(t *testing.T) {
-	f, err := gguf.Open(writeMixture(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bound = 1000
-	up := &pacedHost{HostUploader: &HostUploader{}, more: make(chan struct{}, 1<<10)}
-	s, err := Start(context.Background(), Config{File: f, Layers: 2, Readers: 1, ChunkBytes: 100, MaxInflight: 2, InflightBytes: bound, Uploader: up})
-	if err != nil {
-		f.Close()
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, up := startPaced(t, Config{Layers: 2, Readers: 1, ChunkBytes: 100, MaxInflight: 2, InflightBytes: bound})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if st, _ := s.Resident().State(); st != Pending {

@@ -289,8 +289,11 @@ func New(w *rocm.Worker, o Options) (*Backend, error) {
 			nfn += n
 		}
 		tFuncs = time.Since(t)
-		b.overlap = launchOverlap(w.Device, froms, c.HasDependentLaunch(), os.Getenv(EnvLaunchOverlap))
-		var err error
+		allowed, err := parseLaunchOverlap(os.Getenv(EnvLaunchOverlap))
+		if err != nil {
+			return err
+		}
+		b.overlap = allowed && launchOverlap(w.Device, froms, c.HasDependentLaunch())
 		if b.tune, err = parseDecodeTuning(os.Getenv(EnvDecodeTuning)); err != nil {
 			return err
 		}
@@ -460,17 +463,30 @@ func parseDecodeTuning(v string) (decodeTuning, error) {
 }
 
 // EnvLaunchOverlap set to "off" launches kernels one after another as
-// before programmatic dependent launch (for comparisons).
+// before programmatic dependent launch (for comparisons); "on" (or unset)
+// overlaps them where launchOverlap allows.
 const EnvLaunchOverlap = "FORGE_LAUNCH_OVERLAP"
+
+// parseLaunchOverlap reads EnvLaunchOverlap's value: whether overlapped
+// launches are allowed.
+func parseLaunchOverlap(v string) (bool, error) {
+	switch v {
+	case "", "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("gpu: $%s=%q: want on or off", EnvLaunchOverlap, v)
+}
 
 // launchOverlap reports whether kernels may be launched overlapped
 // (Backend.overlap): a CUDA device of compute capability 9.0 or later whose
 // every module's code was built for such an arch (the shipped sm_90 cubin,
 // or compiled for the device), since GRID_DEPEND's wait exists only there,
-// a driver with cuLaunchKernelEx, and EnvLaunchOverlap not "off". froms
+// and a driver with cuLaunchKernelEx (EnvLaunchOverlap is checked apart). froms
 // says where each module's code came from (moduleCode).
-func launchOverlap(dev rocm.DeviceInfo, froms []string, driverHasIt bool, env string) bool {
-	if dev.Backend != rocm.CUDA || !driverHasIt || env == "off" || archNumber(dev.Arch) < 90 {
+func launchOverlap(dev rocm.DeviceInfo, froms []string, driverHasIt bool) bool {
+	if dev.Backend != rocm.CUDA || !driverHasIt || archNumber(dev.Arch) < 90 {
 		return false
 	}
 	for _, f := range froms {

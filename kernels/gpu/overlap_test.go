@@ -60,20 +60,29 @@ func TestLaunchOverlapChoice(t *testing.T) {
 		dev   rocm.DeviceInfo
 		froms []string
 		has   bool
-		env   string
 		want  bool
 	}{
-		{"shipped sm_90 cubins", h100, []string{"shipped cubin sm_90", "shipped cubin sm_90"}, true, "", true},
-		{"compiled for the device", h100, []string{"compiled", "kernel cache"}, true, "", true},
-		{"switched off", h100, []string{"compiled"}, true, "off", false},
-		{"no cuLaunchKernelEx", h100, []string{"compiled"}, false, "", false},
-		{"one module from compute_80 PTX", h100, []string{"shipped cubin sm_90", "shipped ptx compute_80"}, true, "", false},
-		{"Ampere", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_86"}, []string{"compiled"}, true, "", false},
-		{"Blackwell compiled", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_100"}, []string{"compiled"}, true, "", true},
-		{"HIP", rocm.DeviceInfo{Backend: rocm.HIP, Arch: "gfx90a:sramecc+:xnack-"}, []string{"compiled"}, true, "", false},
+		{"shipped sm_90 cubins", h100, []string{"shipped cubin sm_90", "shipped cubin sm_90"}, true, true},
+		{"compiled for the device", h100, []string{"compiled", "kernel cache"}, true, true},
+		{"no cuLaunchKernelEx", h100, []string{"compiled"}, false, false},
+		{"one module from compute_80 PTX", h100, []string{"shipped cubin sm_90", "shipped ptx compute_80"}, true, false},
+		{"Ampere", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_86"}, []string{"compiled"}, true, false},
+		{"Blackwell compiled", rocm.DeviceInfo{Backend: rocm.CUDA, Arch: "sm_100"}, []string{"compiled"}, true, true},
+		{"HIP", rocm.DeviceInfo{Backend: rocm.HIP, Arch: "gfx90a:sramecc+:xnack-"}, []string{"compiled"}, true, false},
 	} {
-		if got := launchOverlap(c.dev, c.froms, c.has, c.env); got != c.want {
+		if got := launchOverlap(c.dev, c.froms, c.has); got != c.want {
 			t.Errorf("%s: launchOverlap = %v, want %v", c.name, got, c.want)
+		}
+	}
+	// The variable: on, off, or a clear error naming it.
+	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+		if got, err := parseLaunchOverlap(v); err != nil || got != want {
+			t.Errorf("parseLaunchOverlap(%q) = %v, %v; want %v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"of", "0", "OFF"} {
+		if _, err := parseLaunchOverlap(v); err == nil || !strings.Contains(err.Error(), EnvLaunchOverlap) {
+			t.Errorf("parseLaunchOverlap(%q): error %v, want one naming $%s", v, err, EnvLaunchOverlap)
 		}
 	}
 }

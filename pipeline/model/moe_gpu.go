@@ -265,7 +265,7 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 	}
 	if mn, ok := rt.(kernels.MixNormer); ok && m.bat == nil && !st.dev.noMixNorm {
 		// left to the next norm, which adds it to x (preNorm)
-		m.mix = deferredMix{norm: mn, router: rt, dst: dst, src: out, w: wts, k: K}
+		m.mix = deferredMix{norm: mn, dst: dst, src: out, w: wts, k: K}
 		return
 	}
 	fail("weighted sum", rt.MixSlots(dst, out, wts, K, D))

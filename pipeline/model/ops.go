@@ -150,8 +150,7 @@ func (m *Model) preNorm(a act, w *kernels.Weight, n int) kernels.Q8 {
 // deferredMix is a one-token mixture's weighted sum not yet computed:
 // dst = Σ_j w[j]·src[j] over k slots (mixtureDevice leaves it to preNorm).
 type deferredMix struct {
-	norm        kernels.MixNormer
-	router      kernels.ExpertRouter
+	norm        kernels.MixNormer // the backend, which is also an ExpertRouter
 	dst, src, w kernels.Tensor
 	k           int
 }
@@ -183,10 +182,11 @@ func (m *Model) mixNorm(a act, w *kernels.Weight, n int, q kernels.Q8) kernels.Q
 func (m *Model) settleMix() error {
 	mix := m.mix
 	m.mix = deferredMix{}
-	if mix.norm == nil {
+	rt, ok := mix.norm.(kernels.ExpertRouter)
+	if !ok {
 		return nil
 	}
-	if err := mix.router.MixSlots(mix.dst, mix.src, mix.w, mix.k, m.Cfg.Embd); err != nil {
+	if err := rt.MixSlots(mix.dst, mix.src, mix.w, mix.k, m.Cfg.Embd); err != nil {
 		return fmt.Errorf("mixture of experts (routed on the device): weighted sum: %w", err)
 	}
 	return nil
