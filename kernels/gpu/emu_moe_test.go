@@ -101,12 +101,19 @@ func routeRef(logits []float32, n, experts, k int, mode kernels.Routing) ([]int3
 			for _, v := range row[1:] {
 				mx = max(mx, v)
 			}
-			var sum float64
+			var lanes [32]float64 // route_lanes' order: 32 lanes, then a butterfly
 			for e, v := range row {
 				probs[e] = float32(math.Exp(float64(v - mx)))
-				sum += float64(probs[e])
+				lanes[e%32] += float64(probs[e])
 			}
-			inv := float32(1 / sum)
+			for o := 16; o > 0; o >>= 1 {
+				var n [32]float64
+				for l := range lanes {
+					n[l] = lanes[l] + lanes[l^o]
+				}
+				lanes = n
+			}
+			inv := float32(1 / lanes[0])
 			for e := range probs {
 				probs[e] *= inv
 				if !(probs[e] >= 0) {
@@ -177,7 +184,7 @@ func TestEmuMoeRoute(t *testing.T) {
 				n, e, k int
 			}
 			var outs []out
-			for _, e := range []int{8, 60, 128, 512} {
+			for _, e := range []int{8, 60, 128, 256, 512} {
 				for k := 1; k <= 8; k++ {
 					n := 1 + rng.IntN(3)
 					logits := conformance.RandomVector(rng, n*e, 3)
@@ -413,7 +420,7 @@ func TestEmuMixAddNorm(t *testing.T) {
 
 // TestEmuRouterFused: moe_router_f32 gives the logits of mv_f32 (and
 // add_bias) and the routing of moe_route, both rules, at both widths,
-// each of its four ways (rank, wide), one after another (its last block
+// with its rows wide and not, one after another (its last block
 // resets the count for the next launch).
 func TestEmuRouterFused(t *testing.T) {
 	rng := emuRNG(t)
@@ -435,12 +442,12 @@ func TestEmuRouterFused(t *testing.T) {
 				}
 				count := job.zeros(4, false)
 				var fused, plain [4][3]int // logits, ids, weights of four tokens
-				for i := range 4 {         // the four ways (rank, wide) of moe_router_f32
-					rank, wide := i&1, i>>1
+				for i := range 4 {         // moe_router_f32's rows wide (odd tokens) and not
+					wide := i & 1
 					x := job.f32(conformance.RandomVector(rng, c.cols, 1))
 					fused[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
 					job.launch("moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), bias, eP(fused[i][0], 0),
-						eI(c.experts), eI(c.cols), eP(fused[i][1], 0), eP(fused[i][2], 0), eI(c.k), eI(c.mode), eP(count, 0), eI(rank), eI(wide))
+						eI(c.experts), eI(c.cols), eP(fused[i][1], 0), eP(fused[i][2], 0), eI(c.k), eI(c.mode), eP(count, 0), eI(wide))
 					plain[i] = [3]int{job.zeros(4*c.experts, true), job.zeros(4*c.k, true), job.zeros(4*c.k, true)}
 					job.launch(l.Kernel, rocm.D1(l.Grid), rocm.D1(mvBlock), eP(gate, 0), eP(x, 0), eP(plain[i][0], 0), eI(c.experts), eI(c.cols), eI(1))
 					if c.bias {

@@ -125,7 +125,7 @@ func TestMixAddRMSNormMatchesOps(t *testing.T) {
 // count its last block resets).
 func TestRouteFusedMatchesOps(t *testing.T) {
 	sb := gpuBackend(t, false)
-	for _, tune := range []decodeTuning{defaultTuning, {routeRank: true}, {routeWide: true}, {routeRank: true, routeWide: true}} {
+	for _, tune := range []decodeTuning{defaultTuning, {}, {routeWide: true}} {
 		b, err := New(sb.w, Options{})
 		if err != nil {
 			t.Fatal(err)

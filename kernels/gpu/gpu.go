@@ -413,22 +413,21 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 
 // EnvDecodeTuning chooses among decode kernels' ways that give the same
 // results and differ only in speed, for comparing them on one machine: a
-// comma-separated list of "rank" (the router's top-k by rank over the
-// block), "wide" (the router's rows 32 columns a lane in flight) and
-// "minsplit=N" (decode attention splits of at least N positions); "none"
+// comma-separated list of "wide" (the router's rows 32 columns a lane in
+// flight) and "minsplit=N" (decode attention splits of at least N positions); "none"
 // (none of them) and "default" (defaultTuning) start the list over; "" is
 // "default".
 const EnvDecodeTuning = "FORGE_DECODE_TUNING"
 
 // decodeTuning is EnvDecodeTuning parsed.
 type decodeTuning struct {
-	routeRank, routeWide bool
-	attnMinSplit         int
+	routeWide    bool
+	attnMinSplit int
 }
 
 // defaultTuning is the ways measured fastest: on the H100, Qwen3-MoE
-// decoded 1–2 % faster with the router's wide rows, 2–3 % slower with
-// its top-k by rank and 5–6 % slower with splits of at least 64 positions
+// decoded 1–2 % faster with the router's wide rows and 5–6 % slower with
+// splits of at least 64 positions
 // (bench/results/2026-11-26-decode-launches-h100.md, calls 8 and 9).
 var defaultTuning = decodeTuning{routeWide: true}
 
@@ -440,8 +439,6 @@ func parseDecodeTuning(v string) (decodeTuning, error) {
 	var t decodeTuning
 	for _, f := range strings.Split(v, ",") {
 		switch k, val, _ := strings.Cut(strings.TrimSpace(f), "="); k {
-		case "rank":
-			t.routeRank = true
 		case "wide":
 			t.routeWide = true
 		case "minsplit":
@@ -456,7 +453,7 @@ func parseDecodeTuning(v string) (decodeTuning, error) {
 			t = decodeTuning{}
 		case "":
 		default:
-			return t, fmt.Errorf("gpu: $%s: unknown way %q (rank, wide, minsplit=N, none, default)", EnvDecodeTuning, k)
+			return t, fmt.Errorf("gpu: $%s: unknown way %q (wide, minsplit=N, none, default)", EnvDecodeTuning, k)
 		}
 	}
 	return t, nil

@@ -298,7 +298,7 @@ func (b *Backend) RouteFused(ids, w, logits, x kernels.Tensor, gate, bias *kerne
 		}
 		var a rocm.Args
 		a.Ptr(gp).Ptr(dptr(x)).Ptr(bp).Ptr(dptr(logits)).I32(int32(experts)).I32(int32(gate.Cols)).
-			Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(k)).I32(int32(r)).Ptr(count).I32(b2i(b.tune.routeRank)).I32(b2i(b.tune.routeWide))
+			Ptr(dptr(ids)).Ptr(dptr(w)).I32(int32(k)).I32(int32(r)).Ptr(count).I32(b2i(b.tune.routeWide))
 		return b.launch(c, "moe_router_f32", rocm.D1(l.Grid), rocm.D1(mvBlock), &a)
 	})
 }

@@ -171,21 +171,20 @@ func TestOverlappedLaunchesKeepOrder(t *testing.T) {
 // way it does not know.
 func TestParseDecodeTuning(t *testing.T) {
 	for v, want := range map[string]decodeTuning{
-		"":                      defaultTuning,
-		"default":               defaultTuning,
-		"none":                  {},
-		"none,rank":             {routeRank: true},
-		"wide, rank":            {routeRank: true, routeWide: true},
-		"none,minsplit=64":      {attnMinSplit: 64},
-		"default,minsplit=64":   {routeWide: defaultTuning.routeWide, routeRank: defaultTuning.routeRank, attnMinSplit: 64},
-		"rank,wide,minsplit=32": {routeRank: true, routeWide: true, attnMinSplit: 32},
+		"":                       defaultTuning,
+		"default":                defaultTuning,
+		"none":                   {},
+		"none,wide":              {routeWide: true},
+		"none,minsplit=64":       {attnMinSplit: 64},
+		"default,minsplit=64":    {routeWide: defaultTuning.routeWide, attnMinSplit: 64},
+		"none, wide,minsplit=32": {routeWide: true, attnMinSplit: 32},
 	} {
 		got, err := parseDecodeTuning(v)
 		if err != nil || got != want {
 			t.Errorf("parseDecodeTuning(%q) = %+v, %v; want %+v", v, got, err, want)
 		}
 	}
-	for _, v := range []string{"fast", "minsplit=x", "minsplit=-1"} {
+	for _, v := range []string{"fast", "rank", "minsplit=x", "minsplit=-1"} {
 		if _, err := parseDecodeTuning(v); err == nil || !strings.Contains(err.Error(), EnvDecodeTuning) {
 			t.Errorf("parseDecodeTuning(%q): error %v, want one naming $%s", v, err, EnvDecodeTuning)
 		}

@@ -254,8 +254,9 @@ func newMoeState(c Config, B int) *moeState {
 }
 
 // route is the router on the host: for each of n tokens, the softmax of its
-// row of logits [n][experts], its k most probable experts, best first
-// (ties: the lower index), into sel [n][k], and their probabilities
+// row of logits [n][experts] (its sum as laneSum takes it), its k most
+// probable experts, best first (ties: the lower index), into sel [n][k],
+// and their probabilities
 // renormalised to sum to 1 (the sum clamped at 2⁻¹⁴ as llama.cpp does)
 // into w [n][k]. probs is scratch of experts values. NaN or infinite
 // logits (a broken model) still give k distinct experts in range.
@@ -266,13 +267,10 @@ func route(logits []float32, n, experts, k int, sel []int32, w []float32, probs 
 		for _, v := range row[1:] {
 			mx = max(mx, v)
 		}
-		var sum float64
 		for e, v := range row {
-			p := float32(math.Exp(float64(v - mx)))
-			probs[e] = p
-			sum += float64(p)
+			probs[e] = float32(math.Exp(float64(v - mx)))
 		}
-		inv := float32(1 / sum)
+		inv := float32(1 / laneSum(probs))
 		for e := range probs {
 			probs[e] *= inv
 			if !(probs[e] >= 0) {
@@ -297,6 +295,25 @@ func route(logits []float32, n, experts, k int, sel []int32, w []float32, probs 
 			ws[j] /= total
 		}
 	}
+}
+
+// laneSum is the softmax's sum in the order the device router takes it
+// (moe.cu's route_lanes), so both routes give the same bits: 32 lanes each
+// add experts lane, lane+32, … in double, then a butterfly adds the
+// lanes' sums (lane l adds lane l^o's for o = 16, 8, 4, 2, 1).
+func laneSum(p []float32) float64 {
+	var s [32]float64
+	for e, v := range p {
+		s[e%32] += float64(v)
+	}
+	for o := 16; o > 0; o >>= 1 {
+		var n [32]float64
+		for l := range s {
+			n[l] = s[l] + s[l^o]
+		}
+		s = n
+	}
+	return s[0]
 }
 
 // group sorts the step's (token, slot) pairs by expert (a counting sort:

@@ -93,120 +93,141 @@ KERNEL void __launch_bounds__(256) moe_add_bias(float* dst, const u64* t, const 
 }
 
 #define MOE_MAXE 512  // pipeline/model's maxExperts
+#define RT_LANES 32   // the lanes that route: the sums' order is the same at either wave width
 
-// route_better: value a beats b (NaN below any number, -inf included).
-DEV bool route_better(float a, float b) { return a == a && (b != b || a > b); }
+// rt_key orders a router value for the selection: a larger key is a better
+// expert. The high word orders the value (NaN below any number, -0 as 0),
+// the low word the index (the lower wins a tie); 0 is no expert. rt_value
+// gives the value back (-0 as 0, NaN as the quiet NaN).
+DEV u64 rt_key(float v, int e) {
+  u32 o = 0;  // NaN
+  if (v == v) {
+    u32 b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  }
+  return ((u64)o << 32) | (0xffffffffu - (u32)e);
+}
+DEV float rt_value(u64 key) {
+  u32 o = (u32)(key >> 32);
+  if (o == 0) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+DEV u64 rt_max(u64 a, u64 b) { return a > b ? a : b; }
+DEV u64 rt_shfl_xor(u64 v, int o) {
+  u32 lo = (u32)SHFL_XOR((int)(u32)v, o), hi = (u32)SHFL_XOR((int)(u32)(v >> 32), o);
+  return ((u64)hi << 32) | lo;
+}
+
+// route_lanes is route_token's selection for at most PER experts a lane:
+// each of the first 32 lanes keeps experts lane, lane+32, … in registers
+// as selection keys (mode 0: their probabilities, from the exponentials
+// src holds; mode 1: the logits src holds); each of k rounds finds the
+// best key by a butterfly over the lanes, its owner drops it, and lane 0
+// writes its expert and value to sid and sv.
+template <int PER>
+static __device__ FORGE_INLINE void route_lanes(const volatile float* src, int experts, int k, int mode, int* sid, float* sv) {
+  int lane = threadIdx.x;
+  float v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
+    int e = lane + i * RT_LANES;
+    v[i] = e < experts ? src[e] : 0.0f;
+  }
+  if (mode == 0) {
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+      if (lane + i * RT_LANES < experts) s += (double)v[i];
+    for (int o = RT_LANES / 2; o > 0; o >>= 1) s += SHFL_XOR(s, o);
+    float inv = (float)(1.0 / s);
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      float q = v[i] * inv;
+      v[i] = q >= 0.0f ? q : 0.0f;
+    }
+  }
+  u64 key[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) key[i] = lane + i * RT_LANES < experts ? rt_key(v[i], lane + i * RT_LANES) : 0;
+  for (int j = 0; j < k; j++) {
+    u64 b = key[0];
+#pragma unroll
+    for (int i = 1; i < PER; i++) b = rt_max(b, key[i]);
+    for (int o = RT_LANES / 2; o > 0; o >>= 1) b = rt_max(b, rt_shfl_xor(b, o));
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+      if (key[i] == b) key[i] = 0;  // the owner's: keys are distinct
+    if (lane == 0) {
+      sid[j] = (int)(0xffffffffu - (u32)b);
+      sv[j] = rt_value(b);
+    }
+  }
+}
 
 // moe_route: one block of one warp per token. mode 0 (Mixtral, Qwen3-MoE):
 // p = softmax(logits) as moe.go's route computes it on the host (each
-// exponential in double rounded to float, their sum in double in expert
-// order, NaN probabilities taken as 0), the k largest best first (ties:
+// exponential in double rounded to float; their sum in double, each of 32
+// lanes adding experts lane, lane+32, … in turn, then a butterfly over the
+// lanes; NaN probabilities taken as 0), the k largest best first (ties:
 // the lower expert), weights p renormalised by their float sum clamped at
-// 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits, weights the softmax over
-// those k (routeTopK). ids, w [n][k].
-// route_token is one token's routing from its logits row (moe_route's
-// body): the calling block's first warp, and with rank every thread of
-// the block (so every thread must call it; the others return once the
-// ranks are in). row may be another block's writes (moe_router_f32):
-// read through volatile.
-// With rank, the k best are found by rank instead of k rounds of the
-// warp's argmax: expert e's rank is the number of experts that come
-// before it in the order the rounds follow (a better value, or as good
-// and a lower index; NaN below any number), and the expert of rank j is
-// the j-th chosen: the same ids.
-static __device__ void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode,
-                                   bool rank = false) {
-  __shared__ float p[MOE_MAXE];
-  __shared__ unsigned char taken[MOE_MAXE];
-  __shared__ int sel[MOE_MAXE];
-  __shared__ float inv;
+// 2⁻¹⁴. mode 1 (gpt-oss): the k largest logits (NaN below any number),
+// weights the softmax over those k (routeTopK). ids, w [n][k].
+// route_token is one token's routing from its logits row, in the calling
+// block's first 32 threads (the others return). row may be another
+// block's writes (moe_router_f32): read through volatile. The double
+// exponentials are taken here, once in the code: in each of route_lanes'
+// instances they kept a value on the stack (scratch) on AMD.
+static __device__ FORGE_INLINE void route_token(const volatile float* row, i32* id, float* wt, int experts, int k, int mode) {
+  __shared__ float sp[MOE_MAXE];  // mode 0: the exponentials
+  __shared__ int sid[MOE_MAXE];
+  __shared__ float sv[MOE_MAXE];
   int lane = threadIdx.x;
-  if (lane < warpSize) {  // the first warp: p
-    if (mode == 0) {
-      // the largest logit, NaN if one is NaN (Go's max)
-      float m = __uint_as_float(0xff800000u), nan = 0.0f;
-      for (int e = lane; e < experts; e += warpSize) {
-        float v = row[e];
-        if (v != v)
-          nan = 1.0f;
-        else
-          m = fmaxf(m, v);
-      }
-      m = warp_max(m);
-      if (warp_max(nan) > 0.0f) m = __uint_as_float(0x7fc00000u);
-      for (int e = lane; e < experts; e += warpSize) p[e] = (float)exp((double)(row[e] - m));
-      WARP_SYNC();
-      if (lane == 0) {
-        double s = 0.0;
-        for (int e = 0; e < experts; e++) s += (double)p[e];
-        inv = (float)(1.0 / s);
-      }
-      WARP_SYNC();
-      for (int e = lane; e < experts; e += warpSize) {
-        float q = p[e] * inv;
-        p[e] = q >= 0.0f ? q : 0.0f;
-      }
-    } else {
-      for (int e = lane; e < experts; e += warpSize) p[e] = row[e];
-    }
-  }
-  if (rank) {  // every thread of the block
-    __syncthreads();
-    for (int e = lane; e < experts; e += blockDim.x) {
-      float v = p[e];
-      int r = 0;
-      for (int f = 0; f < experts && r < k; f++) {
-        float u = p[f];
-        r += route_better(u, v) || (f < e && !route_better(v, u));
-      }
-      if (r < k) sel[r] = e;
-    }
-    __syncthreads();
-  }
-  if (lane >= warpSize) return;
-  for (int e = lane; e < experts; e += warpSize) taken[e] = 0;
-  WARP_SYNC();
-  for (int j = 0; j < k && !rank; j++) {
-    float bv = 0.0f;
-    int bi = -1;
-    for (int e = lane; e < experts; e += warpSize)
-      if (!taken[e] && (bi < 0 || route_better(p[e], bv))) {
-        bv = p[e];
-        bi = e;
-      }
-    for (int o = warpSize / 2; o > 0; o >>= 1) {
-      float ov = SHFL_XOR(bv, o);
-      int oi = SHFL_XOR(bi, o);
-      if (oi >= 0 && (bi < 0 || route_better(ov, bv) || (!route_better(bv, ov) && oi < bi))) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      sel[j] = bi;
-      taken[bi] = 1;
-    }
-    WARP_SYNC();
-  }
-  if (lane != 0) return;
+  if (lane >= RT_LANES) return;
+  const volatile float* src = row;
   if (mode == 0) {
-    float total = 0.0f;
-    for (int j = 0; j < k; j++) total += p[sel[j]];
-    total = fmaxf(total, 6.103515625e-5f);
-    for (int j = 0; j < k; j++) {
-      id[j] = sel[j];
-      wt[j] = p[sel[j]] / total;
+    // the largest logit, NaN if one is NaN (Go's max)
+    float m = __uint_as_float(0xff800000u);
+    int nan = 0;
+    for (int e = lane; e < experts; e += RT_LANES) {
+      float v = row[e];
+      if (v != v)
+        nan = 1;
+      else
+        m = fmaxf(m, v);
     }
-  } else {
-    float mx = p[sel[0]], sum = 0.0f;
-    for (int j = 0; j < k; j++) {
-      wt[j] = (float)exp((double)(p[sel[j]] - mx));
-      sum += wt[j];
+    for (int o = RT_LANES / 2; o > 0; o >>= 1) {
+      m = fmaxf(m, SHFL_XOR(m, o));
+      nan |= SHFL_XOR(nan, o);
     }
-    for (int j = 0; j < k; j++) {
-      id[j] = sel[j];
-      wt[j] /= sum;
-    }
+    if (nan) m = __uint_as_float(0x7fc00000u);
+    for (int e = lane; e < experts; e += RT_LANES) sp[e] = (float)exp((double)(row[e] - m));
+    WARP_SYNC();
+    src = sp;
+  }
+  int per = (experts + RT_LANES - 1) / RT_LANES;
+  if (per <= 1)
+    route_lanes<1>(src, experts, k, mode, sid, sv);
+  else if (per <= 2)
+    route_lanes<2>(src, experts, k, mode, sid, sv);
+  else if (per <= 4)
+    route_lanes<4>(src, experts, k, mode, sid, sv);
+  else if (per <= 8)
+    route_lanes<8>(src, experts, k, mode, sid, sv);
+  else
+    route_lanes<MOE_MAXE / RT_LANES>(src, experts, k, mode, sid, sv);
+  if (mode != 0 && lane == 0) {  // the chosen logits' exponentials
+    float mx = sv[0];
+    for (int j = 0; j < k; j++) sv[j] = (float)exp((double)(sv[j] - mx));
+  }
+  WARP_SYNC();
+  // mode 0's float sum of the chosen p, mode 1's of their exponentials,
+  // in the order chosen (every lane alike)
+  float total = 0.0f;
+  for (int j = 0; j < k; j++) total += sv[j];
+  if (mode == 0) total = fmaxf(total, 6.103515625e-5f);
+  for (int j = lane; j < k; j += RT_LANES) {
+    id[j] = sid[j];
+    wt[j] = sv[j] / total;
   }
 }
 
@@ -223,11 +244,10 @@ KERNEL void __launch_bounds__(64) moe_route(const float* logits, i32* ids, float
 // last routes them (moe_route's body in its first warp) and sets count
 // back to 0 for the next launch (a replayed step).
 //   gate [experts][cols] f32, x [cols], logits [experts], ids, w [k]
-// rank and wide choose route_token's and mv_plain's ways (the same bits
-// either way).
+// wide chooses mv_plain's way (the same bits either way).
 KERNEL void __launch_bounds__(128) moe_router_f32(const u8* gate, const float* x, const float* bias, float* logits,
                                                   int experts, int cols, i32* ids, float* w, int k, int mode,
-                                                  int* count, int rank, int wide) {
+                                                  int* count, int wide) {
   GRID_DEPEND();
   __shared__ int last;
   mv_plain<TF32>(gate, x, logits, experts, cols, 1, wide != 0);
@@ -241,8 +261,8 @@ KERNEL void __launch_bounds__(128) moe_router_f32(const u8* gate, const float* x
   __syncthreads();
   if (!last) return;
   __threadfence();  // every block's logits after the count
-  route_token(logits, ids, w, experts, k, mode, rank != 0);
   if (threadIdx.x == 0) *count = 0;
+  route_token(logits, ids, w, experts, k, mode);
 }
 
 // moe_mv_*: for table i < 2 (t1 null: one table) and slot j < k (blockIdx.y
