@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -26,7 +27,31 @@ func globalFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "debug logs on stderr (same as --log-level debug)"},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least severe log level on stderr: debug, info, warn or error"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format on stderr: text or json"},
+		// Hidden: where a command's host time goes (go tool pprof FILE),
+		// for finding what a first token waits on; a GPU wait that spins
+		// shows up as the Go frames that called it.
+		&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile of the whole command to `FILE`", Hidden: true},
 	}
+}
+
+// startCPUProfile starts --cpu-profile's profile into path; the returned
+// stop writes it out ("" : nothing to do).
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, usageErrorf("--cpu-profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 func init() {

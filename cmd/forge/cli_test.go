@@ -401,3 +401,29 @@ func TestServeAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUProfileFlag: the hidden --cpu-profile writes a profile (gzip'd,
+// as runtime/pprof writes one) without changing the command's output; a
+// path that can not be made is a usage error naming the flag.
+func TestCPUProfileFlag(t *testing.T) {
+	m := testmodels.Path(t, "stories260K-Q4_K_M.gguf")
+	prof := filepath.Join(t.TempDir(), "cpu.prof")
+	out, _, err := forgeCLI(t, nil, append([]string{"run", m, "-p", "Once upon a time", "--cpu-profile", prof}, greedy...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := expectedText(t) + "\n"; out != want {
+		t.Errorf("output with --cpu-profile %q, want %q", out, want)
+	}
+	b, err := os.ReadFile(prof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("the profile (%d bytes) is not gzip'd as runtime/pprof writes it", len(b))
+	}
+	_, _, err = forgeCLI(t, nil, "--cpu-profile", filepath.Join(t.TempDir(), "missing", "cpu.prof"), "run", m, "-p", "hi")
+	if exitCode(err) != 2 || err == nil || !strings.Contains(err.Error(), "--cpu-profile") {
+		t.Errorf("a profile in a missing folder: %v (exit %d), want a usage error naming --cpu-profile", err, exitCode(err))
+	}
+}

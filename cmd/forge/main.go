@@ -83,6 +83,7 @@ var setUsageHandlers = sync.OnceFunc(func() {
 
 func newApp(stdout, stderr io.Writer) *cli.App {
 	setUsageHandlers()
+	stopProfile := func() error { return nil } // --cpu-profile's, set by Before
 	return &cli.App{
 		Name:         "forge",
 		Usage:        "run GGUF language models, first token first",
@@ -98,8 +99,14 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 				return err
 			}
 			slog.SetDefault(l)
+			stop, err := startCPUProfile(c.String("cpu-profile"))
+			if err != nil {
+				return err
+			}
+			stopProfile = stop
 			return nil
 		},
+		After: func(*cli.Context) error { return stopProfile() },
 	}
 }
 
