@@ -62,10 +62,11 @@ type ExpertRouter interface {
 	// with x_j = x [cols] for every j when shared, else row j of x
 	// [k][cols]; each row bit for bit what MatMul of that expert gives.
 	ExpertMatMuls(dsts []Tensor, tables []ExpertTable, ids, x Tensor, k int, shared bool) error
-	// MixSlots is MixRows for one token whose k expert outputs are the
-	// rows of src [k][cols] and whose weights are on the device:
-	//   dst = Σ_{j<k} w[j]·src[j]   (rounded as MixRows)
-	MixSlots(dst, src, w Tensor, k, cols int) error
+	// MixSlots is MixRows for n tokens whose k expert outputs each are
+	// consecutive rows of src [n·k][cols] and whose weights w [n·k] are on
+	// the device:
+	//   dst[t] = Σ_{j<k} w[t·k+j]·src[t·k+j]   (rounded as MixRows)
+	MixSlots(dst, src, w Tensor, n, k, cols int) error
 }
 
 // RouterFuser is an ExpertRouter that computes a decode step's router
@@ -84,7 +85,7 @@ type RouterFuser interface {
 // it (the next block's pre-norm): one launch instead of two. The model
 // falls back to MixSlots then Q8Ops.AddRMSNormQ8, whose bits it must give.
 type MixNormer interface {
-	// MixAddRMSNormQ8 is MixSlots(r, src, w, k, nw.Cols), then x += r,
+	// MixAddRMSNormQ8 is MixSlots(r, src, w, 1, k, nw.Cols), then x += r,
 	// dst = rmsnorm(x) ⊙ nw for the one row, with dst's 8-bit copy in q
 	// where q is not empty (AddRMSNormQ8's rules); it returns the copy
 	// made.

@@ -100,7 +100,7 @@ func TestMixAddRMSNormMatchesOps(t *testing.T) {
 			var made kernels.Q8
 			if fused {
 				made, err = b.MixAddRMSNormQ8(dst, xt, r, st, wt, c.k, nw, 1e-6, q)
-			} else if err = b.MixSlots(r, st, wt, c.k, c.cols); err == nil {
+			} else if err = b.MixSlots(r, st, wt, 1, c.k, c.cols); err == nil {
 				made, err = b.AddRMSNormQ8(dst, xt, r, nw, 1, 1e-6, q)
 			}
 			if err == nil {

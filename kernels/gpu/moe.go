@@ -118,17 +118,17 @@ func (b *Backend) MixRows(dst, src kernels.Tensor, rows []int32, w []float32, n,
 	})
 }
 
-// MixSlots implements kernels.ExpertRouter: mix_rows over one token's k
-// consecutive rows, the weights read on the device.
-func (b *Backend) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
-	if k <= 0 || cols <= 0 {
-		return fmt.Errorf("gpu: mix slots: %d slots of %d values", k, cols)
+// MixSlots implements kernels.ExpertRouter: mix_rows over each of n
+// tokens' k consecutive rows, the weights read on the device.
+func (b *Backend) MixSlots(dst, src, w kernels.Tensor, n, k, cols int) error {
+	if n <= 0 || k <= 0 || cols <= 0 {
+		return fmt.Errorf("gpu: mix slots: %d tokens of %d slots of %d values", n, k, cols)
 	}
 	for _, c := range []struct {
 		what string
 		t    kernels.Tensor
 		n    int
-	}{{"dst", dst, cols}, {"src", src, k * cols}, {"w", w, k}} {
+	}{{"dst", dst, n * cols}, {"src", src, n * k * cols}, {"w", w, n * k}} {
 		if err := checkTensor("mix slots: "+c.what, c.t, c.n); err != nil {
 			return err
 		}
@@ -137,8 +137,8 @@ func (b *Backend) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
 	defer b.mu.Unlock()
 	return b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
-		a.Ptr(dptr(dst)).Ptr(dptr(src)).Ptr(0).Ptr(dptr(w)).I32(1).I32(int32(k)).I32(int32(cols))
-		return b.launch(c, "mix_rows", planMoeRows(1, cols), rocm.D1(256), &a)
+		a.Ptr(dptr(dst)).Ptr(dptr(src)).Ptr(0).Ptr(dptr(w)).I32(int32(n)).I32(int32(k)).I32(int32(cols))
+		return b.launch(c, "mix_rows", planMoeRows(n, cols), rocm.D1(256), &a)
 	})
 }
 
@@ -384,12 +384,20 @@ func (b *Backend) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, err
 		binary.LittleEndian.PutUint64(raw[8*i:], uint64(p))
 	}
 	t := &expertTable{n: len(ws), typ: w0.Type, rows: w0.Rows, cols: w0.Cols, plan: plan}
+	base, stride, even := evenSpacing(raw)
 	err := b.do(func(c *rocm.Ctx) error {
 		p, err := c.Malloc(int64(len(raw)))
 		if err != nil {
 			return err
 		}
-		if err := b.copyInWait(c, p, raw); err != nil {
+		if even { // the experts of a stacked tensor: filled on the device, in stream order
+			var a rocm.Args
+			a.Ptr(p).Ptr(rocm.DevPtr(base)).I32(int32(stride)).I32(int32(len(ws)))
+			err = b.launch(c, "moe_table", rocm.D1(ceilDiv(len(ws), 256)), rocm.D1(256), &a)
+		} else {
+			err = b.copyInWait(c, p, raw)
+		}
+		if err != nil {
 			c.Free(p, int64(len(raw)))
 			return err
 		}
@@ -400,6 +408,30 @@ func (b *Backend) NewExpertTable(ws []*kernels.Weight) (kernels.ExpertTable, err
 		return nil, fmt.Errorf("gpu: expert table %q: %w", w0.Name, err)
 	}
 	return t, nil
+}
+
+// evenSpacing reports whether the addresses in raw (little-endian 64-bit)
+// are base + i·stride with a stride a kernel's int argument holds: the
+// experts of one stacked tensor, back to back, whose table moe_table
+// fills on the device. Uploading a table instead waits for the stream
+// (its source is Go memory), which during a prompt drained the queued
+// work once per table, six tables a layer.
+func evenSpacing(raw []byte) (base uint64, stride int64, ok bool) {
+	n := len(raw) / 8
+	if n < 2 {
+		return 0, 0, false
+	}
+	base = binary.LittleEndian.Uint64(raw)
+	stride = int64(binary.LittleEndian.Uint64(raw[8:]) - base)
+	if stride <= 0 || stride > math.MaxInt32 {
+		return 0, 0, false
+	}
+	for i := 2; i < n; i++ {
+		if binary.LittleEndian.Uint64(raw[8*i:]) != base+uint64(i)*uint64(stride) {
+			return 0, 0, false
+		}
+	}
+	return base, stride, true
 }
 
 // FreeExpertTable implements kernels.ExpertRouter (after the queued work,

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -90,7 +91,7 @@ func moeOpsCase(t *testing.T, b *Backend, rng *rand.Rand, typ gguf.Type, E, F, D
 	if err := b.ExpertMatMuls([]kernels.Tensor{out}, []kernels.ExpertTable{tabs[2]}, ids, hb, k, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.MixSlots(dst, out, wts, k, D); err != nil {
+	if err := b.MixSlots(dst, out, wts, 1, k, D); err != nil {
 		t.Fatal(err)
 	}
 	// the composition, expert by expert
@@ -216,6 +217,37 @@ func same(t *testing.T, what string, got, want []float32) {
 	for i := range want {
 		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 			t.Fatalf("%s: value %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestEvenSpacing: the addresses of a stacked tensor's experts are found
+// evenly spaced (the table is then filled on the device); any other
+// spacing, a stride an int cannot hold or a single expert is not.
+func TestEvenSpacing(t *testing.T) {
+	put := func(ps ...uint64) []byte {
+		raw := make([]byte, 8*len(ps))
+		for i, p := range ps {
+			binary.LittleEndian.PutUint64(raw[8*i:], p)
+		}
+		return raw
+	}
+	for _, c := range []struct {
+		raw          []byte
+		base, stride uint64
+		ok           bool
+	}{
+		{put(0x1000, 0x1800, 0x2000, 0x2800), 0x1000, 0x800, true},
+		{put(0x7f0000000000, 0x7f0000d2f000), 0x7f0000000000, 0xd2f000, true},
+		{put(0x1000, 0x1800, 0x2100), 0, 0, false},
+		{put(0x2000, 0x1000, 0x0), 0, 0, false},
+		{put(0x1000, 0x1000), 0, 0, false},
+		{put(0, 1<<31, 1<<32), 0, 0, false},
+		{put(0x1000), 0, 0, false},
+	} {
+		base, stride, ok := evenSpacing(c.raw)
+		if ok != c.ok || (ok && (base != c.base || uint64(stride) != c.stride)) {
+			t.Errorf("evenSpacing(%x) = %#x, %#x, %v; want %#x, %#x, %v", c.raw, base, stride, ok, c.base, c.stride, c.ok)
 		}
 	}
 }

@@ -237,6 +237,9 @@ func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 			return
 		}
 	}
+	if n > 1 && m.mixtureRows(lw, dst, xb, xq, n) {
+		return
+	}
 	st := m.routeTokens(lw, lw.GateInpBias, xb, xq, n, routeTopK)
 	if st == nil {
 		return

@@ -193,6 +193,24 @@ func benchFile(t *testing.T, be *gpu.Backend, path string, copyGBs float64) []st
 		t.Fatal(err)
 	}
 	logProfile(t, "prompt step (512 tokens)", prof)
+	// A short prompt (a chat turn, issue 21's first token): its wall time
+	// and its kernels.
+	short := prompt[:8]
+	t0 := time.Now()
+	for range 3 {
+		if _, err := me.Forward(ctx, short, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("GPU-BENCH %s: 8-token prompt step %.2f ms (mean of 3, op by op)", path, float64(time.Since(t0).Microseconds())/3e3)
+	be.StartProfile()
+	if _, err := me.Forward(ctx, short, 0); err != nil {
+		t.Fatal(err)
+	}
+	if prof, err = be.StopProfile(); err != nil {
+		t.Fatal(err)
+	}
+	logProfile(t, "prompt step (8 tokens)", prof)
 
 	tgM, ppM, teM := median(tg), median(pp), median(tgEager)
 	frac := float64(stepBytes) * tgM / (copyGBs * 1e9)

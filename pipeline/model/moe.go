@@ -182,9 +182,9 @@ type moeScratch struct {
 	in           kernels.Tensor // [B·ExpertsUsed][Embd] the (token, slot) pairs' rows, gathered (by expert)
 	gate, up, hb kernels.Tensor // [max(B, ExpertsUsed)][ExpertFF] one expert's products (a decode step's: all of its experts')
 	out          kernels.Tensor // [B·ExpertsUsed][Embd] every (token, slot)'s expert output
-	// A decode step routed on the device (moe_gpu.go): its experts' ids
-	// (int32 in float32 slots) and weights.
-	ids, wts kernels.Tensor // [ExpertsUsed]
+	// A step routed on the device (moe_gpu.go): its (token, slot) pairs'
+	// experts' ids (int32 in float32 slots) and weights.
+	ids, wts kernels.Tensor // [B·ExpertsUsed]
 	// hbQ is a decode step's hb's 8-bit copy, [ExpertsUsed][ExpertFF]
 	// (kernels.Q8Ops, ExpertFF of whole blocks of 32; else empty): the
 	// device-routed step's SiLUMul writes it and its down products read
@@ -202,7 +202,7 @@ func (s *moeScratch) pieces(c Config, B int) []scratchPiece {
 		{&s.router, B * c.Experts}, {&s.in, B * c.ExpertsUsed * c.Embd},
 		{&s.gate, rows * c.ExpertFF}, {&s.up, rows * c.ExpertFF}, {&s.hb, rows * c.ExpertFF},
 		{&s.out, B * c.ExpertsUsed * c.Embd},
-		{&s.ids, c.ExpertsUsed}, {&s.wts, c.ExpertsUsed},
+		{&s.ids, B * c.ExpertsUsed}, {&s.wts, B * c.ExpertsUsed},
 	}
 }
 
@@ -241,6 +241,10 @@ type moeState struct {
 	grouped     groupedState
 	noGrouped   bool
 	groupedRuns int
+	// noRows turns mixtureRows off (tests), rowRuns counts the layers it
+	// ran.
+	noRows  bool
+	rowRuns int
 }
 
 func newMoeState(c Config, B int) *moeState {
@@ -387,6 +391,10 @@ func (m *Model) mixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8,
 	}
 	decode := n == 1 && m.multi != nil && !m.inPrompt && !m.moeState().perExpert
 	if !decode {
+		// a short prompt as products by id; a longer one grouped
+		if m.mixtureRows(lw, dst, xb, xq, n) {
+			return
+		}
 		if t := m.groupedTables(lw, n); t != nil {
 			m.mixtureGrouped(lw, t, dst, xb, xq, n)
 			return

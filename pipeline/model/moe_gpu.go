@@ -187,17 +187,12 @@ func (m *Model) freeTables() {
 // with lw's tables t (see above).
 func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels.Tensor, xq kernels.Q8) {
 	c, st, s := m.Cfg, m.moe, &m.s.moe
-	E, K, F, D := c.Experts, c.ExpertsUsed, c.ExpertFF, c.Embd
+	E, K, D := c.Experts, c.ExpertsUsed, c.Embd
 	rt := st.dev.router
 	router := s.router.View(0, E)
 	ids, wts := s.ids.View(0, K), s.wts.View(0, K)
-	gate, up, hb := s.gate.View(0, K*F), s.up.View(0, K*F), s.hb.View(0, K*F)
 	out := s.out.View(0, K*D)
-	oai := t.gateB != nil // gpt-oss: a router bias, top-k then softmax, expert biases, the clamped SwiGLU
-	rule, bias := kernels.RouteSoftmax, (*kernels.Weight)(nil)
-	if oai {
-		rule, bias = kernels.RouteTopKSoftmax, lw.GateInpBias
-	}
+	rule, bias := routeRule(lw, t)
 	if m.err != nil {
 		return
 	}
@@ -225,42 +220,7 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		return
 	}
 	st.dev.steps++
-	rq, takesQ8 := rt.(kernels.ExpertQ8MatMuler)
-	// experts multiplies x (k rows, or one shared) by tables: on x's
-	// 8-bit copy xq where there is one and the backend takes it.
-	experts := func(dsts []kernels.Tensor, tables []kernels.ExpertTable, x kernels.Tensor, xq kernels.Q8, shared bool) error {
-		if takesQ8 && !xq.Empty() {
-			return rq.ExpertMatMulsQ8(dsts, tables, ids, x, xq, K, shared)
-		}
-		return rt.ExpertMatMuls(dsts, tables, ids, x, K, shared)
-	}
-	if t.pair { // gate and up in one launch
-		fail("gate and up", experts([]kernels.Tensor{gate, up}, []kernels.ExpertTable{t.gate, t.up}, xb, xq, true))
-	} else {
-		fail("gate", experts([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, xb, xq, true))
-		fail("up", experts([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, xb, xq, true))
-	}
-	bs, _ := rt.(kernels.ExpertBiaser) // makeTables checked it where oai
-	var hq kernels.Q8                  // hb's 8-bit copy, made by the SiLUMul where the down products take it
-	if oai {
-		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, K, F))
-		fail("up bias", bs.AddExpertBias(up, t.upB, ids, K, F))
-		m.swigluOAI(hb, gate, up, K*F)
-	} else {
-		var q kernels.Q8 // none: siluMulQ is siluMul
-		if takesQ8 {
-			q = s.hbQ
-		}
-		hq = m.siluMulQ(hb, gate, up, K*F, q)
-	}
-	if m.err != nil {
-		return
-	}
-	fail("down", experts([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, hb, hq, false))
-	if oai {
-		fail("down bias", bs.AddExpertBias(out, t.downB, ids, K, D))
-	}
-	if m.err != nil {
+	if !m.deviceExperts(t, ids, xb, xq, K, true) {
 		return
 	}
 	if mn, ok := rt.(kernels.MixNormer); ok && m.bat == nil && !st.dev.noMixNorm {
@@ -268,7 +228,164 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 		m.mix = deferredMix{norm: mn, dst: dst, src: out, w: wts, k: K}
 		return
 	}
-	fail("weighted sum", rt.MixSlots(dst, out, wts, K, D))
+	fail("weighted sum", rt.MixSlots(dst, out, wts, 1, K, D))
+}
+
+// maxRowSlots bounds the (token, slot) pairs of a prompt's mixture that
+// run as products by id (mixtureRows): each pair reads its expert's whole
+// matrices, so past a few dozen pairs the per-expert or grouped products,
+// which read each chosen expert once, read less.
+const maxRowSlots = 64
+
+// mixtureRows is the mixture of a short prompt's n tokens xb [n][Embd]
+// (xq: their 8-bit copy, or the zero Q8, for the router's product) into
+// dst: routed on the device, every (token, slot) pair's row gathered, the
+// decode step's products by id over all n·k pairs (deviceExperts), then
+// one weighted sum: a few launches a layer, where the per-expert path
+// queues several for each chosen expert (gpt-oss's 8-token prompt went
+// from ~3000 launches to a few hundred). Every number is the per-expert
+// path's: each pair's row is its expert's one-row product. Where the
+// layer's experts are still arriving, or their use is counted, the
+// routing is read back first; the experts chosen are asked for at once
+// and waited for. It reports whether it ran (false: it does not apply
+// and queued nothing).
+func (m *Model) mixtureRows(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.Q8, n int) bool {
+	c, st, s := m.Cfg, m.moeState(), &m.s.moe
+	E, K, D := c.Experts, c.ExpertsUsed, c.Embd
+	P := n * K // pairs
+	mixer := st.rowMixer()
+	if n < 2 || P > maxRowSlots || P > s.ids.Len || P*c.ExpertFF > s.gate.Len || P*D > s.in.Len ||
+		mixer == nil || st.dev.off || st.perExpert || st.noRows || m.err != nil {
+		return false
+	}
+	t := m.layerTables(lw, true)
+	if t == nil {
+		return false
+	}
+	fail := func(what string, err error) {
+		if err != nil && m.err == nil {
+			m.err = fmt.Errorf("mixture of experts (%d tokens routed on the device): %s: %w", n, what, err)
+		}
+	}
+	rule, bias := routeRule(lw, t)
+	router := s.router.View(0, n*E)
+	ids, wts := s.ids.View(0, P), s.wts.View(0, P)
+	m.matmul(router, lw.GateInp, xb, xq, n)
+	if bias != nil {
+		m.addBias(router, bias, n)
+	}
+	if m.err == nil {
+		fail("route", st.dev.router.RouteTopK(ids, wts, router, n, E, K, rule))
+	}
+	if m.err != nil {
+		return true
+	}
+	arriving := !expertsResident(lw)
+	if arriving || lw.ExpertUsed != nil {
+		routed := st.logits[:P]
+		fail("reading the routing", m.be.Read(routed, ids, 0))
+		if m.err != nil {
+			return true
+		}
+		for i, v := range routed {
+			st.sel[i] = kernels.IDOf(v)
+		}
+		st.group(n, E, K)
+		if arriving {
+			m.demandExperts(lw, st.sel[:P])
+			for e := range E {
+				if st.start[e+1] > st.start[e] && m.expert(lw, e) == nil {
+					return true
+				}
+			}
+		}
+	}
+	src := st.src[:P] // pair t·K + j takes token t's row
+	for p := range src {
+		src[p] = int32(p / K)
+	}
+	in := s.in.View(0, P*D)
+	fail("gathering the rows", mixer.GatherRows(in, xb, src, D))
+	if m.err != nil || !m.deviceExperts(t, ids, in, kernels.Q8{}, P, false) {
+		return true
+	}
+	fail("weighted sum", st.dev.router.MixSlots(dst, s.out.View(0, P*D), wts, n, K, D))
+	st.rowRuns++
+	if lw.ExpertUsed != nil && m.err == nil {
+		for e := range E {
+			if cnt := int(st.start[e+1] - st.start[e]); cnt > 0 {
+				lw.ExpertUsed(e, cnt)
+			}
+		}
+	}
+	return true
+}
+
+// routeRule is the router's rule and bias for lw: gpt-oss (whose tables
+// hold expert biases) adds a router bias, takes the top k, then their
+// softmax; the others the softmax, then its top k.
+func routeRule(lw *LayerWeights, t *expertTables) (kernels.Routing, *kernels.Weight) {
+	if t.gateB != nil {
+		return kernels.RouteTopKSoftmax, lw.GateInpBias
+	}
+	return kernels.RouteSoftmax, nil
+}
+
+// deviceExperts runs the experts of slots slots, chosen by ids on the
+// device, over x (one shared row, or a row per slot; xq its 8-bit copy or
+// the zero Q8) with lw's tables t, into the scratch's out [slots][Embd]:
+// the gate and up products, gpt-oss's biases and clamped SwiGLU or the
+// SiLU product, the down products and their biases. It reports whether
+// every op was queued (else m.err says why).
+func (m *Model) deviceExperts(t *expertTables, ids, x kernels.Tensor, xq kernels.Q8, slots int, shared bool) bool {
+	c, st, s := m.Cfg, m.moe, &m.s.moe
+	F, D := c.ExpertFF, c.Embd
+	rt := st.dev.router
+	gate, up, hb := s.gate.View(0, slots*F), s.up.View(0, slots*F), s.hb.View(0, slots*F)
+	out := s.out.View(0, slots*D)
+	oai := t.gateB != nil // gpt-oss: expert biases, the clamped SwiGLU
+	fail := func(what string, err error) {
+		if err != nil && m.err == nil {
+			m.err = fmt.Errorf("mixture of experts (routed on the device): %s: %w", what, err)
+		}
+	}
+	rq, takesQ8 := rt.(kernels.ExpertQ8MatMuler)
+	// experts multiplies x (slots rows, or one shared) by tables: on x's
+	// 8-bit copy xq where there is one and the backend takes it.
+	experts := func(dsts []kernels.Tensor, tables []kernels.ExpertTable, x kernels.Tensor, xq kernels.Q8, shared bool) error {
+		if takesQ8 && !xq.Empty() {
+			return rq.ExpertMatMulsQ8(dsts, tables, ids, x, xq, slots, shared)
+		}
+		return rt.ExpertMatMuls(dsts, tables, ids, x, slots, shared)
+	}
+	if t.pair { // gate and up in one launch
+		fail("gate and up", experts([]kernels.Tensor{gate, up}, []kernels.ExpertTable{t.gate, t.up}, x, xq, shared))
+	} else {
+		fail("gate", experts([]kernels.Tensor{gate}, []kernels.ExpertTable{t.gate}, x, xq, shared))
+		fail("up", experts([]kernels.Tensor{up}, []kernels.ExpertTable{t.up}, x, xq, shared))
+	}
+	bs, _ := rt.(kernels.ExpertBiaser) // makeTables checked it where oai
+	var hq kernels.Q8                  // hb's 8-bit copy, made by the SiLUMul where the down products take it
+	if oai {
+		fail("gate bias", bs.AddExpertBias(gate, t.gateB, ids, slots, F))
+		fail("up bias", bs.AddExpertBias(up, t.upB, ids, slots, F))
+		m.swigluOAI(hb, gate, up, slots*F)
+	} else {
+		// hbQ holds a decode step's slots (none: siluMulQ is siluMul)
+		var q kernels.Q8
+		if takesQ8 && slots <= s.hbQ.Rows {
+			q = s.hbQ
+		}
+		hq = m.siluMulQ(hb, gate, up, slots*F, q)
+	}
+	if m.err != nil {
+		return false
+	}
+	fail("down", experts([]kernels.Tensor{out}, []kernels.ExpertTable{t.down}, hb, hq, false))
+	if oai {
+		fail("down bias", bs.AddExpertBias(out, t.downB, ids, slots, D))
+	}
+	return m.err == nil
 }
 
 // deviceRouted reports whether a decode step of a mixture of shape cfg may

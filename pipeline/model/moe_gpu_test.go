@@ -73,12 +73,12 @@ func (r hostRouter) AddExpertBias(dst kernels.Tensor, table kernels.ExpertTable,
 
 var _ kernels.ExpertBiaser = hostRouter{}
 
-func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, k, cols int) error {
-	seq := make([]int32, k)
+func (r hostRouter) MixSlots(dst, src, w kernels.Tensor, n, k, cols int) error {
+	seq := make([]int32, n*k)
 	for j := range seq {
 		seq[j] = int32(j)
 	}
-	return r.MixRows(dst, src, seq, w.Host[:k], 1, k, cols)
+	return r.MixRows(dst, src, seq, w.Host[:n*k], n, k, cols)
 }
 
 var _ kernels.RouterFuser = hostRouter{}
@@ -102,7 +102,7 @@ var _ kernels.MixNormer = hostRouter{}
 // MixAddRMSNormQ8 is MixSlots then the residual add and the norm as the
 // model's preNorm queues them on the CPU.
 func (r hostRouter) MixAddRMSNormQ8(dst, x, res, src, w kernels.Tensor, k int, nw *kernels.Weight, eps float32, q kernels.Q8) (kernels.Q8, error) {
-	if err := r.MixSlots(res, src, w, k, nw.Cols); err != nil {
+	if err := r.MixSlots(res, src, w, 1, k, nw.Cols); err != nil {
 		return kernels.Q8{}, err
 	}
 	if err := r.Add(x, x, res, nw.Cols); err != nil {
@@ -148,7 +148,9 @@ func sameGreedy(t *testing.T, a, b *model.Model) {
 // CPU through hostRouter, gives the host path's logits bit for bit for
 // both softmax-routed mixtures in float and quantized mixes, and runs in
 // every layer of every decode step; it stays off where a layer records a
-// usage profile or cannot say that all its experts are resident.
+// usage profile or cannot say that all its experts are resident. The
+// prompt's layers run as products by id over every (token, slot) pair
+// (mixtureRows) in every case, reading the routing back where it must.
 func TestMoEDeviceRoutedDecode(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -196,6 +198,11 @@ func TestMoEDeviceRoutedDecode(t *testing.T) {
 						}
 						if got, want := model.MixNormed(m), 0; fused && c.steps > 0 && got == want {
 							t.Errorf("%s: no weighted sum was fused with the norm after it", c.name)
+						}
+						// the 5-token prompt's layers but the last, whose
+						// feed-forward runs on one row: products by id
+						if got, want := model.MoERowRuns(m), layers-1; got != want {
+							t.Errorf("%s: %d prompt layers ran as products by id, want %d", c.name, got, want)
 						}
 					}
 				}

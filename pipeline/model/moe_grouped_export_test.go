@@ -13,3 +13,16 @@ func MoEGroupedRuns(m *Model) int {
 	}
 	return m.moe.groupedRuns
 }
+
+// MoENoRows makes m run a short prompt's mixture without the products by
+// id (mixtureRows).
+func MoENoRows(m *Model) { m.moeState().noRows = true }
+
+// MoERowRuns is how many layers' mixtures m ran as products by id
+// (mixtureRows).
+func MoERowRuns(m *Model) int {
+	if m.moe == nil {
+		return 0
+	}
+	return m.moe.rowRuns
+}

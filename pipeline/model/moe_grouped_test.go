@@ -77,6 +77,10 @@ func TestMoEGroupedPromptWiring(t *testing.T) {
 					grouped := openHooked(t, path, dev, c.mod)
 					each := openHooked(t, path, dev, c.mod)
 					model.MoENoGrouped(each)
+					// a 12-token prompt would run as products by id
+					// (mixtureRows): off in both, to compare these two
+					model.MoENoRows(grouped)
+					model.MoENoRows(each)
 					sameLogitBits(t, grouped, each, prompt, 9, "expert by expert")
 					if got := model.MoEGroupedRuns(grouped); got != layers-1 {
 						t.Errorf("%s: %d layers grouped, want %d (the prompt's but its last)", c.name, got, layers-1)

@@ -186,7 +186,7 @@ func (m *Model) settleMix() error {
 	if !ok {
 		return nil
 	}
-	if err := rt.MixSlots(mix.dst, mix.src, mix.w, mix.k, m.Cfg.Embd); err != nil {
+	if err := rt.MixSlots(mix.dst, mix.src, mix.w, 1, mix.k, m.Cfg.Embd); err != nil {
 		return fmt.Errorf("mixture of experts (routed on the device): weighted sum: %w", err)
 	}
 	return nil

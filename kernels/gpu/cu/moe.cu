@@ -305,8 +305,9 @@ MOE_MV(q8_0_b, (mv_b32_q8<B8Q8_0, 2>))
 FOR_BLOCK_TYPES(MOE_MV_BLOCK)
 FOR_PLAIN_TYPES(MOE_MV_PLAIN)
 
-// moe_table fills a table of n addresses base + i·stride (experts laid out
-// back to back; the tests build their tables with it).
+// moe_table fills a table of n addresses base + i·stride: the experts of
+// a stacked tensor, back to back (NewExpertTable; the tests build their
+// tables with it too).
 KERNEL void __launch_bounds__(256) moe_table(u64* t, const u8* base, int stride, int n) {
   GRID_DEPEND();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
