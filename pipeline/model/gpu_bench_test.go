@@ -165,52 +165,47 @@ func benchFile(t *testing.T, be *gpu.Backend, path string, copyGBs float64) []st
 	}
 
 	// Where the time goes: one op-by-op decode step at position 64, the
-	// replayed step there, and the prompt step.
-	be.StartProfile()
-	if _, err := me.Greedy(ctx, []int32{1}, 64); err != nil {
-		t.Fatal(err)
-	}
-	prof, err := be.StopProfile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logProfile(t, "decode step op by op (pos 64)", prof)
-	be.StartProfile()
-	for pos := 64; pos < 74; pos++ {
-		if _, err := m.Greedy(ctx, []int32{1}, pos); err != nil {
+	// replayed step there, the prompt step, and a short prompt's (a chat
+	// turn, issue 21's first token), whose wall time is logged too.
+	profiled := func(what string, run func() error) {
+		be.StartProfile()
+		if err := run(); err != nil {
 			t.Fatal(err)
 		}
+		prof, err := be.StopProfile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		logProfile(t, what, prof)
 	}
-	if prof, err = be.StopProfile(); err != nil {
-		t.Fatal(err)
+	profiled("decode step op by op (pos 64)", func() error {
+		_, err := me.Greedy(ctx, []int32{1}, 64)
+		return err
+	})
+	profiled("replayed decode step (pos 64-73)", func() error {
+		for pos := 64; pos < 74; pos++ {
+			if _, err := m.Greedy(ctx, []int32{1}, pos); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	forward := func(tokens []int32) func() error {
+		return func() error {
+			_, err := me.Forward(ctx, tokens, 0)
+			return err
+		}
 	}
-	logProfile(t, "replayed decode step (pos 64-73)", prof)
-	be.StartProfile()
-	if _, err := me.Forward(ctx, prompt, 0); err != nil {
-		t.Fatal(err)
-	}
-	if prof, err = be.StopProfile(); err != nil {
-		t.Fatal(err)
-	}
-	logProfile(t, "prompt step (512 tokens)", prof)
-	// A short prompt (a chat turn, issue 21's first token): its wall time
-	// and its kernels.
+	profiled("prompt step (512 tokens)", forward(prompt))
 	short := prompt[:8]
 	t0 := time.Now()
 	for range 3 {
-		if _, err := me.Forward(ctx, short, 0); err != nil {
+		if err := forward(short)(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Logf("GPU-BENCH %s: 8-token prompt step %.2f ms (mean of 3, op by op)", path, float64(time.Since(t0).Microseconds())/3e3)
-	be.StartProfile()
-	if _, err := me.Forward(ctx, short, 0); err != nil {
-		t.Fatal(err)
-	}
-	if prof, err = be.StopProfile(); err != nil {
-		t.Fatal(err)
-	}
-	logProfile(t, "prompt step (8 tokens)", prof)
+	profiled("prompt step (8 tokens)", forward(short))
 
 	tgM, ppM, teM := median(tg), median(pp), median(tgEager)
 	frac := float64(stepBytes) * tgM / (copyGBs * 1e9)
