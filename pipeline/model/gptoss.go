@@ -237,7 +237,8 @@ func (m *Model) oaiMixture(lw *LayerWeights, dst, xb kernels.Tensor, xq kernels.
 			return
 		}
 	}
-	if n > 1 && m.mixtureRows(lw, dst, xb, xq, n) {
+	// a short prompt as products by id, where the tables hold the biases
+	if n > 1 && m.err == nil && len(lw.Experts) > 0 && lw.Experts[0].GateB != nil && m.mixtureRows(lw, dst, xb, xq, n) {
 		return
 	}
 	st := m.routeTokens(lw, lw.GateInpBias, xb, xq, n, routeTopK)
