@@ -9,8 +9,10 @@ import (
 )
 
 // TestGPUFirstTokenBeforeEveryExpert is TestFirstTokenBeforeEveryExpert on
-// the GPU, with experts 256 wide so that the prompt's mixture runs grouped
-// (moemmq.cu) while the experts it did not route to are held back: the
+// the GPU, with experts 256 wide (the width the grouped kernels take) so
+// that the prompt's mixture runs routed on the device (its 3 tokens as
+// products by id, mixtureRows) while the experts it did not route to are
+// held back: the
 // request asks for its own experts, waits for them only, and its first
 // token is the one the GPU gives with every expert resident (eager).
 func TestGPUFirstTokenBeforeEveryExpert(t *testing.T) {

@@ -48,6 +48,10 @@ func TestGPUMoEGroupedPrompt(t *testing.T) {
 				grouped := model.OpenModel(t, path, be, model.Options{Ctx: 256})
 				each := model.OpenModel(t, path, be, model.Options{Ctx: 256})
 				model.MoENoGrouped(each)
+				// these prompts would run as products by id
+				// (mixtureRows): off in both, to compare these two
+				model.MoENoRows(grouped)
+				model.MoENoRows(each)
 				sameLogitBits(t, grouped, each, short, 5, "expert by expert")
 				want := s.Layers - 1
 				if mix == synth.MixQ8_0 {

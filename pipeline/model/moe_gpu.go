@@ -233,9 +233,13 @@ func (m *Model) mixtureDevice(lw *LayerWeights, t *expertTables, dst, xb kernels
 
 // maxRowSlots bounds the (token, slot) pairs of a prompt's mixture that
 // run as products by id (mixtureRows): each pair reads its expert's whole
-// matrices, so past a few dozen pairs the per-expert or grouped products,
-// which read each chosen expert once, read less.
-const maxRowSlots = 64
+// matrices, so past some hundreds of pairs the grouped products, which
+// read each chosen expert once, read less. Measured on the H100 in one
+// run against a bound of 64 (bench/results/2026-11-26-moe-router-rows-
+// h100.md, call 11): gpt-oss-20b, which has no grouped kernel, 2.1–3.4 ×
+// faster at 32 to 128 tokens; Qwen3-30B-A3B 1.4–2.9 × at 16 and 32
+// tokens, the same at 64. The scratch bounds it further (mixtureRows).
+const maxRowSlots = 512
 
 // mixtureRows is the mixture of a short prompt's n tokens xb [n][Embd]
 // (xq: their 8-bit copy, or the zero Q8, for the router's product) into
@@ -243,7 +247,7 @@ const maxRowSlots = 64
 // decode step's products by id over all n·k pairs (deviceExperts), then
 // one weighted sum: a few launches a layer, where the per-expert path
 // queues several for each chosen expert (gpt-oss's 8-token prompt went
-// from ~3000 launches to a few hundred). Every number is the per-expert
+// from ~3000 launches to 694). Every number is the per-expert
 // path's: each pair's row is its expert's one-row product. Where the
 // layer's experts are still arriving, or their use is counted, the
 // routing is read back first; the experts chosen are asked for at once
