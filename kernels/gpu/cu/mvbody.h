@@ -312,6 +312,22 @@ static __device__ void mv_block(const u8* __restrict__ w, const float* __restric
   }
 }
 
+// mv_run adds the products of U columns of one row, c, c+warpSize, …, of
+// w (row wr) and x into a: every load first, then the multiply-adds in
+// column order (mv_plain's rounds, whatever U).
+template <class T, int U>
+DEV float mv_run(const u8* __restrict__ wr, const float* __restrict__ x, int c, float a) {
+  float v[U], xv[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    v[u] = T::get(wr, c + u * warpSize);
+    xv[u] = x[c + u * warpSize];
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) a = fmaf(v[u], xv[u], a);
+  return a;
+}
+
 // wide (one row of x): 32 columns a lane in flight before eight, in the
 // same column order (the same bits; a 2048-wide row in two round trips to
 // memory instead of eight).
@@ -330,26 +346,8 @@ static __device__ void mv_plain(const u8* __restrict__ w, const float* __restric
     // a 1 MB router at ~40 GB/s.
     float a = 0.0f;
     int c = lane;
-    for (; wide && c + 31 * warpSize < cols; c += 32 * warpSize) {
-      float v[32], xv[32];
-#pragma unroll
-      for (int u = 0; u < 32; u++) {
-        v[u] = T::get(wr, c + u * warpSize);
-        xv[u] = x[c + u * warpSize];
-      }
-#pragma unroll
-      for (int u = 0; u < 32; u++) a = fmaf(v[u], xv[u], a);
-    }
-    for (; c + 7 * warpSize < cols; c += 8 * warpSize) {
-      float v[8], xv[8];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        v[u] = T::get(wr, c + u * warpSize);
-        xv[u] = x[c + u * warpSize];
-      }
-#pragma unroll
-      for (int u = 0; u < 8; u++) a = fmaf(v[u], xv[u], a);
-    }
+    for (; wide && c + 31 * warpSize < cols; c += 32 * warpSize) a = mv_run<T, 32>(wr, x, c, a);
+    for (; c + 7 * warpSize < cols; c += 8 * warpSize) a = mv_run<T, 8>(wr, x, c, a);
     for (; c < cols; c += warpSize) a = fmaf(T::get(wr, c), x[c], a);
     float s = warp_sum(a);
     if (lane == 0) y[row] = s;
