@@ -6,9 +6,11 @@ package gpu
 // kernels.MaxBatchRows come out bit for bit as they would alone.
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 
 	"github.com/forge-llm/forge/kernels"
 	"github.com/forge-llm/forge/rocm"
@@ -104,21 +106,23 @@ func (b *Backend) FreeKVPool(p *kernels.KVPool) {
 // layoutState is the step layout on the device: one buffer of int32 with
 // fixed regions, pos [rowCap], seq [rowCap], ids [rowCap] (the rows' token
 // ids, for a recorded batched step's embedding; see stepbatch.go), the
-// offset of each sequence's table in tabs [seqCap], then tabs [tabCap]
-// (the tables one after the other). Its address and regions change only
+// offset of each sequence's table in tabs [seqCap], tabs [tabCap]
+// (the tables one after the other), then the pieces kernel's tiles
+// [4·rowCap] (prefillTiles; copied only for a layout that runs it). Its address and regions change only
 // when a layout outgrows them, so a later recorded step can replay with
 // only the contents changing.
-// Each SetLayout fills one of two pinned staging buffers and queues one
-// copy from it; before a staging buffer is filled again, the copy queued
-// from it last time is waited for (an event), which is long done unless
-// the host runs two steps ahead.
+// Each SetLayout fills the least recently used of a ring of pinned
+// staging buffers and queues one copy from it. Where the copy queued from
+// that buffer last time is still pending (the host runs ahead of the
+// device), a new buffer joins the ring, up to maxStaging; only then does
+// the host wait for that copy (an event). A step of several groups sets a
+// layout per group and layer: with two buffers the host waited for the
+// device at every layer, and the device for the host's next launches.
 type layoutState struct {
 	dev                    rocm.DevPtr
 	devSize                int64
 	rowCap, seqCap, tabCap int
-	host                   [2]*rocm.HostBuf
-	ev                     [2]rocm.Event
-	evUsed                 [2]bool
+	stage                  []layoutStage // the ring, least recently used at next
 	next                   int
 
 	// The host's copy of the current layout, for the ops' checks.
@@ -128,7 +132,21 @@ type layoutState struct {
 	seq      []int32
 	tabLen   []int32
 	maxBlock int32
+	tiles    []int32 // prefillTiles of the rows
+	runs     int     // runs of rows (one sequence, consecutive positions)
 }
+
+// layoutStage is one pinned staging buffer and the event of the copy last
+// queued from it.
+type layoutStage struct {
+	host *rocm.HostBuf
+	ev   rocm.Event
+	used bool // ev was recorded
+}
+
+// maxStaging bounds the staging ring: a step of two groups sets 2 layouts
+// a layer, so the host may run up to 16 layers ahead.
+const maxStaging = 32
 
 func (l *layoutState) posPtr() rocm.DevPtr { return l.dev }
 func (l *layoutState) seqPtr() rocm.DevPtr { return l.dev + rocm.DevPtr(4*l.rowCap) }
@@ -138,6 +156,10 @@ func (l *layoutState) toffPtr() rocm.DevPtr {
 }
 func (l *layoutState) tabsPtr() rocm.DevPtr {
 	return l.dev + rocm.DevPtr(4*(3*l.rowCap+l.seqCap))
+}
+func (l *layoutState) tilesOff() int { return 4 * (3*l.rowCap + l.seqCap + l.tabCap) }
+func (l *layoutState) tilesPtr() rocm.DevPtr {
+	return l.dev + rocm.DevPtr(l.tilesOff())
 }
 
 func pow2AtLeast(n, lo int) int {
@@ -192,20 +214,18 @@ func (b *Backend) setLayout(l *kernels.Layout, ids []int32) error {
 		return fmt.Errorf("gpu: set layout while capturing a decode step")
 	}
 	ls := &b.lay
+	ls.tiles, ls.runs = prefillTiles(ls.tiles[:0], l.Pos, l.Seq)
 	err := b.do(func(c *rocm.Ctx) error {
 		if n > ls.rowCap || len(l.Tables) > ls.seqCap || total > ls.tabCap {
 			if err := b.growLayout(c, n, len(l.Tables), total); err != nil {
 				return err
 			}
 		}
-		k := ls.next
-		ls.next ^= 1
-		if ls.evUsed[k] {
-			if err := c.SyncEvent(ls.ev[k]); err != nil {
-				return err
-			}
+		st, err := b.layoutStage(c)
+		if err != nil {
+			return err
 		}
-		buf := ls.host[k].Bytes()
+		buf := st.host.Bytes()
 		put := func(i int, v int32) {
 			buf[4*i], buf[4*i+1], buf[4*i+2], buf[4*i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 		}
@@ -225,13 +245,22 @@ func (b *Backend) setLayout(l *kernels.Layout, ids []int32) error {
 			o += len(tab)
 		}
 		used := 4 * (3*ls.rowCap + ls.seqCap + total)
-		if err := c.CopyHtoDAsync(ls.dev, ls.host[k].Ptr, used, b.stream); err != nil {
+		if err := c.CopyHtoDAsync(ls.dev, st.host.Ptr, used, b.stream); err != nil {
 			return fmt.Errorf("gpu: set layout: %w", err)
 		}
-		if err := c.Record(ls.ev[k], b.stream); err != nil {
+		if piecesLayout(n, ls.runs) {
+			to := ls.tilesOff()
+			for i, v := range ls.tiles {
+				put(to/4+i, v)
+			}
+			if err := c.CopyHtoDAsync(ls.tilesPtr(), st.host.Ptr+uintptr(to), 4*len(ls.tiles), b.stream); err != nil {
+				return fmt.Errorf("gpu: set layout: tiles: %w", err)
+			}
+		}
+		if err := c.Record(st.ev, b.stream); err != nil {
 			return fmt.Errorf("gpu: set layout: %w", err)
 		}
-		ls.evUsed[k] = true
+		st.used = true
 		return nil
 	})
 	if err != nil {
@@ -264,7 +293,7 @@ func (b *Backend) growLayout(c *rocm.Ctx, rows, seqs, tabs int) error {
 	if err := b.freeLayout(c); err != nil {
 		return err
 	}
-	size := 4 * (3*rowCap + seqCap + tabCap)
+	size := 4 * (3*rowCap + seqCap + tabCap + 4*rowCap)
 	fail := func(err error) error {
 		if ferr := b.freeLayout(c); ferr != nil {
 			slog.Error("gpu: free layout buffers", "err", ferr)
@@ -276,15 +305,55 @@ func (b *Backend) growLayout(c *rocm.Ctx, rows, seqs, tabs int) error {
 		return fail(err)
 	}
 	ls.dev, ls.devSize = p, int64(size)
-	for k := range ls.host {
-		if ls.host[k], err = c.HostAlloc(size); err != nil {
-			return fail(err)
-		}
-		if ls.ev[k], err = c.NewEvent(false); err != nil {
+	for range 2 {
+		if err := b.addLayoutStage(c, 0, size); err != nil {
 			return fail(err)
 		}
 	}
 	ls.rowCap, ls.seqCap, ls.tabCap = rowCap, seqCap, tabCap
+	return nil
+}
+
+// layoutStage returns the staging buffer the next layout fills: the least
+// recently used, once the copy queued from it is done; a new one where
+// that copy is still pending and the ring has room (the host is ahead).
+func (b *Backend) layoutStage(c *rocm.Ctx) (*layoutStage, error) {
+	ls := &b.lay
+	k := ls.next
+	if st := &ls.stage[k]; st.used {
+		done, err := c.Query(st.ev)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case done:
+		case len(ls.stage) < maxStaging:
+			if err := b.addLayoutStage(c, k, st.host.Size); err != nil {
+				return nil, err
+			}
+		default:
+			if err := c.SyncEvent(st.ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ls.next = (k + 1) % len(ls.stage)
+	return &ls.stage[k], nil
+}
+
+// addLayoutStage puts a new staging buffer of size bytes into the ring at
+// k (before the least recently used, which stays next after it).
+func (b *Backend) addLayoutStage(c *rocm.Ctx, k, size int) error {
+	h, err := c.HostAlloc(size)
+	if err != nil {
+		return err
+	}
+	ev, err := c.NewEvent(false)
+	if err != nil {
+		return errors.Join(err, c.FreeHost(h))
+	}
+	ls := &b.lay
+	ls.stage = slices.Insert(ls.stage, k, layoutStage{host: h, ev: ev})
 	return nil
 }
 
@@ -301,17 +370,15 @@ func (b *Backend) freeLayout(c *rocm.Ctx) error {
 		keep(c.Free(ls.dev, ls.devSize))
 		ls.dev, ls.devSize = 0, 0
 	}
-	for k := range ls.host {
-		if ls.host[k] != nil {
-			keep(c.FreeHost(ls.host[k]))
-			ls.host[k] = nil
+	for _, st := range ls.stage {
+		if st.host != nil {
+			keep(c.FreeHost(st.host))
 		}
-		if ls.ev[k] != 0 {
-			keep(c.DestroyEvent(ls.ev[k]))
-			ls.ev[k] = 0
+		if st.ev != 0 {
+			keep(c.DestroyEvent(st.ev))
 		}
-		ls.evUsed[k] = false
 	}
+	ls.stage, ls.next = nil, 0
 	ls.set = false
 	return first
 }
@@ -406,7 +473,8 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 		}
 		maxPos = max(maxPos, pos)
 	}
-	pfName, pfSeq, pfPos0, zs, prefill := b.prefillKernel(n, at, kp.esize)
+	pf, prefill := b.prefillKernel(n, at, kp.esize)
+	zs := pf.splits
 	fine := fineLayout(ls)
 	if b.step.batch {
 		prefill = false
@@ -457,10 +525,18 @@ func (b *Backend) PagedAttention(out, q, k, v kernels.Tensor, p *kernels.KVPool,
 				}
 				dst = pp
 			}
-			a.Ptr(dst).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
-				F32(at.Scale).I32(int32(p.BlockSize)).I32(pfPos0).I32(pfSeq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr()).
-				I32(int32(at.Window)).Ptr(sp)
-			l := planPrefill(pfName, at.Heads, n, zs)
+			var l kLaunch
+			if pf.tiles > 0 { // several pieces: a row of blocks per tile (prefillTiles)
+				a.Ptr(dst).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+					F32(at.Scale).I32(int32(p.BlockSize)).Ptr(ls.tilesPtr()).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr()).
+					I32(int32(at.Window)).Ptr(sp)
+				l = planPrefillTiles(pf.name, at.Heads, pf.tiles, zs)
+			} else {
+				a.Ptr(dst).Ptr(dptr(q)).Ptr(kc).Ptr(vc).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
+					F32(at.Scale).I32(int32(p.BlockSize)).I32(pf.pos0).I32(pf.seq).Ptr(ls.toffPtr()).Ptr(ls.tabsPtr()).
+					I32(int32(at.Window)).Ptr(sp)
+				l = planPrefill(pf.name, at.Heads, n, zs)
+			}
 			if err := b.launch(c, l.Kernel, l.Grid, l.Block, &a); err != nil || zs == 0 {
 				return err
 			}

@@ -624,3 +624,71 @@ func q8Round(x []float32) []float32 {
 	}
 	return out
 }
+
+// TestLayoutStagingRing sets many layouts while the device is still busy
+// with earlier work (a queue of large GEMMs), each followed by a RoPEAt
+// that reads it, as a step of several groups does at every layer: the
+// host runs ahead, the staging ring grows past its first two buffers
+// instead of waiting, and every RoPEAt still sees its own layout's
+// positions (the bits RoPE gives each row at its position).
+func TestLayoutStagingRing(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 21))
+	heads, hd, n := 4, 64, 8
+	r := kernels.Rope{Dim: hd, Base: 10000, Scale: 1}
+	// the busy work: GEMMs of 4096 × 512 × 4096 f16 operands
+	const m, gn, k = 4096, 512, 4096
+	w, x, c := upload(t, b, make([]float32, m*k/2)), upload(t, b, make([]float32, gn*k/2)), upload(t, b, make([]float32, m*gn))
+	defer func() { b.Free(w); b.Free(x); b.Free(c) }()
+	// the rows and their positions, uploaded before the device is busy
+	const layouts = 24
+	var xs [][]float32
+	var pos [][]int32
+	var outs []kernels.Tensor
+	for range layouts {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(rng.IntN(100000))
+		}
+		v := randVec(rng, n*heads*hd, 1)
+		xt := upload(t, b, v)
+		defer b.Free(xt)
+		xs, pos, outs = append(xs, v), append(pos, p), append(outs, xt)
+	}
+	if err := b.SetLayout(&kernels.Layout{Pos: make([]int32, n), Seq: make([]int32, n), Tables: [][]int32{{0}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 200 {
+		if err := b.GEMMF16(rocm.DevPtr(c.Dev), rocm.DevPtr(w.Dev), rocm.DevPtr(x.Dev), m, gn, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l := range layouts {
+		if err := b.SetLayout(&kernels.Layout{Pos: pos[l], Seq: make([]int32, n), Tables: [][]int32{{0}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.RoPEAt(outs[l], n, heads, hd, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.mu.Lock()
+	ring := len(b.lay.stage)
+	b.mu.Unlock()
+	if ring <= 2 {
+		t.Errorf("the staging ring holds %d buffers after %d layouts set ahead of the device: it did not grow", ring, layouts)
+	}
+	for l := range layouts {
+		got := download(t, b, outs[l])
+		for i, p := range pos[l] {
+			xi := upload(t, b, xs[l][i*heads*hd:(i+1)*heads*hd])
+			if err := b.RoPE(xi, 1, heads, hd, int(p), r); err != nil {
+				t.Fatal(err)
+			}
+			if j := sameBits(got[i*heads*hd:(i+1)*heads*hd], download(t, b, xi)); j >= 0 {
+				t.Fatalf("layout %d of %d: row %d at %d differs from RoPE at element %d", l, layouts, i, p, j)
+			}
+			b.Free(xi)
+		}
+	}
+	t.Logf("%d layouts set ahead of the device: a ring of %d staging buffers", layouts, ring)
+}

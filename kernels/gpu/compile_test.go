@@ -53,7 +53,7 @@ func kernelNames(t *testing.T, module, src string) []string {
 		names = append(names, "attn_paged_fine_f16", "attn_paged_fine_f32")
 	case "prefill.cu":
 		for _, d := range []string{"64", "128"} {
-			names = append(names, "attn_prefill_f16_d"+d, "attn_prefill_v1_f16_d"+d, "attn_prefill_plain_f16_d"+d)
+			names = append(names, "attn_prefill_f16_d"+d, "attn_prefill_v1_f16_d"+d, "attn_prefill_plain_f16_d"+d, "attn_prefill_pieces_f16_d"+d)
 		}
 	case "archops.cu":
 		names = append(names, "attn_ext_f16", "attn_ext_f32")

@@ -591,6 +591,12 @@ func (b *Backend) scratchBuf(c *rocm.Ctx, key string, n int64) (rocm.DevPtr, err
 		}
 		delete(b.scratch, key)
 	}
+	if ok {
+		// a buffer that grows (a prompt piece's parts, with its rows and
+		// its prefix) grows by a quarter at least: a growth waits for the
+		// stream, frees and allocates
+		n = max(n, d.size+d.size/4)
+	}
 	n = (n + 1<<20 - 1) &^ (1<<20 - 1)
 	p, err := c.Malloc(n)
 	if err != nil {

@@ -350,7 +350,13 @@ func dequantItems(t gguf.Type, rows, cols, kpad int) (deq16, deq32 int) {
 // planPrefill is the paged prefill attention of a prompt piece of n rows
 // (prefill.cu): a block of 128 threads per head and prefillRows rows.
 func planPrefill(kernel string, heads, n, splits int) kLaunch {
-	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(ceilDiv(n, prefillRows)), Z: uint32(max(splits, 1))}, rocm.D1(128)}
+	return planPrefillTiles(kernel, heads, ceilDiv(n, prefillRows), splits)
+}
+
+// planPrefillTiles is attn_prefill_pieces_* (prefill.cu): a block of 128
+// threads per (head, tile, split).
+func planPrefillTiles(kernel string, heads, tiles, splits int) kLaunch {
+	return kLaunch{kernel, rocm.Dim3{X: uint32(heads), Y: uint32(tiles), Z: uint32(max(splits, 1))}, rocm.D1(128)}
 }
 
 // planAttnExt is attention with a sliding window and/or a score soft-cap

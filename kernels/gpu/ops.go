@@ -14,14 +14,19 @@ import (
 // dequantize-to-f16 + GEMM (F32 weights excepted); 2 to MaxBatchRows rows
 // through the multi-row matvec kernels (matvecRows).
 //
-// vendorMinN is the smallest n whose GEMM goes to cuBLAS (where found);
-// smaller ones run gemm.cu. At tens of rows the dequantization to f16
-// dominates either way, and a short first prompt then never waits for
-// cuBLAS, which opens in the background (openVendor). The choice depends
-// on n alone, so a prompt gives the same logits however fast cuBLAS came.
+// vendorMinN is the smallest n whose GEMM goes to cuBLAS (where found):
+// the first row count past the mmq kernels' range (kernels.MaxBatchRows).
+// Smaller ones (the weights without mmq kernels) run gemm.cu; at tens of
+// rows the dequantization to f16 dominates either way, and a short first
+// prompt then never waits for cuBLAS, which opens in the background
+// (openVendor). From 65 rows on gemm.cu fell behind: 4 × 120-row pieces
+// of the 8B shape spent 143 µs a product in gemm_f16 against ~30 µs in
+// cuBLAS at 150 rows on the H200 (bench/results/2026-11-26-pieces-h100.md;
+// it was 128). The choice depends on n alone, so a prompt gives the same
+// logits however fast cuBLAS came.
 const (
 	mvMaxN     = 8
-	vendorMinN = 128
+	vendorMinN = kernels.MaxBatchRows + 1
 )
 
 func dptr(t kernels.Tensor) rocm.DevPtr { return rocm.DevPtr(t.Dev) }

@@ -218,3 +218,122 @@ func TestPrefillPieceInvariant(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefillPiecesMatchAlone: a merged step's layout (the prompt pieces
+// of several sequences, one deep past the first split, the last rows of
+// some moved to the end as planGroups puts them) goes through the pieces
+// kernel, and every row gets the bits its piece gets alone (which
+// TestPrefillMatchesCPU checks against the CPU).
+func TestPrefillPiecesMatchAlone(t *testing.T) {
+	b := gpuBackend(t, false)
+	rng := rand.New(rand.NewPCG(9, 33))
+	for _, a := range []kernels.Attn{
+		{Heads: 8, KVHeads: 2, HeadDim: 128},
+		{Heads: 8, KVHeads: 2, HeadDim: 64, Window: 128, Sinks: randomSinks(rng, 8)},
+	} {
+		a.Scale = float32(1 / math.Sqrt(float64(a.HeadDim)))
+		kvDim, qDim := a.KVHeads*a.HeadDim, a.Heads*a.HeadDim
+		seqs := []piecesSeq{{2000, 330, true}, {0, 45, true}, {950, 150, false}, {300, 2, true}, {64, 64, true}}
+		const bs = 16
+		var tables [][]int32
+		next := 0
+		for _, s := range seqs {
+			var tab []int32
+			for range ceilDiv(s.pos0+s.n, bs) {
+				tab = append(tab, int32(next))
+				next++
+			}
+			rng.Shuffle(len(tab), func(i, j int) { tab[i], tab[j] = tab[j], tab[i] })
+			tables = append(tables, tab)
+		}
+		pool, err := b.NewKVPool(1, next, bs, kvDim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// attend runs the layout's rows, q, k, v [rows][…], and returns out.
+		attend := func(pos, seq []int32, q, k, v []float32) []float32 {
+			n := len(pos)
+			if err := b.SetLayout(&kernels.Layout{Pos: pos, Seq: seq, Tables: tables}); err != nil {
+				t.Fatal(err)
+			}
+			out, qt, kt, vt := upload(t, b, nanVec(n*qDim)), upload(t, b, q), upload(t, b, k), upload(t, b, v)
+			defer func() {
+				for _, x := range []kernels.Tensor{out, qt, kt, vt} {
+					b.Free(x)
+				}
+			}()
+			if err := b.PagedAttention(out, qt, kt, vt, pool, 0, n, a); err != nil {
+				t.Fatal(err)
+			}
+			return download(t, b, out)
+		}
+		rows := func(si, lo, hi int) (pos, seq []int32) {
+			for p := lo; p < hi; p++ {
+				pos, seq = append(pos, int32(p)), append(seq, int32(si))
+			}
+			return pos, seq
+		}
+		// each sequence's prefix, then each piece alone
+		var qs, ks, vs [][]float32
+		alone := make([][]float32, len(seqs))
+		for si, s := range seqs {
+			tot := s.pos0 + s.n
+			qs = append(qs, randVec(rng, tot*qDim, 1))
+			ks = append(ks, randVec(rng, tot*kvDim, 1))
+			vs = append(vs, randVec(rng, tot*kvDim, 1))
+			if s.pos0 > 0 {
+				pos, seq := rows(si, 0, s.pos0)
+				attend(pos, seq, qs[si][:s.pos0*qDim], ks[si][:s.pos0*kvDim], vs[si][:s.pos0*kvDim])
+			}
+		}
+		defer func(m int) { prefillMode = m }(prefillMode)
+		for _, mode := range []int{prefillAuto, prefillWhole} {
+			prefillMode = mode
+			for si, s := range seqs {
+				pos, seq := rows(si, s.pos0, s.pos0+s.n)
+				alone[si] = attend(pos, seq, qs[si][s.pos0*qDim:], ks[si][s.pos0*kvDim:], vs[si][s.pos0*kvDim:])
+			}
+			var pos, seq []int32
+			var q, k, v []float32
+			add := func(si, lo, hi int) {
+				p, sq := rows(si, lo, hi)
+				pos, seq = append(pos, p...), append(seq, sq...)
+				q = append(q, qs[si][lo*qDim:hi*qDim]...)
+				k = append(k, ks[si][lo*kvDim:hi*kvDim]...)
+				v = append(v, vs[si][lo*kvDim:hi*kvDim]...)
+			}
+			for si, s := range seqs {
+				end := s.pos0 + s.n
+				if s.moved {
+					end--
+				}
+				add(si, s.pos0, end)
+			}
+			for si, s := range seqs {
+				if s.moved {
+					add(si, s.pos0+s.n-1, s.pos0+s.n)
+				}
+			}
+			got := attend(pos, seq, q, k, v)
+			b.mu.Lock()
+			pl, ok := b.prefillKernel(len(pos), a, 2)
+			b.mu.Unlock()
+			if !ok || pl.tiles == 0 {
+				t.Fatalf("mode %d: the merged layout took %q (tiles %d, ok %v), not the pieces kernel", mode, pl.name, pl.tiles, ok)
+			}
+			for r := range pos {
+				si, p := int(seq[r]), int(pos[r])
+				want := alone[si][(p-seqs[si].pos0)*qDim:][:qDim]
+				for j, x := range want {
+					if math.Float32bits(x) != math.Float32bits(got[r*qDim+j]) {
+						t.Fatalf("mode %d, D %d, %s: row %d (sequence %d, position %d) element %d is %g, its piece alone %g",
+							mode, a.HeadDim, pl.name, r, si, p, j, got[r*qDim+j], x)
+					}
+				}
+			}
+			t.Logf("mode %d, D %d: %d rows of %d pieces through %s (%d tiles, %d splits): the bits of each piece alone",
+				mode, a.HeadDim, len(pos), len(seqs), pl.name, pl.tiles, pl.splits)
+		}
+		b.FreeKVPool(pool)
+	}
+}

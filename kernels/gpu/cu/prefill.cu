@@ -169,11 +169,12 @@ DEV void pp_wait_prev() { emu_cp_wait(1); }
 // g+8 and columns 2t, 2t+1 of every 8-column tile.
 template <int D>
 DEV void prefill_mma(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                     float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
+                     float scale, int bs, int pos0, const i32* tab, int window, const float* sinks,
+                     int t0) {
   constexpr int KS = D + 8;
   __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
   __shared__ __attribute__((aligned(16))) u16 vt[D * PF_VS];
-  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int h = blockIdx.x;
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
   int L = pos0 + last + 1;              // positions the tile reads
@@ -362,13 +363,14 @@ DEV void pp_issue(pp_sa ks, pp_sa vs, const u16* kc, const u16* vc, const i32* t
 // zeros in the merge.
 template <int D, bool SPLIT>
 DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                      float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
+                      float scale, int bs, int pos0, const i32* tab, int window, const float* sinks,
+                      int t0) {
   constexpr int CP = PP_CH / (128 / (D / 8));
   constexpr int STAGE = PP_CH * D;
   __shared__ __attribute__((aligned(16))) u16 ks[PP_STAGES * STAGE];
   __shared__ __attribute__((aligned(16))) u16 vs[PP_STAGES * STAGE];
   pp_sa ksa = pp_sa_of(ks), vsa = pp_sa_of(vs);
-  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int h = blockIdx.x;
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;  // the tile's last row
   int L = pos0 + last + 1;              // positions the tile reads
@@ -555,12 +557,13 @@ DEV void prefill_pipe(float* out, const float* q, const u16* kc, const u16* vc, 
 // correct everywhere, not fast).
 template <int D>
 DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc, int n, int heads, int kvHeads,
-                       float scale, int bs, int pos0, const i32* tab, int window, const float* sinks) {
+                       float scale, int bs, int pos0, const i32* tab, int window, const float* sinks,
+                       int t0) {
   constexpr int KS = D + 8;
   constexpr int H = D / 2;
   __shared__ __attribute__((aligned(16))) u16 ks[PF_CH * KS];
   __shared__ __attribute__((aligned(16))) u16 vt[D * PF_VS];
-  int h = blockIdx.x, t0 = blockIdx.y * PF_ROWS;
+  int h = blockIdx.x;
   int kvDim = kvHeads * D, kvh = h / (heads / kvHeads);
   int last = min(n, t0 + PF_ROWS) - 1;
   int L = pos0 + last + 1;
@@ -625,7 +628,7 @@ DEV void prefill_plain(float* out, const float* q, const u16* kc, const u16* vc,
 #define PREFILL_PARAMS                                                                                         \
   float *out, const float *q, const u16 *kc, const u16 *vc, int n, int heads, int kvHeads, float scale, int bs, \
       int pos0, int s, const i32 *toff, const i32 *tabs, int window, const float *sinks
-#define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s], window, sinks
+#define PREFILL_ARGS out, q, kc, vc, n, heads, kvHeads, scale, bs, pos0, tabs + toff[s], window, sinks, (int)blockIdx.y * PF_ROWS
 
 #define PREFILL_KERNELS(DD)                                                                                        \
   KERNEL void __launch_bounds__(128) attn_prefill_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); PREFILL_BODY(DD)(PREFILL_ARGS); }     \
@@ -643,6 +646,48 @@ PREFILL_SPLIT_KERNEL(64)
 PREFILL_SPLIT_KERNEL(128)
 #endif
 
+// Several pieces in one launch (a merged group of a batched step: the
+// prompt pieces of several sequences, each perhaps deep into its
+// context). Block row y of the grid takes tile tiles[4y … 4y+3] = (its
+// first row in q and out, its rows (1 … 64), the position of its first row,
+// its sequence): prefill.go cuts each piece into tiles of 64 rows from its
+// first row, as the one-piece kernels do, so a row's tile and its result
+// are the same as if its piece were launched alone. (A piece whose last
+// row the model moved to the end of the group is one more piece of a row.)
+//   grid (heads, tiles, splits), block 128
+#define PIECES_PARAMS                                                                                        \
+  float *out, const float *q, const u16 *kc, const u16 *vc, int heads, int kvHeads, float scale, int bs, \
+      const i32 *tiles, const i32 *toff, const i32 *tabs, int window, const float *sinks
+// the tile's rows of out, whose rows hold W floats a head
+#define PIECES_ARGS(W)                                                                                                   \
+  out + (size_t)tiles[4 * blockIdx.y] * heads * (W), q + (size_t)tiles[4 * blockIdx.y] * heads * D, kc, vc,          \
+      tiles[4 * blockIdx.y + 1], heads, kvHeads, scale, bs, tiles[4 * blockIdx.y + 2], tabs + toff[tiles[4 * blockIdx.y + 3]], \
+      window, sinks, 0
+#define PIECES_PASS out, q, kc, vc, heads, kvHeads, scale, bs, tiles, toff, tabs, window, sinks
+
+template <int D>
+DEV void prefill_pieces(PIECES_PARAMS) {
+  PREFILL_BODY(D)(PIECES_ARGS(D));
+}
+#define PIECES_KERNELS(DD) \
+  KERNEL void __launch_bounds__(128) attn_prefill_pieces_f16_d##DD(PIECES_PARAMS) { GRID_DEPEND(); prefill_pieces<DD>(PIECES_PASS); }
+PIECES_KERNELS(64)
+PIECES_KERNELS(128)
+
+#if defined(PREFILL_TENSOR)
+// the split form's part rows hold gridDim.z · (D+2) floats a head
+template <int D>
+DEV void prefill_pieces_split(PIECES_PARAMS) {
+  prefill_pipe<D, true>(PIECES_ARGS(gridDim.z * (D + 2)));
+}
+#endif
+#if defined(PREFILL_MMA)
+#define PIECES_SPLIT_KERNEL(DD) \
+  KERNEL void __launch_bounds__(128) attn_prefill_pieces_split_f16_d##DD(PIECES_PARAMS) { GRID_DEPEND(); prefill_pieces_split<DD>(PIECES_PASS); }
+PIECES_SPLIT_KERNEL(64)
+PIECES_SPLIT_KERNEL(128)
+#endif
+
 #if defined(FORGE_EMU_TENSOR)
 // The emulator's own: prefill_pipe on its mma.sync, ldmatrix and cp.async,
 // and prefill_mma (the path the H100 has run) on its mma.sync, a check of
@@ -653,4 +698,13 @@ PREFILL_SPLIT_KERNEL(128)
   KERNEL void attn_prefill_emuv1_f16_d##DD(PREFILL_PARAMS) { GRID_DEPEND(); prefill_mma<DD>(PREFILL_ARGS); }
 PREFILL_EMU_KERNEL(64)
 PREFILL_EMU_KERNEL(128)
+template <int D>
+DEV void prefill_emupieces(PIECES_PARAMS) {
+  prefill_pipe<D, false>(PIECES_ARGS(D));
+}
+#define PIECES_EMU_KERNEL(DD)                                                                                                        \
+  KERNEL void attn_prefill_emupieces_f16_d##DD(PIECES_PARAMS) { GRID_DEPEND(); prefill_emupieces<DD>(PIECES_PASS); } \
+  KERNEL void attn_prefill_emupiecessplit_f16_d##DD(PIECES_PARAMS) { GRID_DEPEND(); prefill_pieces_split<DD>(PIECES_PASS); }
+PIECES_EMU_KERNEL(64)
+PIECES_EMU_KERNEL(128)
 #endif
