@@ -88,7 +88,7 @@ for phase in "$@"; do
     echo "rc=$?" >>"$o/sweep.txt" ;;
   turns) # batching on: a GPU server without --batch-seqs runs one sequence at a time, with no prefix cache
     llama_up 4 4096 && {
-      $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=16 --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 \
+      $F bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=16 --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 --requests-per-client ${TURN_CONVS:-4} \
         --peer-url llama=http://127.0.0.1:8090 --peer-api llama >"$o/turns.txt" 2>&1
       echo "rc=$?" >>"$o/turns.txt"
       llama_down

@@ -8,11 +8,17 @@ import (
 	"time"
 
 	"github.com/forge-llm/forge/kernels"
+	"github.com/forge-llm/forge/kernels/cpu"
 	"github.com/forge-llm/forge/pipeline/batch"
 	"github.com/forge-llm/forge/pipeline/model"
 	"github.com/forge-llm/forge/pipeline/sample"
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
+
+// stepPieces is how many prompt chunks one batched step may hold on a GPU
+// (batch.Config.StepRows): 4 × 512 tokens, as llama-server's default batch
+// of 2048 tokens.
+const stepPieces = 4
 
 // Batching configures continuous batching (package batch): with On, a
 // model's requests run together in one step loop over a paged KV pool
@@ -145,7 +151,15 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 	}
 	chunk = min(chunk, ctxLen)
 	seqs, blocks, bs := m.opts.Batching.poolShape(ctxLen)
-	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem.acct}, m.cfg, w, model.BatchOptions{MaxRows: chunk + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
+	// On a GPU the pieces of prompts that arrive together share a step up
+	// to stepPieces chunks (merged: one pass over the weights); a CPU,
+	// whose step of a chunk already takes a fraction of a second, and a
+	// deterministic server (whose pieces never merge) keep one chunk.
+	stepRows := chunk
+	if _, onCPU := kernels.As[*cpu.Backend](be); !m.opts.Batching.Deterministic && !onCPU {
+		stepRows = stepPieces * chunk
+	}
+	mdl, err := model.NewBatched(accounted{Backend: be, mem: m.mem.acct}, m.cfg, w, model.BatchOptions{MaxRows: stepRows + seqs, MaxSeqs: seqs, MergePrompts: !m.opts.Batching.Deterministic, NoGraph: m.opts.NoGraph})
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +172,7 @@ func (m *Model) scheduler(ctx context.Context) (*batch.Scheduler, error) {
 		mdl.Close()
 		return nil, err
 	}
-	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic, ReplayPreempted: m.opts.Batching.Deterministic})
+	s, err := batch.New(batch.Config{Model: mdl, Backend: handoffBatcher{Backend: be, Batcher: bt, m: m}, ModelID: m.path, Blocks: blocks, BlockSize: bs, MaxSeqs: seqs, Chunk: chunk, StepRows: stepRows, Ctx: ctxLen, NoPrefixCache: m.opts.Batching.Deterministic, ReplayPreempted: m.opts.Batching.Deterministic})
 	if err != nil {
 		m.mem.acct.Free(n)
 		mdl.Close()

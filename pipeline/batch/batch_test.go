@@ -588,3 +588,81 @@ func TestReplayPreempted(t *testing.T) {
 		})
 	}
 }
+
+// TestStepRows: prompts submitted together share steps up to the step's
+// prompt-token budget (StepRows), each piece still at most Chunk tokens;
+// a piece that does not fit what is left waits for the next step. With
+// the budget at one chunk (the default) every step holds one piece. The
+// tokens equal the single-sequence path's either way (the CPU).
+func TestStepRows(t *testing.T) {
+	fx := open(t, "stories260K-Q4_0.gguf")
+	rng := rand.New(rand.NewPCG(11, 12))
+	const chunk, maxTokens = 16, 4
+	var prompts, want [][]int32
+	for i := range 5 {
+		p := randPrompt(rng, 20+3*i, fx.cfg.Vocab)
+		prompts = append(prompts, p)
+		want = append(want, fx.alone(t, p, sample.Params{}, maxTokens, chunk, 128))
+	}
+	for _, stepRows := range []int{0, 48} {
+		t.Run(fmt.Sprintf("steprows=%d", stepRows), func(t *testing.T) {
+			gate := make(chan struct{})
+			fx := *fx
+			fx.w = gatedWeights{Weights: fx.w, gate: gate}
+			s := fx.scheduler(t, Config{Blocks: 64, BlockSize: 4, Chunk: chunk, StepRows: stepRows, NoPrefixCache: true})
+			var steps [][]int // each step's prompt piece lengths (the loop goroutine's, read after the streams end)
+			s.onStep = func(rs []model.SeqRows) {
+				var pieces []int
+				for _, r := range rs {
+					if len(r.Tokens) > 1 {
+						pieces = append(pieces, len(r.Tokens))
+					}
+				}
+				steps = append(steps, pieces)
+			}
+			var streams []*Stream
+			for _, p := range prompts {
+				st, err := s.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTokens, Sampler: sample.New(sample.Params{}, fx.cfg.Vocab)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams = append(streams, st)
+			}
+			close(gate)
+			for i, st := range streams {
+				for {
+					if _, ok := st.Next(context.Background()); !ok {
+						break
+					}
+				}
+				res, err := st.Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(res.Tokens, want[i]) {
+					t.Errorf("request %d: %v, alone %v", i, res.Tokens, want[i])
+				}
+			}
+			budget := max(stepRows, chunk)
+			most := 0
+			for i, pieces := range steps {
+				sum := 0
+				for _, n := range pieces {
+					if n > chunk {
+						t.Fatalf("step %d: a piece of %d tokens, chunk %d", i, n, chunk)
+					}
+					sum += n
+				}
+				if sum > budget {
+					t.Fatalf("step %d: pieces %v, %d tokens over the budget of %d", i, pieces, sum, budget)
+				}
+				most = max(most, len(pieces))
+			}
+			// one piece a step with a budget of one chunk; several (at least
+			// budget/chunk whole chunks) with more
+			if (stepRows == 0 && most != 1) || (stepRows > 0 && most < budget/chunk) {
+				t.Errorf("at most %d pieces shared a step (budget %d, chunk %d): %v", most, budget, chunk, steps)
+			}
+		})
+	}
+}

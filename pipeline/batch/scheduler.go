@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,9 +39,16 @@ type Config struct {
 	// MaxSeqs); the others wait in the queue.
 	MaxSeqs int
 	// Chunk is the prompt piece evaluated in one call (0: model.DefaultBatch,
-	// the single-sequence path's batch, so both cut a prompt alike); it is
-	// also the prompt-token budget of a step.
+	// the single-sequence path's batch, so both cut a prompt alike).
 	Chunk int
+	// StepRows is the prompt-token budget of a step (0, or less than
+	// Chunk: Chunk): the pieces of several sequences share a step up to
+	// it, each at most Chunk tokens, so that prompts arriving together
+	// (several conversations' next turns) are computed in one pass over
+	// the weights where the model merges them (model.BatchOptions
+	// .MergePrompts) rather than one step each. A larger budget holds the
+	// running sequences' next tokens longer while it is spent.
+	StepRows int
 	// Ctx is the most positions one sequence holds (0: the model's context,
 	// at most model.DefaultMaxCtx).
 	Ctx int
@@ -144,8 +152,9 @@ func New(cfg Config) (*Scheduler, error) {
 	if cfg.Chunk <= 0 {
 		cfg.Chunk = model.DefaultBatch
 	}
-	if cfg.Chunk+cfg.MaxSeqs > cfg.Model.MaxRows() {
-		return nil, fmt.Errorf("batch: a step of a %d-token prompt piece and %d sequences exceeds the model's %d rows", cfg.Chunk, cfg.MaxSeqs, cfg.Model.MaxRows())
+	cfg.StepRows = max(cfg.StepRows, cfg.Chunk)
+	if cfg.StepRows+cfg.MaxSeqs > cfg.Model.MaxRows() {
+		return nil, fmt.Errorf("batch: a step of %d prompt tokens and %d sequences exceeds the model's %d rows", cfg.StepRows, cfg.MaxSeqs, cfg.Model.MaxRows())
 	}
 	if cfg.Ctx <= 0 {
 		cfg.Ctx = cfg.Model.Cfg.Ctx
@@ -587,7 +596,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	bs := s.cfg.BlockSize
 	var rows []model.SeqRows
 	var who []*seq
-	budget := s.cfg.Chunk
+	budget := s.cfg.StepRows
 	// plan is the running set in admission order; when a sequence needs a
 	// block and none is left, the latest admitted give theirs back
 	// (preempted, from the end of plan) until it gets one.
@@ -612,7 +621,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 				end = min(end, q.prompt) // the prompt's last piece, as before preemption
 			}
 			n = end - q.done
-			if n > budget && budget < s.cfg.Chunk {
+			if n > budget { // (never the step's first piece: n ≤ Chunk ≤ StepRows)
 				alive = append(alive, q) // next step
 				continue
 			}
@@ -803,12 +812,15 @@ func (s *Scheduler) register(q *seq) {
 // and where it starts: a turn after a cached history is one piece far
 // from 0) and its wall time, logits read back included.
 func logStep(rows []model.SeqRows, took time.Duration) {
-	n, long, at := 0, 0, 0
+	n, decode := 0, 0
+	var pieces []string // each prompt piece as tokens@position
 	for _, r := range rows {
 		n += len(r.Tokens)
-		if len(r.Tokens) > long {
-			long, at = len(r.Tokens), r.Pos0
+		if len(r.Tokens) == 1 {
+			decode++
+			continue
 		}
+		pieces = append(pieces, fmt.Sprintf("%d@%d", len(r.Tokens), r.Pos0))
 	}
-	slog.Debug("batch: step", "seqs", len(rows), "rows", n, "longest piece", long, "at", at, "took", took)
+	slog.Debug("batch: step", "seqs", len(rows), "rows", n, "decode rows", decode, "pieces", strings.Join(pieces, " "), "took", took)
 }

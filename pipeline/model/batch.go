@@ -47,10 +47,12 @@ type BatchOptions struct {
 	MaxRows int
 	// MaxSeqs is the most sequences one step holds; 0: kernels.MaxBatchRows.
 	MaxSeqs int
-	// MergePrompts runs the prompt pieces of several sequences that start
-	// near the beginning of their context (see mergeMaxPos) as one group,
-	// so each weight is read once for all of them rather than once per
-	// piece: 16 short prompts arriving together cost one pass, not 16.
+	// MergePrompts runs the prompt pieces of several sequences as one
+	// group, so each weight is read once for all of them rather than once
+	// per piece: 16 short prompts arriving together cost one pass, not 16,
+	// and so do the next turns of several long conversations (a backend's
+	// attention reads each piece's prefix once for the piece's rows, as
+	// for a piece alone: the GPU's pieces kernel, prefill.cu).
 	// A row's numbers may then depend on the other pieces of its step (a
 	// GPU's prompt product changes with the row count), so a
 	// deterministic server leaves it off.
@@ -61,13 +63,6 @@ type BatchOptions struct {
 	// forge run/serve --no-graph).
 	NoGraph bool
 }
-
-// mergeMaxPos is the furthest start position of a prompt piece that
-// MergePrompts merges: a piece deep into its context (the next turn of a
-// long conversation) stays alone, where the backend's attention can read
-// the prefix once for all of the piece's rows (a merged group's rows each
-// read their own sequence's prefix).
-const mergeMaxPos = 256
 
 // batchState is what a batched model keeps between steps.
 type batchState struct {
@@ -389,7 +384,7 @@ func (m *Model) planGroups(pool *kernels.KVPool, seqs []SeqRows) error {
 	var merged []int
 	if st.merge {
 		for i, s := range seqs {
-			if len(s.Tokens) > 1 && s.Pos0 < mergeMaxPos {
+			if len(s.Tokens) > 1 {
 				merged = append(merged, i)
 			}
 		}

@@ -16,8 +16,12 @@ import (
 // position 0 (the turn's text alone) and at position 2000 (after a cached
 // history), the median wall time of one StepBatch (the
 // last row's logits read back) over 8 steps, and a kernel profile of one
-// step of each. A measurement, not a check: it asserts only that the
-// steps run.
+// step of each. Then several conversations' turns in one step, as a
+// server that merges prompt pieces runs them (MergePrompts; the pieces
+// kernel for their attention): four turns of 120 tokens after the same
+// 2000-token history (shared blocks), against four texts of 120 tokens at
+// position 0 in one step, and against the four turns as separate groups.
+// A measurement, not a check: it asserts only that the steps run.
 func TestGPUTurnStepBench(t *testing.T) {
 	be, cfg, fw := bigDenseModel(t, "measure a turn's prompt step on the GPU")
 	const bs, history, n, piece = 16, 2000, 330, 500
@@ -27,7 +31,9 @@ func TestGPUTurnStepBench(t *testing.T) {
 	}
 	defer m.Close()
 	perSeq := (history + n + bs - 1) / bs
-	pool, err := be.NewKVPool(cfg.Layers, 2*perSeq, bs, cfg.KVDim())
+	const k, kn = 4, 120 // the merged turns: k pieces of kn tokens
+	kb := (kn + bs - 1) / bs
+	pool, err := be.NewKVPool(cfg.Layers, 2*perSeq+2*k*kb, bs, cfg.KVDim())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +59,27 @@ func TestGPUTurnStepBench(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	median := func(step func()) time.Duration {
+		var times []time.Duration
+		for i := range 10 {
+			start := time.Now()
+			step()
+			if i >= 2 {
+				times = append(times, time.Since(start))
+			}
+		}
+		sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+		return times[len(times)/2].Round(time.Microsecond)
+	}
+	profile := func(what string, step func()) {
+		be.StartProfile()
+		step()
+		prof, err := be.StopProfile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		logProfile(t, what, prof)
+	}
 	for _, n := range []int{60, 150, n} {
 		turn := tokens(n)
 		for _, c := range []struct {
@@ -65,23 +92,40 @@ func TestGPUTurnStepBench(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var times []time.Duration
-			for i := range 10 {
-				start := time.Now()
-				step()
-				if i >= 2 {
-					times = append(times, time.Since(start))
-				}
+			t.Logf("GPU-TURN %d tokens at position %d (%s): step %v (median of 8)", n, c.pos0, c.what, median(step))
+			profile(fmt.Sprintf("turn step of %d tokens %s", n, c.what), step)
+		}
+	}
+	mm, err := NewBatched(be, cfg, fw, BatchOptions{MaxRows: DefaultBatch + 16, MaxSeqs: 16, MergePrompts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	var deep, fresh []SeqRows
+	for j := range k {
+		own := func(first int) []int32 {
+			var b []int32
+			for i := range kb {
+				b = append(b, int32(first+i))
 			}
-			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-			t.Logf("GPU-TURN %d tokens at position %d (%s): step %v (median of %d)", n, c.pos0, c.what, times[len(times)/2].Round(time.Microsecond), len(times))
-			be.StartProfile()
-			step()
-			prof, err := be.StopProfile()
-			if err != nil {
+			return b
+		}
+		toks := tokens(kn)
+		// (2000 is a whole number of blocks: the turns share the history's)
+		deep = append(deep, SeqRows{Tokens: toks, Pos0: history, Table: append(append([]int32(nil), tables[0][:history/bs]...), own(2*perSeq+j*kb)...), Logits: true})
+		fresh = append(fresh, SeqRows{Tokens: toks, Table: own(2*perSeq + (k+j)*kb), Logits: true})
+	}
+	for _, c := range []struct {
+		what string
+		m    *Model
+		rows []SeqRows
+	}{{"at position 0, merged", mm, fresh}, {"after the history, merged", mm, deep}, {"after the history, separate groups", m, deep}} {
+		step := func() {
+			if _, err := c.m.StepBatch(ctx, pool, c.rows); err != nil {
 				t.Fatal(err)
 			}
-			logProfile(t, fmt.Sprintf("turn step of %d tokens %s", n, c.what), prof)
 		}
+		t.Logf("GPU-TURNS %d × %d tokens %s: step %v (median of 8)", k, kn, c.what, median(step))
+		profile(fmt.Sprintf("%d turns of %d tokens %s", k, kn, c.what), step)
 	}
 }
