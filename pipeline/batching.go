@@ -252,7 +252,7 @@ func (m *Model) generateBatched(ctx context.Context, ids []int32, o GenerateOpti
 		}
 		return o.OnToken(tk)
 	})
-	out := Result{ID: id, PromptTokens: len(ids), Tokens: res.Tokens, Stop: res.Stop}
+	out := Result{ID: id, PromptTokens: len(ids), CachedTokens: res.CachedTokens, Tokens: res.Tokens, Stop: res.Stop}
 	if tok != nil {
 		out.Text = tok.Decode(res.Tokens)
 	}

@@ -73,6 +73,10 @@ type Model struct {
 
 	cvocab constrainVocab // the vocabulary of constrained requests
 
+	// conts are the latest batched requests' prompts and replies, whose
+	// ids a prompt that continues one keeps (continuation.go).
+	conts continuations
+
 	closeOnce sync.Once
 	closeErr  error
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/forge-llm/forge/actors"
@@ -66,6 +67,9 @@ type Token struct {
 type Result struct {
 	ID           uint64 // request id in the events
 	PromptTokens int
+	// CachedTokens is how many of the prompt's tokens came from the
+	// prefix cache (batching only) rather than being computed.
+	CachedTokens int
 	Tokens       []int32
 	Text         string
 	Stop         string // "eog", "max_tokens" or "context_full"
@@ -91,13 +95,25 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		return Result{}, err
 	}
 	ids := o.PromptIDs
+	// A batching model keeps the ids of the requests a prompt continues
+	// (continuation.go), except a deterministic one, and for a vocabulary
+	// that ends every prompt with EOS.
+	conts := m.opts.Batching.On && !m.opts.Batching.Deterministic && ids == nil && !tok.ShouldAddEOS()
 	if ids == nil {
 		t0 := time.Now()
-		ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
-		if err != nil {
-			return Result{}, fmt.Errorf("pipeline: tokenizing the prompt: %w", err)
+		kept := 0
+		if conts {
+			if ids = m.conts.encode(tok, prompt); ids != nil {
+				kept = len(ids)
+			}
 		}
-		slog.Debug("pipeline: prompt tokenized", "bytes", len(prompt), "tokens", len(ids), "took", time.Since(t0))
+		if ids == nil {
+			ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
+			if err != nil {
+				return Result{}, fmt.Errorf("pipeline: tokenizing the prompt: %w", err)
+			}
+		}
+		slog.Debug("pipeline: prompt tokenized", "bytes", len(prompt), "tokens", len(ids), "continued", kept > 0, "took", time.Since(t0))
 	}
 	if len(ids) == 0 {
 		return Result{}, fmt.Errorf("pipeline: empty prompt")
@@ -110,7 +126,13 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 			return Result{}, err
 		}
 		if canBatch(be, m.opts.Batching, m.cfg) {
-			return m.generateBatched(ctx, ids, o, tok)
+			res, err := m.generateBatched(ctx, ids, o, tok)
+			if err == nil && conts {
+				if reply, ok := replyText(tok, ids, res.Tokens); ok {
+					m.conts.add(prompt+reply, append(slices.Clip(ids), res.Tokens...))
+				}
+			}
+			return res, err
 		}
 	}
 	var stream *tokenizer.Stream

@@ -100,10 +100,11 @@ type spmBigram struct {
 	size        int32
 }
 
-func (m *spmModel) encode(ctx context.Context, frags []fragment, out []int32) ([]int32, error) {
-	// A space goes in front of the text and after every special token
-	// (SentencePiece's add_dummy_prefix), then spaces become "▁".
-	prevSpecial := true
+func (m *spmModel) encode(ctx context.Context, frags []fragment, out []int32, cont bool) ([]int32, error) {
+	// A space goes in front of the text (unless it continues earlier
+	// text) and after every special token (SentencePiece's
+	// add_dummy_prefix), then spaces become "▁".
+	prevSpecial := !cont
 	var sb strings.Builder
 	s := &spmSession{m: m, ctx: ctx}
 	words := 0

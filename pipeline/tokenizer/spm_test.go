@@ -93,6 +93,15 @@ func TestSPMChainOfMerges(t *testing.T) {
 	if got := encodePieces(t, tok, "hello hello", EncodeOptions{}); !slices.Equal(got, []string{"▁hello", "▁hello"}) {
 		t.Errorf("got %q", got)
 	}
+	// A continuation (the rest of a text whose start kept its ids) gets
+	// no dummy prefix either: " hello" after earlier text is one "▁hello",
+	// "hello" right after it no "▁" at all.
+	if got := encodePieces(t, tok, " hello", EncodeOptions{Continue: true}); !slices.Equal(got, []string{"▁hello"}) {
+		t.Errorf("continue: got %q", got)
+	}
+	if got := encodePieces(t, tok, "hello", EncodeOptions{Continue: true}); !slices.Equal(got, []string{"hello"}) {
+		t.Errorf("continue, no space: got %q", got)
+	}
 	// Without the space prefix the first word has no "▁".
 	tok.addSpacePrefix = false
 	if got := encodePieces(t, tok, "hello", EncodeOptions{}); !slices.Equal(got, []string{"hello"}) {

@@ -31,6 +31,10 @@ type EncodeOptions struct {
 	// out of the text as those tokens. Without it, their text is ordinary
 	// text. User-defined tokens are always cut out, as in llama.cpp.
 	ParseSpecial bool
+	// Continue encodes text that follows text encoded before (the rest of
+	// a prompt whose start kept its ids): no SentencePiece dummy-prefix
+	// space goes in front of it.
+	Continue bool
 }
 
 // Tokenizer encodes and decodes text with one vocabulary. It is read-only
@@ -339,7 +343,7 @@ func (t *Tokenizer) encode(ctx context.Context, frags []fragment, opts EncodeOpt
 	}
 	var err error
 	if t.spm != nil {
-		out, err = t.spm.encode(ctx, frags, out)
+		out, err = t.spm.encode(ctx, frags, out, opts.Continue)
 	} else {
 		out, err = t.bpe.encode(ctx, frags, out)
 	}
