@@ -26,6 +26,7 @@ for v in ${VARIANTS:-$(ls bin/ab | grep -v '^forge$')}; do
   d=$PWD/bin/ab/$v
   rm -rf /tmp/kobj-$v && mkdir -p /tmp/kobj-$v/obj
   $d/kernels-gen -backend cuda -dir /tmp/kobj-$v/obj >"$out/kobj-$v.txt" 2>&1 || { tail -5 "$out/kobj-$v.txt"; continue; }
+  cp /tmp/kobj-$v/obj/cuda-sm_90-prefill.gz "$out/prefill-sm_90-$v.gz" # its registers and spills, read here
   (cd kernels/gpu && FORGE_KERNEL_OBJECTS=/tmp/kobj-$v/obj $d/gpu.test -test.v -test.timeout 300s \
     -test.run 'TestPrefill' -test.bench PrefillTurn -test.benchtime 20x) >"$out/ab-$v.txt" 2>&1
   echo "rc=$?" >>"$out/ab-$v.txt"
