@@ -99,3 +99,38 @@ func replyText(tok *tokenizer.Tokenizer, prompt, reply []int32) (string, bool) {
 	all := tok.Decode(append(slices.Clip(prompt), reply...))
 	return strings.CutPrefix(all, tok.Decode(prompt))
 }
+
+// continuing reports whether m keeps continuations: a batching model
+// whose scheduler runs (the requests it remembers ran batched, and a
+// prompt's ids go to the scheduler's prefix cache), not deterministic,
+// with a vocabulary that does not end every prompt with EOS.
+func (m *Model) continuing(tok *tokenizer.Tokenizer) bool {
+	if !m.opts.Batching.On || m.opts.Batching.Deterministic || tok == nil || tok.ShouldAddEOS() {
+		return false
+	}
+	b := &m.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sched != nil
+}
+
+// continued returns prompt's ids from a remembered request it continues,
+// or nil.
+func (m *Model) continued(tok *tokenizer.Tokenizer, prompt string) []int32 {
+	if !m.continuing(tok) {
+		return nil
+	}
+	return m.conts.encode(tok, prompt)
+}
+
+// remember keeps a finished request's text prompt and reply, where the
+// reply's text is what its ids decode to after the prompt's (no stop
+// string cut it, no tool call was taken out of it).
+func (m *Model) remember(tok *tokenizer.Tokenizer, prompt string, ids, reply []int32, text string) {
+	if !m.continuing(tok) {
+		return
+	}
+	if got, ok := replyText(tok, ids, reply); ok && got == text {
+		m.conts.add(prompt+text, append(slices.Clip(ids), reply...))
+	}
+}

@@ -85,6 +85,39 @@ func TestBatchingContinuation(t *testing.T) {
 	}
 }
 
+// TestEngineContinuation: the same through the Engine (forge serve's
+// path, which tokenizes a completion's prompt itself): the second
+// request, the first's prompt and streamed reply and new words, keeps the
+// first's ids.
+func TestEngineContinuation(t *testing.T) {
+	shape := synth.Presets["tiny"]
+	shape.Ctx, shape.Vocab = 1024, 4096
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Seed: 5, Name: "tiny", ValidUTF8: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e := NewEngine(EngineOptions{Resolve: func(n string) (string, error) { return n, nil },
+		Open: Options{Threads: 2, Batching: Batching{Seqs: 4, BlockSize: 8}}})
+	defer e.Close()
+	first := "once upon a time there was a little dog who liked to run in the park every day with its friends"
+	gen := func(prompt string) (EngineResult, string) {
+		var sb strings.Builder
+		res, err := e.Generate(ctx, EngineRequest{Model: path, Prompt: prompt, MaxTokens: 24, IgnoreEOG: true,
+			OnText: func(d string) error { sb.WriteString(d); return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, sb.String()
+	}
+	res1, text1 := gen(first)
+	res2, _ := gen(first + text1 + " and then it slept")
+	if want := res1.PromptTokens + len(res1.Tokens); res2.PromptTokens < want || res2.CachedTokens < (want-1)/8*8 {
+		t.Errorf("the turn: %d prompt tokens, %d cached; want the first request's %d kept and their full blocks cached", res2.PromptTokens, res2.CachedTokens, want)
+	}
+	t.Logf("first %d + %d tokens; the turn %d tokens, %d cached", res1.PromptTokens, len(res1.Tokens), res2.PromptTokens, res2.CachedTokens)
+}
+
 // TestContinuationsKeepTheLatest: the longest remembered text that begins
 // a prompt wins, short requests are not kept, and only the latest
 // maxContinuations are.

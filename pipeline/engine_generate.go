@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -220,6 +221,12 @@ func (e *Engine) generate(ctx context.Context, r EngineRequest) (EngineResult, e
 			return out, err
 		}
 	}
+	if r.Messages == nil && ts == nil {
+		// a completion's next turn may continue this text (continuation.go)
+		if tok, err := m.Tokenizer(ctx); err == nil {
+			m.remember(tok, r.Prompt, ids, res.Tokens, out.Text)
+		}
+	}
 	return out, nil
 }
 
@@ -229,6 +236,10 @@ func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
 	tok, err := m.Tokenizer(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if ids := m.continued(tok, prompt); ids != nil {
+		slog.Debug("pipeline: prompt continues a request", "tokens", len(ids))
+		return ids, nil
 	}
 	ids, err := tok.EncodeContext(ctx, prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/forge-llm/forge/actors"
@@ -95,18 +94,12 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		return Result{}, err
 	}
 	ids := o.PromptIDs
-	// A batching model keeps the ids of the requests a prompt continues
-	// (continuation.go), except a deterministic one, and for a vocabulary
-	// that ends every prompt with EOS.
-	conts := m.opts.Batching.On && !m.opts.Batching.Deterministic && ids == nil && !tok.ShouldAddEOS()
 	if ids == nil {
 		t0 := time.Now()
-		kept := 0
-		if conts {
-			if ids = m.conts.encode(tok, prompt); ids != nil {
-				kept = len(ids)
-			}
-		}
+		// a batching model keeps the ids of a request the prompt
+		// continues (continuation.go)
+		ids = m.continued(tok, prompt)
+		kept := len(ids)
 		if ids == nil {
 			ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
 			if err != nil {
@@ -127,9 +120,10 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		}
 		if canBatch(be, m.opts.Batching, m.cfg) {
 			res, err := m.generateBatched(ctx, ids, o, tok)
-			if err == nil && conts {
+			if err == nil && o.PromptIDs == nil {
+				// (the reply as OnToken streamed it: its text after the prompt's)
 				if reply, ok := replyText(tok, ids, res.Tokens); ok {
-					m.conts.add(prompt+reply, append(slices.Clip(ids), res.Tokens...))
+					m.remember(tok, prompt, ids, res.Tokens, reply)
 				}
 			}
 			return res, err
