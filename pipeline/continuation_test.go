@@ -11,24 +11,30 @@ import (
 	"github.com/forge-llm/forge/pipeline/tokenizer"
 )
 
+// paddedVocabModel writes the tiny random-weight model with its byte-level
+// vocabulary padded past its tokens, as forge gen's presets are: a
+// generated padding token's text is several byte tokens when tokenized
+// again.
+func paddedVocabModel(t *testing.T) string {
+	t.Helper()
+	shape := synth.Presets["tiny"]
+	shape.Ctx, shape.Vocab = 1024, 4096
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Seed: 5, Name: "tiny", ValidUTF8: true}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestBatchingContinuation: a conversation's next turn, sent as text
 // (the first prompt, the reply as streamed, new words), keeps the ids of
 // the first prompt and of the reply as generated, so the prefix cache
 // holds every full block of them. The model is a random-weight one with
 // the padded byte-level vocabulary forge gen writes, whose reply,
 // tokenized again, gives other ids (checked: else the test would show
-// nothing). A
-// deterministic server tokenizes the whole text instead.
+// nothing). A deterministic server tokenizes the whole text instead.
 func TestBatchingContinuation(t *testing.T) {
-	shape := synth.Presets["tiny"]
-	// a vocabulary padded past its byte-level tokens, as forge gen's
-	// presets are: a generated padding token's text is several byte
-	// tokens when tokenized again
-	shape.Ctx, shape.Vocab = 1024, 4096
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Seed: 5, Name: "tiny", ValidUTF8: true}); err != nil {
-		t.Fatal(err)
-	}
+	path := paddedVocabModel(t)
 	ctx := context.Background()
 	const bs = 8
 	first := "once upon a time there was a little dog who liked to run in the park every day with its friends"
@@ -90,12 +96,7 @@ func TestBatchingContinuation(t *testing.T) {
 // request, the first's prompt and streamed reply and new words, keeps the
 // first's ids.
 func TestEngineContinuation(t *testing.T) {
-	shape := synth.Presets["tiny"]
-	shape.Ctx, shape.Vocab = 1024, 4096
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := synth.WriteFile(context.Background(), path, synth.Options{Shape: shape, Seed: 5, Name: "tiny", ValidUTF8: true}); err != nil {
-		t.Fatal(err)
-	}
+	path := paddedVocabModel(t)
 	ctx := context.Background()
 	e := NewEngine(EngineOptions{Resolve: func(n string) (string, error) { return n, nil },
 		Open: Options{Threads: 2, Batching: Batching{Seqs: 4, BlockSize: 8}}})
