@@ -80,7 +80,7 @@ func TestGPUTurnStepBench(t *testing.T) {
 		}
 		logProfile(t, what, prof)
 	}
-	for _, n := range []int{60, 150, n} {
+	for _, n := range []int{9, 60, 150, n} { // (9: a short chat turn, the serving bench's 10-token prompt)
 		turn := tokens(n)
 		for _, c := range []struct {
 			what string
