@@ -585,15 +585,23 @@ func (s *server) decode(r *http.Request, chatReq bool) (completionRequest, pipel
 func (s *server) completions(w http.ResponseWriter, r *http.Request)     { s.complete(w, r, false) }
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) }
 
-// usage is OpenAI's token accounting.
+// usage is OpenAI's token accounting; prompt_tokens_details.cached_tokens
+// (left out when 0) counts the prompt tokens the prefix cache gave, as
+// OpenAI reports its own prompt caching.
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details,omitzero"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func usageOf(res pipeline.EngineResult) *usage {
-	return &usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens), TotalTokens: res.PromptTokens + len(res.Tokens)}
+	return &usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens), TotalTokens: res.PromptTokens + len(res.Tokens),
+		PromptTokensDetails: promptDetails{CachedTokens: res.CachedTokens}}
 }
 
 func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) {
@@ -632,6 +640,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chatReq bool) 
 			u.PromptTokens += ru.PromptTokens
 			u.CompletionTokens += ru.CompletionTokens
 			u.TotalTokens += ru.TotalTokens
+			u.PromptTokensDetails.CachedTokens += ru.PromptTokensDetails.CachedTokens
 		}
 		if req.logprobs {
 			if err := s.addLogprobs(r, er.Model, chatReq, choices, results, cols); err != nil {

@@ -251,3 +251,32 @@ func intsToBytes(v []int) []byte {
 	}
 	return b
 }
+
+// TestServeCachedTokens: a prompt sent again finds its full 16-token
+// blocks in the prefix cache, and usage says how many tokens came from it
+// (prompt_tokens_details.cached_tokens, as OpenAI reports prompt
+// caching); a first prompt reports none (the field is left out).
+func TestServeCachedTokens(t *testing.T) {
+	ts := startServer(t, serveConfig{models: []modelArg{{id: "plain", name: testmodels.Path(t, "stories260K-Q8_0.gguf")}}})
+	prompt := "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her dog and her friends every day."
+	post := func() (completionOut, map[string]any) {
+		var raw map[string]any
+		if c := ts.postJSON(t, "/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 4, "temperature": 0}, &raw); c != 200 {
+			t.Fatalf("%d", c)
+		}
+		b, _ := json.Marshal(raw)
+		var out completionOut
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatal(err)
+		}
+		return out, raw["usage"].(map[string]any)
+	}
+	first, raw := post()
+	if _, ok := raw["prompt_tokens_details"]; ok || first.Usage.PromptTokens < 33 {
+		t.Fatalf("first request: usage %v (want no cached tokens, a prompt of 33 tokens or more)", raw)
+	}
+	second, _ := post()
+	if c := second.Usage.PromptTokensDetails.CachedTokens; c < 32 || c%16 != 0 || c >= second.Usage.PromptTokens {
+		t.Errorf("the same prompt again: %d cached of %d prompt tokens, want whole 16-token blocks, at least 2, not the last token's", c, second.Usage.PromptTokens)
+	}
+}
