@@ -8,14 +8,8 @@
 # the first token by expert profile, prefetch and eager, next to
 # llama-completion (8-token prompt, page cache warm).
 set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-tar -C bin -xJf bin/device.tar.xz
-B=$PWD/bin/device
-export FORGE_REQUIRE_GPU=1 FORGE_CACHE_DIR=/tmp/forge-kernels
-log=$out/rows.txt
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >>"$log"
-(cd pipeline/model && $B/model.test -test.v -test.run "${MODEL_RUN:-TestGPUMoE}" -test.timeout 200s) >"$out/model.txt" 2>&1
+KOBJ=${KOBJ:-0} . bench/device-prelude.sh bin/device.tar.xz rows.txt
+(cd pipeline/model && ../../$B/model.test -test.v -test.run "${MODEL_RUN:-TestGPUMoE}" -test.timeout 200s) >"$out/model.txt" 2>&1
 echo "pipeline/model tests: exit $? ($(date -u +%T))" >>"$log"
 grep -E -- '^(--- FAIL|FAIL|ok|PASS|panic)' "$out/model.txt" | head >>"$log"
 bash bench/llamacpp-cuda.sh unpack >/tmp/unpack.txt 2>&1 || tail -5 /tmp/unpack.txt >>"$log"
@@ -26,7 +20,7 @@ for pr in ${MOE_PRESETS:-gpt-oss-20b qwen3-30b-a3b}; do
   $B/forge gen --preset "$pr" --quant q4_k_m --valid-utf8 -o $f --progress plain >/tmp/gen.txt 2>&1 || { tail -3 /tmp/gen.txt >>"$log"; continue; }
   cat $f >/dev/null
   echo "=== $pr ($(date -u +%T))" >>"$log"
-  (cd pipeline/model && FORGE_BIG_MODEL=$f $B/model.test -test.v -test.run 'TestGPUDecodeBench$' -test.timeout 300s) >"$out/bench-$pr.txt" 2>&1
+  (cd pipeline/model && FORGE_BIG_MODEL=$f ../../$B/model.test -test.v -test.run 'TestGPUDecodeBench$' -test.timeout 300s) >"$out/bench-$pr.txt" 2>&1
   grep -E '8-token prompt step|prompt step \(8 tokens\)' "$out/bench-$pr.txt" >>"$log"
   $B/forge bench gen -m $f --device gpu -p 8 -n 128 -r 3 --peer "$L/llama-bench -ngl 99 -fa 1" 2>&1 | grep -E 'pp8|tg128|runtime' >>"$log"
   pd=$(mktemp -d)
