@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -76,15 +77,17 @@ func (c *continuations) longest(prompt string) (continuation, bool) {
 // as a continuation (no dummy-prefix space in front of it); else nil. The
 // remembered text is the request's prompt and its reply as the client
 // received it (replyText), so the ids stand for the prompt's text as a
-// fresh tokenization does, cut differently.
-func (c *continuations) encode(tok *tokenizer.Tokenizer, prompt string) []int32 {
+// fresh tokenization does, cut differently. The rest is tokenized under
+// ctx (a long one stops when the request is cancelled: then nil, and the
+// caller's own tokenizing reports ctx's error).
+func (c *continuations) encode(ctx context.Context, tok *tokenizer.Tokenizer, prompt string) []int32 {
 	e, ok := c.longest(prompt)
 	if !ok {
 		return nil
 	}
 	ids := slices.Clip(e.ids)
 	if rest := prompt[len(e.text):]; rest != "" {
-		more, err := tok.Encode(rest, tokenizer.EncodeOptions{Continue: true})
+		more, err := tok.EncodeContext(ctx, rest, tokenizer.EncodeOptions{Continue: true})
 		if err != nil {
 			return nil
 		}
@@ -116,11 +119,11 @@ func (m *Model) continuing(tok *tokenizer.Tokenizer) bool {
 
 // continued returns prompt's ids from a remembered request it continues,
 // or nil.
-func (m *Model) continued(tok *tokenizer.Tokenizer, prompt string) []int32 {
+func (m *Model) continued(ctx context.Context, tok *tokenizer.Tokenizer, prompt string) []int32 {
 	if !m.continuing(tok) {
 		return nil
 	}
-	return m.conts.encode(tok, prompt)
+	return m.conts.encode(ctx, tok, prompt)
 }
 
 // remember keeps a finished request's text prompt and reply, where the

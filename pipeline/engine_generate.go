@@ -237,7 +237,7 @@ func textPrompt(ctx context.Context, m *Model, prompt string) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ids := m.continued(tok, prompt); ids != nil {
+	if ids := m.continued(ctx, tok, prompt); ids != nil {
 		slog.Debug("pipeline: prompt continues a request", "tokens", len(ids))
 		return ids, nil
 	}

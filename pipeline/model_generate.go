@@ -98,7 +98,7 @@ func (m *Model) Generate(ctx context.Context, prompt string, o GenerateOptions) 
 		t0 := time.Now()
 		// a batching model keeps the ids of a request the prompt
 		// continues (continuation.go)
-		ids = m.continued(tok, prompt)
+		ids = m.continued(ctx, tok, prompt)
 		kept := len(ids)
 		if ids == nil {
 			ids, err = tok.Encode(prompt, tokenizer.EncodeOptions{AddBOS: tok.ShouldAddBOS(), AddEOS: tok.ShouldAddEOS()})
