@@ -20,6 +20,14 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// eventFence is a fence of a pending device event (its id) for the
+// future tests.
+type eventFence uintptr
+
+func (eventFence) Done() bool                     { return false }
+func (eventFence) Wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+func (f eventFence) Event() uintptr               { return uintptr(f) }
+
 func TestFutureStates(t *testing.T) {
 	f := newFuture("layer 1")
 	if st, _ := f.State(); st != Pending {
@@ -42,6 +50,18 @@ func TestFutureStates(t *testing.T) {
 	}
 	if err := f.Wait(context.Background()); err != nil {
 		t.Fatalf("Wait on a resident future: %v", err)
+	}
+
+	// A unit enqueued behind a device event no longer hands the event out
+	// once resident: its copies have landed, nothing needs to wait on them.
+	e := newFuture("layer 3")
+	e.enqueue(eventFence(7))
+	if fence, err := e.WaitEnqueued(context.Background()); err != nil || fence.Event() != 7 {
+		t.Fatalf("WaitEnqueued on an enqueued future: event %v, %v", fence.Event(), err)
+	}
+	e.resolve()
+	if fence, err := e.WaitEnqueued(context.Background()); err != nil || fence.Event() != 0 || !fence.Done() {
+		t.Fatalf("WaitEnqueued on a resident future: event %v, %v", fence.Event(), err)
 	}
 
 	g := newFuture("layer 2")

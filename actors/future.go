@@ -123,7 +123,11 @@ func (f *Future) enqueue(fence Fence) bool {
 	return true
 }
 
-// resolve moves Pending or Enqueued → Resident.
+// resolve moves Pending or Enqueued → Resident. The unit's copies have
+// landed, so its fence becomes doneFence: a GPU step that asks for the
+// layer from now on (WaitEnqueued) gets no event to make its stream wait
+// on: every step of a served model that is not a recorded graph asks for
+// every layer, and each stream wait is a call into the driver.
 func (f *Future) resolve() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -132,6 +136,7 @@ func (f *Future) resolve() bool {
 		f.fence = doneFence{}
 		close(f.enq)
 	case Enqueued:
+		f.fence = doneFence{}
 	default:
 		return false
 	}

@@ -19,6 +19,12 @@
 #   turns: forge -v serve (its step log kept) measured by forge bench serve
 #          --turns at 1 and 4 clients (CONVS conversations a client, 8)
 #   peer:  the same turns against llama-server (-np 4) in the same call
+#   gen:   forge bench gen -p 512 -n 128 -r 3 of each binary of SHORT_BINS
+#   short: a resident model's first token for a 10-token prompt (16
+#          requests, one client): forge -v serve with its step log (each
+#          step's time and its ops' queueing) and a CPU profile (for each
+#          binary of bin/device named in SHORT_BINS), then llama-server the
+#          same way
 #
 # The CUDA objects of the sources as they are compile first
 # (device-prelude.sh; $OUT/cuda-obj.tar for bench/kernels-gen.sh merge).
@@ -49,7 +55,8 @@ for p in ${@:-tests step turns}; do
     echo "rc=$?" >>"$out/tests-model.txt" ;;
   step)
     model
-    (cd "$mdir" && FORGE_BIG_MODEL=$L8 "$OLDPWD/$B/model.test" -test.v -test.timeout 300s -test.run TestGPUTurnStepBench) >"$out/step.txt" 2>&1
+    (cd "$mdir" && FORGE_BIG_MODEL=$L8 "$OLDPWD/$B/model.test" -test.v -test.timeout 300s -test.run TestGPUTurnStepBench \
+      -test.cpuprofile "$out/step.prof") >"$out/step.txt" 2>&1
     echo "rc=$?" >>"$out/step.txt" ;;
   turns)
     model
@@ -59,6 +66,32 @@ for p in ${@:-tests step turns}; do
     turns --url forge=http://127.0.0.1:8095 -m l8 >"$out/turns.txt" 2>&1
     echo "rc=$?" >>"$out/turns.txt"
     kill $spid; wait $spid 2>/dev/null ;;
+  short)
+    model
+    for bin in ${SHORT_BINS:-forge}; do # e.g. SHORT_BINS="forge forge-old forge": builds side by side
+      echo "== $bin" >>"$out/short.txt"
+      $B/$bin -v --cpu-profile "$out/short-$bin.prof" serve -m l8=$L8 --device gpu --batch-seqs 64 --addr 127.0.0.1:8095 2>>"$out/short-log-$bin.txt" &
+      spid=$!
+      for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8095/v1/models >/dev/null 2>&1 && break; sleep 0.5; done
+      $B/forge bench serve --url forge=http://127.0.0.1:8095 -m l8 --clients 1 --prompt-tokens 10 --max-tokens 16 --requests-per-client 16 >>"$out/short.txt" 2>&1
+      echo "rc=$?" >>"$out/short.txt"
+      kill $spid; wait $spid 2>/dev/null
+    done
+    [ -x $LS ] || [ ! -f .carry/llama-bin.00 ] || bash bench/llamacpp-cuda.sh unpack >"$out/llama-unpack.txt" 2>&1
+    [ -x $LS ] || { echo "no llama-server carried: forge alone" >>"$out/short.txt"; continue; }
+    "$LS" -m $L8 -ngl 99 -fa on -np 16 -c 16384 --host 127.0.0.1 --port 8090 >"$out/llama-server.log" 2>&1 &
+    lpid=$!
+    for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8090/health >/dev/null 2>&1 && break; sleep 0.5; done
+    $B/forge bench serve -m l8=$L8 --device gpu --serve-flag=--batch-seqs=64 --clients 1 --prompt-tokens 10 --max-tokens 16 --requests-per-client 16 \
+      --peer-url llama=http://127.0.0.1:8090 --peer-api llama >>"$out/short.txt" 2>&1
+    echo "rc=$?" >>"$out/short.txt"
+    kill $lpid; wait $lpid 2>/dev/null ;;
+  gen) # decode and pp512 of each binary of SHORT_BINS, alternating
+    model
+    for bin in ${SHORT_BINS:-forge}; do
+      echo "== $bin" >>"$out/bench-gen.txt"
+      $B/$bin bench gen -m $L8 --device gpu -p 512 -n 128 -r 3 >>"$out/bench-gen.txt" 2>&1
+    done ;;
   peer)
     model
     [ -x $LS ] || bash bench/llamacpp-cuda.sh unpack >"$out/llama-unpack.txt" 2>&1

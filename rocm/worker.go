@@ -25,6 +25,7 @@ type Worker struct {
 	once    sync.Once
 	spin    atomic.Int64 // polling window in ns, see DefaultSpin
 	polling atomic.Bool  // the worker is polling for a request
+	parks   atomic.Int64 // Do calls that parked for their result (tests, benchmarks)
 	ctx     Ctx
 }
 
@@ -93,10 +94,15 @@ func (w *Worker) loop(setup func(*Ctx) error, teardown func(*Ctx), started chan<
 		return
 	}
 	started <- nil
+	woke := false // the last request's caller had parked and was woken
 	for {
-		w.polling.Store(true)
-		r, ok := spinRecv(w.reqs, w.spin.Load())
-		w.polling.Store(false)
+		var r *request
+		ok := false
+		if !woke {
+			w.polling.Store(true)
+			r, ok = spinRecv(w.reqs, w.spin.Load())
+			w.polling.Store(false)
+		}
 		if !ok {
 			select {
 			case r = <-w.reqs:
@@ -107,8 +113,13 @@ func (w *Worker) loop(setup func(*Ctx) error, teardown func(*Ctx), started chan<
 			}
 		}
 		r.err = c.run(r.fn)
-		if !r.state.CompareAndSwap(reqPending, reqDone) {
-			// The caller parked: wake it.
+		woke = !r.state.CompareAndSwap(reqPending, reqDone)
+		if woke {
+			// The caller parked: wake it. Waking made it runnable on this
+			// thread's P, which polling would hold for the whole window
+			// (another thread takes a woken goroutine from a busy P only
+			// after a while): park at once instead, so that the P goes
+			// to the caller.
 			r.state.Store(reqDone)
 			r.wake <- struct{}{}
 		}
@@ -179,6 +190,9 @@ func (w *Worker) Do(ctx context.Context, fn func(*Ctx) error) error {
 		return ErrClosed
 	default:
 	}
+	// Read before the send: a polling worker takes the request at once and
+	// stops polling.
+	polling := w.polling.Load()
 	select {
 	case w.reqs <- r:
 	case <-w.closed:
@@ -186,8 +200,15 @@ func (w *Worker) Do(ctx context.Context, fn func(*Ctx) error) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// Poll only if the worker was polling (see DefaultSpin).
-	if d := w.spin.Load(); d > 0 && w.polling.Load() {
+	if d := w.spin.Load(); d > 0 {
+		if !polling {
+			// A parked worker has been made runnable on this goroutine's
+			// P by the send, where polling would keep it from starting:
+			// yield the P to it first (its thread takes it over, and this
+			// goroutine goes on on another), then poll. (A busy worker
+			// costs the yield only.)
+			runtime.Gosched()
+		}
 		start := time.Now()
 		for i := 0; ; i++ {
 			if r.state.Load() == reqDone {
@@ -201,6 +222,7 @@ func (w *Worker) Do(ctx context.Context, fn func(*Ctx) error) error {
 	if !r.state.CompareAndSwap(reqPending, reqParked) {
 		return r.err // finished meanwhile
 	}
+	w.parks.Add(1)
 	select {
 	case <-r.wake:
 		return r.err
@@ -218,12 +240,21 @@ func (w *Worker) Do(ctx context.Context, fn func(*Ctx) error) error {
 // its result, before parking. Waking a goroutine locked to its own OS thread
 // costs a futex round trip through the kernel each way (~10 µs in a VM);
 // polling briefly keeps back-to-back Do calls (an uploader queuing chunk
-// after chunk) off that path at the price of a few µs of CPU after each call.
-// The request queue is buffered so that a caller does not park while the
-// worker polls, and the result is handed back through an atomic the caller
-// polls. A caller polls only when the worker was polling as it sent: a
-// worker parked in its receive has just been made runnable on the caller's
-// P, and a polling caller would keep it from starting.
+// after chunk, a prompt step's 600 launches) off that path at the price of
+// a few µs of CPU after each call. The request queue is buffered so that a
+// caller does not park while the worker polls, and the result is handed
+// back through an atomic the caller polls.
+//
+// A goroutine woken by the other side is made runnable on the waker's P,
+// and a waker that then polls holds that P: other threads take the woken
+// goroutine from it only after a while. So a caller that sent to a parked
+// worker yields its P before polling, and a worker that woke a parked
+// caller parks rather than polls. Without that, a caller that parked once
+// (behind a long request: a step's final synchronisation) resumed only
+// when the worker's window ran out, found the worker parked in turn, and
+// parked again: every call then cost the window, ~50 µs, and a prompt
+// step of 600 launches took 25-37 ms where it takes 5
+// (bench/results/2026-11-26-short-prompt-h100.md).
 //
 // Measured on the H100 host (16 cores, BenchmarkWorkerDo): a Do round trip
 // costs ~24 µs parking at once, ~5 µs with 10 µs of polling and ~1.6 µs with

@@ -111,11 +111,45 @@ func BenchmarkWorkerDoFake(b *testing.B) {
 		b.Run("spin="+spin.String(), func(b *testing.B) {
 			w := fakeWorker(b, spin)
 			nop := func(*Ctx) error { return nil }
+			parks := w.parks.Load()
 			for i := 0; i < b.N; i++ {
 				if err := w.Do(context.Background(), nop); err != nil {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(w.parks.Load()-parks)/float64(b.N), "parks/op")
+		})
+	}
+}
+
+// BenchmarkWorkerDoAfterLong: a request long enough for its caller to
+// park (a step's final synchronisation) and then 100 short ones (the next
+// step's launches), as a serving loop issues them; ns/op is per request,
+// "parks/op" the short requests' callers that parked.
+func BenchmarkWorkerDoAfterLong(b *testing.B) {
+	for _, spin := range []time.Duration{10 * time.Microsecond, 50 * time.Microsecond} {
+		b.Run("spin="+spin.String(), func(b *testing.B) {
+			w := fakeWorker(b, spin)
+			ctx := context.Background()
+			long := func(*Ctx) error { time.Sleep(300 * time.Microsecond); return nil }
+			nop := func(*Ctx) error { return nil }
+			var short time.Duration
+			var parks int64
+			for i := 0; i < b.N; i++ {
+				if err := w.Do(ctx, long); err != nil {
+					b.Fatal(err)
+				}
+				p, start := w.parks.Load(), time.Now()
+				for range 100 {
+					if err := w.Do(ctx, nop); err != nil {
+						b.Fatal(err)
+					}
+				}
+				short += time.Since(start)
+				parks += w.parks.Load() - p
+			}
+			b.ReportMetric(float64(short.Nanoseconds())/float64(100*b.N), "ns/short")
+			b.ReportMetric(float64(parks)/float64(100*b.N), "parks/short")
 		})
 	}
 }

@@ -666,7 +666,7 @@ func (s *Scheduler) step(running []*seq) (still, preempted []*seq) {
 	logits, err := s.m.StepBatch(s.stepCtx, s.pool, rows)
 	s.steps.Add(1)
 	if slog.Default().Enabled(s.stepCtx, slog.LevelDebug) {
-		logStep(rows, time.Since(t0))
+		logStep(rows, time.Since(t0), s.m.StepQueued())
 	}
 	picks := s.m.Picks()
 	if err != nil && len(rows) > 1 && s.stepCtx.Err() == nil && errors.Is(err, model.ErrExpertUnavailable) {
@@ -810,8 +810,9 @@ func (s *Scheduler) register(q *seq) {
 
 // logStep writes one debug line for a step: its rows (the longest piece
 // and where it starts: a turn after a cached history is one piece far
-// from 0) and its wall time, logits read back included.
-func logStep(rows []model.SeqRows, took time.Duration) {
+// from 0), its wall time, logits read back included, and how much of it
+// queueing the ops took.
+func logStep(rows []model.SeqRows, took, queued time.Duration) {
 	n, decode := 0, 0
 	var pieces []string // each prompt piece as tokens@position
 	for _, r := range rows {
@@ -822,5 +823,5 @@ func logStep(rows []model.SeqRows, took time.Duration) {
 		}
 		pieces = append(pieces, fmt.Sprintf("%d@%d", len(r.Tokens), r.Pos0))
 	}
-	slog.Debug("batch: step", "seqs", len(rows), "rows", n, "decode rows", decode, "pieces", strings.Join(pieces, " "), "took", took)
+	slog.Debug("batch: step", "seqs", len(rows), "rows", n, "decode rows", decode, "pieces", strings.Join(pieces, " "), "took", took, "queued", queued)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/forge-llm/forge/kernels"
 )
@@ -76,6 +77,9 @@ type batchState struct {
 	picks            []int32 // per sequence: the argmax of its logits row (Greedy), or -1
 	merge            bool    // BatchOptions.MergePrompts
 	graph            batchGraphs
+	// queued is how long the last StepBatch took to queue its ops, from
+	// its call to the logits' read-back (StepQueued).
+	queued time.Duration
 }
 
 // group is a run of rows that go through the blocks together.
@@ -174,6 +178,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
+	t0 := time.Now()
 	if err := m.planGroups(pool, seqs); err != nil {
 		return nil, err
 	}
@@ -187,6 +192,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 			return nil, err
 		}
 		if ok {
+			st.queued = time.Since(t0)
 			return m.stepOutputs(seqs, st.groups[0].n)
 		}
 	}
@@ -249,8 +255,15 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		outRows = max(outRows, g.out0+g.nOut)
 	}
 	m.pending, m.inPrompt = false, false
+	st.queued = time.Since(t0)
 	return m.stepOutputs(seqs, outRows)
 }
+
+// StepQueued is how long the last StepBatch took to queue its ops (the
+// rest of its time is the wait for the device and the logits' read-back):
+// on a GPU, a step whose queueing takes most of its time is bound by the
+// host's launches, not by the kernels.
+func (m *Model) StepQueued() time.Duration { return m.bat.queued }
 
 // stepOutputs reduces or copies back the outRows rows of logits a step
 // left on the backend and returns StepBatch's result.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
+	"slices"
 	"testing"
 	"time"
 )
@@ -59,17 +59,21 @@ func TestGPUTurnStepBench(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	median := func(step func()) time.Duration {
-		var times []time.Duration
+	// median: the median wall time of 8 steps (after 2 unmeasured), and
+	// of the time they took to queue their ops (Model.StepQueued).
+	median := func(step func(), m *Model) (time.Duration, time.Duration) {
+		var times, queued []time.Duration
 		for i := range 10 {
 			start := time.Now()
 			step()
 			if i >= 2 {
 				times = append(times, time.Since(start))
+				queued = append(queued, m.StepQueued())
 			}
 		}
-		sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-		return times[len(times)/2].Round(time.Microsecond)
+		slices.Sort(times)
+		slices.Sort(queued)
+		return times[len(times)/2].Round(time.Microsecond), queued[len(queued)/2].Round(time.Microsecond)
 	}
 	profile := func(what string, step func()) {
 		be.StartProfile()
@@ -92,7 +96,8 @@ func TestGPUTurnStepBench(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			t.Logf("GPU-TURN %d tokens at position %d (%s): step %v (median of 8)", n, c.pos0, c.what, median(step))
+			took, queued := median(step, m)
+			t.Logf("GPU-TURN %d tokens at position %d (%s): step %v, its ops queued in %v (medians of 8)", n, c.pos0, c.what, took, queued)
 			profile(fmt.Sprintf("turn step of %d tokens %s", n, c.what), step)
 		}
 	}
@@ -125,7 +130,8 @@ func TestGPUTurnStepBench(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		t.Logf("GPU-TURNS %d × %d tokens %s: step %v (median of 8)", k, kn, c.what, median(step))
+		took, queued := median(step, c.m)
+		t.Logf("GPU-TURNS %d × %d tokens %s: step %v, its ops queued in %v (medians of 8)", k, kn, c.what, took, queued)
 		profile(fmt.Sprintf("%d turns of %d tokens %s", k, kn, c.what), step)
 	}
 }
