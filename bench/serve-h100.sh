@@ -2,7 +2,7 @@
 # The serving engine on the GPU machine next to llama-server (issue 18), in
 # as few calls as the device allows:
 #
-#   bench/serve-h100.sh unpack models table single turns swap gen sweep
+#   bench/serve-h100.sh unpack models table single turns swap gen sweep l70
 #
 # bin/forge is cross-built here (make build) and carried xz'd as
 # .carry/forge.xz; llama.cpp's binaries travel packed in .carry/llama-bin.*
@@ -103,6 +103,13 @@ for phase in "$@"; do
       echo "== --gpu-upload $up" >>"$o/swap.txt"
       $F bench serve -m a=$L8 -m b=$L8B --device gpu --swap --budget 8GiB --requests-per-client 6 --serve-flag=--gpu-upload=$up >>"$o/swap.txt" 2>&1
     done ;;
+  l70) # issue 19: the 70B shape's first token, alternating with llama-completion (fresh processes, page cache warm)
+    f=/tmp/l70.gguf
+    [ -f $f ] || $F gen --preset llama3-70b --quant q4_k_m --valid-utf8 -o $f --progress plain >"$o/gen70.txt" 2>&1
+    cat $f >/dev/null
+    $F bench load -m $f --device gpu --runs ${RUNS70:-3} --cache warm --strategies prefetch --prompt-tokens 32 \
+      --peer "/tmp/llama/bin/llama-completion -m {model} -ngl 99 -fa on -c 4096 -n 1 -p 'Once upon a time' -no-cnv --temp 0 --no-display-prompt 2>/dev/null" >"$o/l70.txt" 2>&1
+    echo "rc=$?" >>"$o/l70.txt" ;;
   presets) # the architectures' real shapes (issue 20): first token and decode next to llama.cpp on the same files
     for pr in ${PRESETS:-qwen3-8b gemma3-4b gemma2-2b phi3-mini mistral-7b}; do
       f=/tmp/$pr.gguf
