@@ -335,6 +335,7 @@ func (b *Backend) openVendor() {
 		on = sw
 	}
 	v, err := b.openVendorOn(on)
+	tOpen := time.Since(t0)
 	if err == nil {
 		err = v.warmUp(on, b.stream)
 		if err != nil {
@@ -348,7 +349,7 @@ func (b *Backend) openVendor() {
 	b.mu.Lock()
 	b.vendor = v
 	b.mu.Unlock()
-	slog.Debug("gpu: cuBLAS ready", "after", time.Since(t0))
+	slog.Debug("gpu: cuBLAS ready", "after", time.Since(t0), "handle", tOpen, "warm-up GEMM", v.warmGEMM)
 }
 
 // waitVendor waits until the background cuBLAS open has finished (either

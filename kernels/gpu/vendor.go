@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -24,7 +25,8 @@ type VendorGEMM struct {
 	api                                vendorAPI
 	create, destroy, setStream, gemmEx uintptr
 	handle                             uintptr
-	warm                               []devBuf // warmUp's operands, freed with the handle
+	warm                               []devBuf      // warmUp's operands, freed with the handle
+	warmGEMM                           time.Duration // warmUp's GEMM call (the library loading its kernels)
 	// scalars are rocblas_gemm_ex's alpha and beta, passed as host
 	// pointers (read during the call); calls are serialized by the
 	// backend's mutex.
@@ -186,7 +188,10 @@ func (v *VendorGEMM) warmUp(on *rocm.Worker, stream rocm.Stream) error {
 				return fmt.Errorf("gpu: cuBLAS warm-up: %w", err)
 			}
 		}
-		return v.gemm(v.warm[2].ptr, v.warm[0].ptr, v.warm[1].ptr, m, n, k)
+		t := time.Now()
+		err := v.gemm(v.warm[2].ptr, v.warm[0].ptr, v.warm[1].ptr, m, n, k)
+		v.warmGEMM = time.Since(t)
+		return err
 	})
 }
 
