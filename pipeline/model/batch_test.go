@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/forge-llm/forge/gguf/testmodels"
 	"github.com/forge-llm/forge/kernels"
@@ -126,9 +127,15 @@ func stepBatchMatchesForwardOn(t *testing.T, file string, merge bool, wrap func(
 				if len(rows) == 0 {
 					break
 				}
+				t0 := time.Now()
 				logits, err := bm.StepBatch(ctx, pool, rows)
+				wall := time.Since(t0)
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
+				}
+				// The queueing of the step's ops is a part of its call.
+				if q := bm.StepQueued(); q <= 0 || q > wall {
+					t.Fatalf("step %d: ops queued in %v of a %v call", step, q, wall)
 				}
 				prompts := 0
 				for _, g := range bm.bat.groups {
