@@ -14,6 +14,15 @@
 // multiple of 32), the input of the matrix–vector products that follow.
 // Block b takes row b of [gridDim.x][cols]: a batched step's rows each get
 // exactly the arithmetic of a row alone (batch invariance).
+//
+// NORM_KEEP: the values a thread keeps in registers between the two passes
+// (rows of up to NORM_KEEP·blockDim.x columns: 4096 at 1024 threads). The
+// second pass then reads neither x again nor w after the barrier (w is
+// loaded with x): in the decode step that took a global round trip off
+// each of a layer's two norms. Longer rows read them again; either way
+// every value goes through the same arithmetic.
+#define NORM_KEEP 4
+
 // rmsnorm_row_body is one such row (row of dst, x, r, q, d). A thread
 // handles columns threadIdx.x, threadIdx.x + blockDim.x, …: a caller that
 // wrote r in that pattern itself needs no barrier before.
@@ -28,7 +37,26 @@ DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, 
     d += ro / 32;
   }
   float s = 0.0f;
-  if (r) {
+  bool keep = cols <= NORM_KEEP * (int)blockDim.x;
+  float xv[NORM_KEEP], wv[NORM_KEEP];
+  if (keep) {
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+      int c = threadIdx.x + k * blockDim.x;
+      float v = 0.0f, wk = 0.0f;
+      if (c < cols) {
+        v = x[c];
+        if (r) {
+          v = v + r[c];
+          x[c] = v;
+        }
+        wk = w[c];
+        s = fmaf(v, v, s);
+      }
+      xv[k] = v;
+      wv[k] = wk;
+    }
+  } else if (r) {
 #pragma unroll 4
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
       float v = x[c] + r[c];
@@ -41,6 +69,20 @@ DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, 
   }
   s = block_sum(s, scratch);
   float inv = 1.0f / sqrtf(s / (float)cols + eps);
+  if (keep) {
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+      if (k * (int)blockDim.x >= cols) break;  // the same for the whole block
+      int c = threadIdx.x + k * blockDim.x;
+      float v = 0.0f;
+      if (c < cols) {
+        v = xv[k] * inv * wv[k];
+        dst[c] = v;
+      }
+      if (q) q8_group(v, c, cols, q, d);
+    }
+    return;
+  }
 #pragma unroll 4
   for (int c0 = 0; c0 < cols; c0 += blockDim.x) {
     int c = c0 + threadIdx.x;
