@@ -15,8 +15,6 @@
 # (PRESETS to change), new and old alternating, ROUNDS times.
 set -uo pipefail
 . bench/device-prelude.sh bin/device.tar.xz gen-ab.txt
-mdir=$(mktemp -d)
-mkdir -p "$mdir/github.com/forge-llm" && ln -s "$PWD" "$mdir/github.com/forge-llm/forge"
 if [ -n "${GPU_TESTS:-}" ]; then
   (cd kernels/gpu && ../../$B/gpu.test -test.v -test.timeout 400s -test.run "$GPU_TESTS") >"$out/tests-gpu.txt" 2>&1
   echo "gpu tests rc=$?" >>"$log"

@@ -12,8 +12,7 @@ set -uo pipefail
 (cd kernels/gpu && ../../$B/gpu.test -test.v -test.run "${GPU_RUN:-Conformance|Moe|MoE|Route|Norm}" -test.timeout 300s) >/tmp/gpu.log 2>&1
 echo "kernels/gpu tests: exit $?" >>"$log"
 grep -E -- '^(--- FAIL|FAIL|ok|PASS|panic)' /tmp/gpu.log | head -20 >>"$log"
-d=$(mktemp -d); mkdir -p "$d/github.com/forge-llm" && ln -s "$PWD" "$d/github.com/forge-llm/forge"
-(cd "$d" && "$OLDPWD/$B/model.test" -test.v -test.run "${MODEL_RUN:-GPUMoE|GptOssGPU|GPUBatch|GPUStep|GPUTokens}" -test.timeout 300s) >/tmp/model.log 2>&1
+(cd "$mdir" && "$OLDPWD/$B/model.test" -test.v -test.run "${MODEL_RUN:-GPUMoE|GptOssGPU|GPUBatch|GPUStep|GPUTokens}" -test.timeout 300s) >/tmp/model.log 2>&1
 echo "pipeline/model tests: exit $?" >>"$log"
 grep -E -- '^(--- FAIL|--- PASS|FAIL|ok|PASS|panic)' /tmp/model.log | head -30 >>"$log"
 bash bench/llamacpp-cuda.sh unpack >/tmp/unpack.txt 2>&1 || tail -5 /tmp/unpack.txt >>"$log"

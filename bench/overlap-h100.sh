@@ -15,11 +15,10 @@ set -uo pipefail
 t0=$(date +%s)
 left() { [ $(( $(date +%s) - t0 )) -lt "${BUDGET:-540}" ]; }
 . bench/device-prelude.sh bin/device.tar.xz log
-d=$(mktemp -d); mkdir -p "$d/github.com/forge-llm" && ln -s "$PWD" "$d/github.com/forge-llm/forge"
 for pkg in ${PKGS-rocm kernels/gpu pipeline/model}; do
   left || break
   run=. dir=$pkg
-  case $pkg in pipeline | actors | pipeline/model) run=${RUN_GPU:-GPU}; dir=$d ;; esac
+  case $pkg in pipeline | actors | pipeline/model) run=${RUN_GPU:-GPU}; dir=$mdir ;; esac
   name=$(echo "$pkg" | tr / -)
   (cd "$dir" && "$OLDPWD/$B/$(basename $pkg).test" -test.v -test.run "$run" -test.timeout 300s) >"/tmp/$name.log" 2>&1
   echo "$pkg tests: exit $? ($(date -u +%T))" >>"$log"

@@ -38,10 +38,6 @@ model() {
 turns() { # the target's flags
   $B/forge bench serve "$@" --clients 1,4 --turns 4 --history-tokens 2000 --turn-tokens 32 --max-tokens 32 --requests-per-client ${CONVS:-8}
 }
-# pipeline/model's tests, built with -trimpath, find gguf/testdata (package
-# testmodels) at github.com/forge-llm/forge/gguf/testdata from their folder
-mdir=$(mktemp -d)
-mkdir -p "$mdir/github.com/forge-llm" && ln -s "$PWD" "$mdir/github.com/forge-llm/forge"
 for p in ${@:-tests step turns}; do
   s=$(date +%s)
   case $p in

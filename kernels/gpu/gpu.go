@@ -336,8 +336,9 @@ func (b *Backend) openVendor() {
 	}
 	v, err := b.openVendorOn(on)
 	tOpen := time.Since(t0)
+	var tGEMM time.Duration
 	if err == nil {
-		err = v.warmUp(on, b.stream)
+		tGEMM, err = v.warmUp(on, b.stream)
 		if err != nil {
 			_ = on.Do(context.Background(), func(c *rocm.Ctx) error { return v.destroyLocked(c) })
 		}
@@ -349,7 +350,7 @@ func (b *Backend) openVendor() {
 	b.mu.Lock()
 	b.vendor = v
 	b.mu.Unlock()
-	slog.Debug("gpu: cuBLAS ready", "after", time.Since(t0), "handle", tOpen, "warm-up GEMM", v.warmGEMM)
+	slog.Debug("gpu: cuBLAS ready", "after", time.Since(t0), "handle", tOpen, "warm-up GEMM", tGEMM)
 }
 
 // waitVendor waits until the background cuBLAS open has finished (either

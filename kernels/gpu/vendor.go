@@ -25,8 +25,7 @@ type VendorGEMM struct {
 	api                                vendorAPI
 	create, destroy, setStream, gemmEx uintptr
 	handle                             uintptr
-	warm                               []devBuf      // warmUp's operands, freed with the handle
-	warmGEMM                           time.Duration // warmUp's GEMM call (the library loading its kernels)
+	warm                               []devBuf // warmUp's operands, freed with the handle
 	// scalars are rocblas_gemm_ex's alpha and beta, passed as host
 	// pointers (read during the call); calls are serialized by the
 	// backend's mutex.
@@ -173,9 +172,9 @@ func (v *VendorGEMM) bind(stream rocm.Stream) error {
 // prompt would otherwise pay. It does not wait for the GEMM to run (the
 // stream may be waiting for weights still in flight); the operands stay
 // allocated until the handle is destroyed.
-func (v *VendorGEMM) warmUp(on *rocm.Worker, stream rocm.Stream) error {
+func (v *VendorGEMM) warmUp(on *rocm.Worker, stream rocm.Stream) (gemm time.Duration, err error) {
 	const m, n, k = 128, 16, 256 // f16 W [m][k], X [n][k]; f32 C [n][m]
-	return on.Do(context.Background(), func(c *rocm.Ctx) error {
+	err = on.Do(context.Background(), func(c *rocm.Ctx) error {
 		for _, bytes := range []int64{m * k * 2, n * k * 2, m * n * 4} {
 			p, err := c.Malloc(bytes)
 			if err != nil {
@@ -189,10 +188,10 @@ func (v *VendorGEMM) warmUp(on *rocm.Worker, stream rocm.Stream) error {
 			}
 		}
 		t := time.Now()
-		err := v.gemm(v.warm[2].ptr, v.warm[0].ptr, v.warm[1].ptr, m, n, k)
-		v.warmGEMM = time.Since(t)
-		return err
+		defer func() { gemm = time.Since(t) }()
+		return v.gemm(v.warm[2].ptr, v.warm[0].ptr, v.warm[1].ptr, m, n, k)
 	})
+	return gemm, err
 }
 
 // Path is the library file that was loaded.

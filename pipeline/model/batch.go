@@ -192,8 +192,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 			return nil, err
 		}
 		if ok {
-			st.queued = time.Since(t0)
-			return m.stepOutputs(seqs, st.groups[0].n)
+			return m.stepOutputs(seqs, st.groups[0].n, t0)
 		}
 	}
 	for gi := range st.groups {
@@ -255,8 +254,7 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 		outRows = max(outRows, g.out0+g.nOut)
 	}
 	m.pending, m.inPrompt = false, false
-	st.queued = time.Since(t0)
-	return m.stepOutputs(seqs, outRows)
+	return m.stepOutputs(seqs, outRows, t0)
 }
 
 // StepQueued is how long the last StepBatch took to queue its ops (the
@@ -266,9 +264,11 @@ func (m *Model) StepBatch(ctx context.Context, pool *kernels.KVPool, seqs []SeqR
 func (m *Model) StepQueued() time.Duration { return m.bat.queued }
 
 // stepOutputs reduces or copies back the outRows rows of logits a step
-// left on the backend and returns StepBatch's result.
-func (m *Model) stepOutputs(seqs []SeqRows, outRows int) ([][]float32, error) {
+// left on the backend and returns StepBatch's result; the step's ops,
+// begun at t0, are all queued (StepQueued).
+func (m *Model) stepOutputs(seqs []SeqRows, outRows int, t0 time.Time) ([][]float32, error) {
 	st, c := m.bat, m.Cfg
+	st.queued = time.Since(t0)
 	// Greedy rows reduce on the device where the backend can; the rows are
 	// copied back only if some sequence samples (or there is no Argmaxer).
 	read, greedy := m.argmax == nil, false
