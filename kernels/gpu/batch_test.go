@@ -39,7 +39,7 @@ func TestMultiRowMatMulMatchesOneRow(t *testing.T) {
 		rows, cols int
 	}{
 		{gguf.TypeQ4_K, 129, 4096}, {gguf.TypeQ4_K, 1000, 14336},
-		{gguf.TypeQ6_K, 300, 4096}, {gguf.TypeQ6_K, 9000, 2048}, {gguf.TypeQ6_K, 70, 768},
+		{gguf.TypeQ6_K, 300, 4096}, {gguf.TypeQ6_K, 9000, 2048}, {gguf.TypeQ6_K, 70, 768}, {gguf.TypeQ6_K, 64, 11008},
 		{gguf.TypeQ8_0, 257, 4096}, {gguf.TypeQ4_0, 300, 14336}, {gguf.TypeQ8_0, 33, 96},
 		{gguf.TypeQ5_K, 100, 2048}, {gguf.TypeF16, 100, 1024},
 	}

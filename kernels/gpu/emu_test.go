@@ -191,7 +191,9 @@ func addMatvec(job *emuJob, d LaunchDevice, w *kernels.Weight, wb, xb, xq, xd, n
 // for every GPU weight type, at both widths, against the CPU backend's
 // MatMul. Rows of 67 leave partial warps and blocks; the capped variants
 // also run on a one-CU device so their warps stride over rows; 3840
-// columns (15 super-blocks) take the staged Q6_K kernels' fallback; 2880
+// columns (15 super-blocks) give the staged Q6_K kernels rows that start
+// off 16-byte boundaries and end in a partial run (c{R} falls back to
+// t{R}); 2880
 // columns of MXFP4 are gpt-oss's expert rows.
 func TestEmuMatvec(t *testing.T) {
 	rng := emuRNG(t)
@@ -354,7 +356,7 @@ func TestEmuSelf(t *testing.T) {
 // TestEmu8B runs the decode products of Llama 3 8B at their full shapes
 // (the output projection excepted: 525M weights) with the launches planned
 // for gfx90a and gfx1030 (TestLaunchPlans8B: grids capped per CU, so
-// warps stride over rows; ffn_down on q21 at wave64 and staged at wave32),
+// warps stride over rows; ffn_down staged at both widths),
 // the grouped Q4_K kernel over attn_q and attn_k, the multi-row kernels
 // for a step of 5 rows on ffn_gate, and the decode attention at 32/8
 // heads of 128 with the splits planned per device, against the CPU
@@ -423,7 +425,7 @@ func TestEmu8B(t *testing.T) {
 			// mv_q4_k_n12m over attn_q and attn_k (a third slot of 0 rows)
 			wq, wk := ws["attn_q"], ws["attn_k"]
 			yq, yk := job.zeros(4*wq.Rows, true), job.zeros(4*wk.Rows, true)
-			grid := planQ4KMulti(ed.dev, wq.Rows+wk.Rows)
+			grid := planQ4KMulti(ed.dev, wq.Rows+wk.Rows, 0)
 			job.launch("mv_q4_k_n12m", rocm.D1(grid), rocm.D1(mvBlock), eP(wbs["attn_q"], 0), eP(yq, 0), eI(wq.Rows),
 				eP(wbs["attn_k"], 0), eP(yk, 0), eI(wk.Rows), eNull(), eNull(), eI(0), eP(xq4, 0), eP(xd4, 0), eI(4096))
 			outs = append(outs, out{"attn_q", "mv_q4_k_n12m", yq, 1}, out{"attn_k", "mv_q4_k_n12m", yk, 1})

@@ -416,15 +416,31 @@ func (b *Backend) launch(c *rocm.Ctx, name string, grid, block rocm.Dim3, a *roc
 // EnvDecodeTuning chooses among decode kernels' ways that give the same
 // results and differ only in speed, for comparing them on one machine: a
 // comma-separated list of "wide" (the router's rows 32 columns a lane in
-// flight) and "minsplit=N" (decode attention splits of at least N positions); "none"
-// (none of them) and "default" (defaultTuning) start the list over; "" is
+// flight), "minsplit=N" (decode attention splits of at least N positions),
+// "q4grid=N" (the one-row Q4_K products' grid capped at N blocks per
+// multiprocessor instead of 8) and "q6grid=N" (the same for the one-row
+// Q6_K products of fewer than 8192 rows, instead of 12); "none" (none of
+// them) and "default" (defaultTuning) start the list over; "" is
 // "default".
 const EnvDecodeTuning = "FORGE_DECODE_TUNING"
 
 // decodeTuning is EnvDecodeTuning parsed.
 type decodeTuning struct {
-	routeWide    bool
-	attnMinSplit int
+	routeWide      bool
+	attnMinSplit   int
+	q4Grid, q6Grid int // blocks per multiprocessor; 0: the kernel's default
+}
+
+// perSM is the grid cap the tuning sets for a one-row product of a
+// weight of type t and rows rows, or 0 for the kernel's default.
+func (t decodeTuning) perSM(typ gguf.Type, rows int) int {
+	switch {
+	case typ == gguf.TypeQ4_K:
+		return t.q4Grid
+	case typ == gguf.TypeQ6_K && rows < 8192:
+		return t.q6Grid
+	}
+	return 0
 }
 
 // defaultTuning is the ways measured fastest: on the H100, Qwen3-MoE
@@ -449,13 +465,23 @@ func parseDecodeTuning(v string) (decodeTuning, error) {
 				return t, fmt.Errorf("gpu: $%s: minsplit=%q is not a count of positions", EnvDecodeTuning, val)
 			}
 			t.attnMinSplit = n
+		case "q4grid", "q6grid":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > 64 {
+				return t, fmt.Errorf("gpu: $%s: %s=%q is not a count of blocks per multiprocessor (1–64)", EnvDecodeTuning, k, val)
+			}
+			if k == "q4grid" {
+				t.q4Grid = n
+			} else {
+				t.q6Grid = n
+			}
 		case "default": // the defaults, then what follows
 			t = defaultTuning
 		case "none": // every way off, then what follows
 			t = decodeTuning{}
 		case "":
 		default:
-			return t, fmt.Errorf("gpu: $%s: unknown way %q (wide, minsplit=N, none, default)", EnvDecodeTuning, k)
+			return t, fmt.Errorf("gpu: $%s: unknown way %q (wide, minsplit=N, q4grid=N, q6grid=N, none, default)", EnvDecodeTuning, k)
 		}
 	}
 	return t, nil

@@ -111,8 +111,9 @@ func planMatvec(d LaunchDevice, t gguf.Type, rows, cols, nx int, wAligned, xAlig
 //
 // "n{R}{U}" (Q4_K) is q{R}{U} with the weight loads skipping L1; "t{R}"
 // (Q6_K) stages runs of whole super-blocks through shared memory with
-// 16-byte loads, and needs warpSize/4 to divide the super-blocks of a row
-// (else q21 runs); "c{R}" is t{R} streaming on across row groups. A
+// 16-byte loads, rows of any number of super-blocks (7B's ffn_down: 43);
+// "c{R}" is t{R} streaming on across row groups, and needs warpSize/4 to
+// divide the super-blocks of a row (else t{R} runs). A
 // suffix "@N" caps the grid at N blocks per multiprocessor unless
 // blocksPerSM is set.
 func planQ8(d LaunchDevice, kt, v string, rows, cols, blocksPerSM int) mvPlan {
@@ -121,8 +122,11 @@ func planQ8(d LaunchDevice, kt, v string, rows, cols, blocksPerSM int) mvPlan {
 	if perSM == 0 && capped != "" {
 		perSM, _ = strconv.Atoi(capped)
 	}
-	if (v[0] == 't' || v[0] == 'c') && (kt != "q6_k" || (cols/256)%(d.Warp/4) != 0) {
+	switch {
+	case (v[0] == 't' || v[0] == 'c') && kt != "q6_k":
 		v = "q21"
+	case v[0] == 'c' && (cols/256)%(d.Warp/4) != 0: // c streams whole runs of aligned rows
+		v = "t" + v[1:]
 	}
 	r := int(v[1] - '0')
 	grid := ceilDiv(rows, mvBlock/d.Warp*r)
@@ -248,9 +252,12 @@ func planRows(d LaunchDevice, t gguf.Type, rows, cols, n int, wAligned bool, mvV
 }
 
 // planQ4KMulti is the grid of mv_q4_k_n12m over total rows of two or
-// three Q4_K weights (as n12@8).
-func planQ4KMulti(d LaunchDevice, total int) int {
-	return min(ceilDiv(total, mvBlock/d.Warp), 8*max(d.SMs, 1))
+// three Q4_K weights (as n12@8; perSM > 0 caps it there instead).
+func planQ4KMulti(d LaunchDevice, total, perSM int) int {
+	if perSM <= 0 {
+		perSM = 8
+	}
+	return min(ceilDiv(total, mvBlock/d.Warp), perSM*max(d.SMs, 1))
 }
 
 // planAttnDecodeSplits is how many blocks per head and token the decode

@@ -24,9 +24,9 @@ var llama8B = []struct {
 
 // TestLaunchPlans8B: the kernels and grids launch.go chooses for the 8B
 // model's decode products on gfx90a (wave64, 110 CUs) and gfx1030 (wave32,
-// 40 CUs). On wave64 the staged Q6_K kernels need the super-blocks of a
-// row to be a multiple of 16, so ffn_down (56 super-blocks) falls back to
-// q21 there (issue 27, item 6), while wave32 (a multiple of 8) stages it.
+// 40 CUs). ffn_down (56 super-blocks a row) is staged at both widths: at
+// wave64 its last run of 16 super-blocks holds 8 (once q21, issue 27,
+// item 6).
 func TestLaunchPlans8B(t *testing.T) {
 	want := map[string]map[string]mvPlan{
 		"gfx90a": {
@@ -35,7 +35,7 @@ func TestLaunchPlans8B(t *testing.T) {
 			"attn_v":      {"mv_q6_k_t2", 256, mvArgsQ8},
 			"attn_output": {"mv_q4_k_n12", 880, mvArgsQ8},
 			"ffn_gate":    {"mv_q4_k_n12", 880, mvArgsQ8},
-			"ffn_down":    {"mv_q6_k_q21", 1024, mvArgsQ8},
+			"ffn_down":    {"mv_q6_k_t2", 1024, mvArgsQ8},
 			"output":      {"mv_q6_k_c2", 440, mvArgsQ8},
 		},
 		"gfx1030": {

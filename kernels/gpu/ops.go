@@ -227,8 +227,11 @@ func (b *Backend) launchDevice() LaunchDevice {
 // matvec queues y [nx][rows] = x [nx][cols] · wᵀ with the kernel
 // planMatvec chooses; one on 8-bit x (one row) reads q's copy (q8For).
 func (b *Backend) matvec(c *rocm.Ctx, kt string, w *kernels.Weight, wp, y, x rocm.DevPtr, nx int, q *q8x) error {
-	p, err := planMatvec(b.launchDevice(), w.Type, w.Rows, w.Cols, nx, uintptr(wp)%16 == 0, uintptr(x)%16 == 0,
-		mvOverrides{Variant: b.mvVariant, BlocksPerSM: b.mvBlocksPerSM})
+	o := mvOverrides{Variant: b.mvVariant, BlocksPerSM: b.mvBlocksPerSM}
+	if o == (mvOverrides{}) {
+		o.BlocksPerSM = b.tune.perSM(w.Type, w.Rows)
+	}
+	p, err := planMatvec(b.launchDevice(), w.Type, w.Rows, w.Cols, nx, uintptr(wp)%16 == 0, uintptr(x)%16 == 0, o)
 	if err != nil {
 		return err
 	}

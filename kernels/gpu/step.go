@@ -476,5 +476,5 @@ func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kerne
 		a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
 	}
 	a.Ptr(x8.codes).Ptr(x8.scales).I32(int32(cols))
-	return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total)), rocm.D1(mvBlock), &a)
+	return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total, b.tune.q4Grid)), rocm.D1(mvBlock), &a)
 }

@@ -50,6 +50,37 @@ typedef long long i64;
 #else
 #define GRID_DEPEND() ((void)0)
 #endif
+// GRID_PREFETCH(p, n) may come before GRID_DEPEND(): the calling warp asks
+// L2 for the n bytes at p, without waiting for them. Only for memory no
+// kernel of the step writes (the weights), and only where GRID_DEPEND waits:
+// the blocks of a matrix-vector kernel then start streaming their first
+// weight rows from DRAM while the kernel before them (a norm, the
+// attention, the tail of another product) still runs, instead of after it.
+// The loads after the wait find those rows in L2; nothing read before the
+// wait is used. Elsewhere it is nothing.
+#if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define GRID_PREFETCH(p, n) l2_prefetch_warp((const u8*)(p), (size_t)(n))
+static __device__ __forceinline__ void l2_prefetch_warp(const u8* p, size_t n) {
+  if (n == 0) return;
+  // one 128-byte line per lane and round; the first line from p itself
+  const u8* line = (const u8*)((size_t)p & ~(size_t)127);
+  for (size_t o = (size_t)(threadIdx.x % warpSize) * 128; line + o < p + n; o += (size_t)warpSize * 128) {
+    const u8* a = line + o < p ? p : line + o;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  }
+}
+// GRID_PREFETCH_ROWS(w, R, rows, rb): GRID_PREFETCH of the first group of R
+// rows (of rows, rb bytes each) that the calling warp of a grid-strided
+// matrix-vector kernel reads (warp v of the grid takes rows R·v …).
+#define GRID_PREFETCH_ROWS(w, R, rows, rb) l2_prefetch_rows((const u8*)(w), (R), (rows), (size_t)(rb))
+static __device__ __forceinline__ void l2_prefetch_rows(const u8* w, int R, int rows, size_t rb) {
+  int row0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * R;
+  if (row0 < rows) l2_prefetch_warp(w + (size_t)row0 * rb, (size_t)min(R, rows - row0) * rb);
+}
+#else
+#define GRID_PREFETCH(p, n) ((void)0)
+#define GRID_PREFETCH_ROWS(w, R, rows, rb) ((void)0)
+#endif
 #if defined(FORGE_CUDA)
 #define FORGE_INLINE __forceinline__
 #else

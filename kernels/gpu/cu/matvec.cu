@@ -540,21 +540,43 @@ static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1
   }
 }
 
+// GRID_PREFETCH_LIST: GRID_PREFETCH of the calling warp's first row of
+// mv_q4_k_q8m's list.
+#define GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols) q4k_list_prefetch(w0, r0, w1, r1, w2, r2, cols)
+DEV void q4k_list_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols) {
+  size_t rb = (size_t)(cols / 256) * 144;
+  int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+  if (v < r0) {
+    GRID_PREFETCH(w0 + (size_t)v * rb, rb);
+  } else if (v < r0 + r1) {
+    GRID_PREFETCH(w1 + (size_t)(v - r0) * rb, rb);
+  } else if (v < r0 + r1 + r2) {
+    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb, rb);
+  }
+}
+
 KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
                          int r2, const i8* xq, const float* xd, int cols) {
+  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols);
   GRID_DEPEND();
   mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
 
 
 #define MV_Q8X(R, U)                                                                                           \
-  KERNEL void __launch_bounds__(128) mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { \
+    GRID_PREFETCH_ROWS(w, R, rows, (cols / 256) * 144);                                                        \
+    GRID_DEPEND();                                                                                             \
     mv_q4_k_q8<R, U, false>(w, xq, xd, y, rows, cols);                                                         \
   }                                                                                                            \
-  KERNEL void __launch_bounds__(128) mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
+  KERNEL void __launch_bounds__(128) mv_q4_k_n##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { \
+    GRID_PREFETCH_ROWS(w, R, rows, (cols / 256) * 144);                                                        \
+    GRID_DEPEND();                                                                                             \
     mv_q4_k_q8<R, U, true>(w, xq, xd, y, rows, cols);                                                          \
   }                                                                                                            \
-  KERNEL void __launch_bounds__(128) mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { GRID_DEPEND();      \
+  KERNEL void __launch_bounds__(128) mv_q6_k_q##R##U(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) { \
+    GRID_PREFETCH_ROWS(w, R, rows, (cols / 256) * 210);                                                        \
+    GRID_DEPEND();                                                                                             \
     mv_q6_k_q8<R, U>(w, xq, xd, y, rows, cols);                                                                \
   }
 // q{R}{U}: R rows per warp, U super-blocks per lane in flight
@@ -577,14 +599,16 @@ MV_Q8X(1, 4)
 // funnel shift make each). The next run's 16-byte loads are issued before
 // this run's arithmetic (a register double buffer), so every warp keeps
 // loads in flight. Lanes and arithmetic as in mv_q6_k_q8.
-//   block 128 threads; shared 128/4·210·R bytes whatever the warp size
-//   needs: rows 16-byte aligned, (cols/256) % (warpSize/4) == 0
+//   block 128 threads; shared (128/4·210 + 64)·R bytes whatever the warp
+//   size; needs: w 16-byte aligned (mv_q6_k_c8 also every row, and
+//   (cols/256) % (warpSize/4) == 0)
 
 // q6_run: the arithmetic of one staged run for lane (k, n, t): block k of
-// each of the R runs at st (S blocks apart), super-block sb of x.
+// each of the R runs, run r at st + r·stride + off[r] (off even, stride a
+// multiple of 16 from a 16-byte aligned st), super-block sb of x.
 template <int R>
-DEV void q6_run(const u8* st, int S, const i8* __restrict__ xq, const float* __restrict__ xd, int sb, int k, int n,
-                int t, u32 sh, float* acc) {
+DEV void q6_run(const u8* st, int stride, const int* off, const i8* __restrict__ xq, const float* __restrict__ xd,
+                int sb, int k, int n, int t, float* acc) {
   const i8* xb = xq + (size_t)sb * 256 + 128 * n + 16 * t;
   uint4 xv[4];
   float dxk[4];
@@ -598,8 +622,9 @@ DEV void q6_run(const u8* st, int S, const i8* __restrict__ xq, const float* __r
   }
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    const u8* bp = st + r * S * 210 + k * 210;
-    const u8* pal = bp - (sh >> 3);  // word-aligned
+    const u8* bp = st + r * stride + off[r] + k * 210;
+    u32 sh = 8u * (u32)((off[r] + 2 * k) & 3);  // k·210 ≡ 2k (mod 4)
+    const u8* pal = bp - (sh >> 3);             // word-aligned
     u32 a[4], b[4], h[4], sc[2];
     sh_words<4>(pal + 64 * n + 16 * t, sh, a);
     sh_words<4>(pal + 64 * n + 16 * t + 32, sh, b);
@@ -609,57 +634,69 @@ DEV void q6_run(const u8* st, int S, const i8* __restrict__ xq, const float* __r
   }
 }
 
+// Rows of any whole number of super-blocks: a row (and so every run of
+// it) may start 2·j bytes past a 16-byte boundary (off), and its last run
+// may hold fewer than S super-blocks. Each run is copied from the 16-byte
+// word holding its first byte to the one holding its last, off bytes into
+// the warp's stage for that row (S·210 + 16 bytes); lanes whose block lies
+// past the row's end add nothing, as in mv_q6_k_q8. A 16-byte word with
+// one byte of the weight lies within its allocation.
 template <int R>
 static __device__ void mv_q6_k_t8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                                   float* __restrict__ y, int rows, int cols) {
-  __shared__ __attribute__((aligned(16))) u8 stage[R * 32 * 210 + 16];
+  __shared__ __attribute__((aligned(16))) u8 stage[R * (32 * 210 + 64) + 16];
   int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
-  int S = warpSize / 4;                 // super-blocks per run, one per 4 lanes
-  int n16 = S * 210 / 16;               // 16-byte words per run (S % 8 == 0)
-  u8* st = stage + warp * R * S * 210;  // this warp's R runs
+  int S = warpSize / 4;              // super-blocks per run, one per 4 lanes
+  int stride = S * 210 + 16;         // stage bytes per row run
+  u8* st = stage + warp * R * stride;  // this warp's R runs
   int nsb = cols / 256;
   size_t rb = (size_t)nsb * 210;
   int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
-  u32 sh = 16u * (u32)(k & 1);  // k·210 ≡ 2k (mod 4)
   for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + warp) * R; row0 < rows;
        row0 += gridDim.x * (blockDim.x / warpSize) * R) {
     float acc[R];
-    const u8* wr[R];
+    const u8* wa[R];  // each row's start, rounded down to 16 bytes
+    int off[R];
     uint4 buf[R][4];
 #pragma unroll
     for (int r = 0; r < R; r++) {
       acc[r] = 0.0f;
-      wr[r] = w + (size_t)min(row0 + r, rows - 1) * rb;
+      const u8* a = w + (size_t)min(row0 + r, rows - 1) * rb;
+      off[r] = (int)((size_t)a & 15);
+      wa[r] = a - off[r];
+      int words = (off[r] + min(S, nsb) * 210 + 15) / 16;
 #pragma unroll
       for (int m = 0; m < 4; m++) {
         int i = lane + m * warpSize;
-        if (i < n16) buf[r][m] = ld16w<true>(wr[r] + 16 * (size_t)i);
+        if (i < words) buf[r][m] = ld16w<true>(wa[r] + 16 * (size_t)i);
       }
     }
     for (int sb0 = 0; sb0 < nsb; sb0 += S) {
       WARP_SYNC();  // every lane is done reading the previous run
 #pragma unroll
       for (int r = 0; r < R; r++) {
-        uint4* dst = (uint4*)(st + r * S * 210);
+        uint4* dst = (uint4*)(st + r * stride);
+        int words = (off[r] + min(S, nsb - sb0) * 210 + 15) / 16;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
           int i = lane + m * warpSize;
-          if (i < n16) dst[i] = buf[r][m];
+          if (i < words) dst[i] = buf[r][m];
         }
       }
       if (sb0 + S < nsb) {  // next run in flight during this one's arithmetic
 #pragma unroll
         for (int r = 0; r < R; r++) {
-          const u8* src = wr[r] + (size_t)(sb0 + S) * 210;
+          const u8* src = wa[r] + (size_t)(sb0 + S) * 210;
+          int words = (off[r] + min(S, nsb - sb0 - S) * 210 + 15) / 16;
 #pragma unroll
           for (int m = 0; m < 4; m++) {
             int i = lane + m * warpSize;
-            if (i < n16) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+            if (i < words) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
           }
         }
       }
       WARP_SYNC();
-      q6_run<R>(st, S, xq, xd, sb0 + k, k, n, t, sh, acc);
+      if (sb0 + k < nsb) q6_run<R>(st, stride, off, xq, xd, sb0 + k, k, n, t, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -671,14 +708,17 @@ static __device__ void mv_q6_k_t8(const u8* __restrict__ w, const i8* __restrict
 
 // t{R}: R rows per warp
 KERNEL void __launch_bounds__(128) mv_q6_k_t1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_PREFETCH_ROWS(w, 1, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_t8<1>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_t2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_PREFETCH_ROWS(w, 2, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_t8<2>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_PREFETCH_ROWS(w, 4, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_t8<4>(w, xq, xd, y, rows, cols);
 }
@@ -699,7 +739,9 @@ static __device__ void mv_q6_k_c8(const u8* __restrict__ w, const i8* __restrict
   int nsb = cols / 256, nruns = nsb / S;
   size_t rb = (size_t)nsb * 210;
   int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
-  u32 sh = 16u * (u32)(k & 1);
+  int zero[R];  // every row's runs start 16-byte aligned here
+#pragma unroll
+  for (int r = 0; r < R; r++) zero[r] = 0;
   int ngroups = (rows + R - 1) / R;
   int gstride = gridDim.x * (blockDim.x / warpSize);
   int g = blockIdx.x * (blockDim.x / warpSize) + warp;  // row group: rows R·g …
@@ -745,7 +787,7 @@ static __device__ void mv_q6_k_c8(const u8* __restrict__ w, const i8* __restrict
       }
     }
     WARP_SYNC();
-    q6_run<R>(st, S, xq, xd, c * S + k, k, n, t, sh, acc);
+    q6_run<R>(st, S * 210, zero, xq, xd, c * S + k, k, n, t, acc);
     if (cn == 0) {  // group g done
 #pragma unroll
       for (int r = 0; r < R; r++) {
@@ -762,10 +804,12 @@ static __device__ void mv_q6_k_c8(const u8* __restrict__ w, const i8* __restrict
 
 // c{R}: R rows per warp
 KERNEL void __launch_bounds__(128) mv_q6_k_c1(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_PREFETCH_ROWS(w, 1, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_c8<1>(w, xq, xd, y, rows, cols);
 }
 KERNEL void __launch_bounds__(128) mv_q6_k_c2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols) {
+  GRID_PREFETCH_ROWS(w, 2, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_c8<2>(w, xq, xd, y, rows, cols);
 }
@@ -997,16 +1041,19 @@ DEV void mv_b32_xn(const u8* __restrict__ w, const i8* __restrict__ xq, const fl
 // on (bench/results/2026-11-25-batch-matmul-h100.md).
 KERNEL void __launch_bounds__(128)
     mv_q4_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_PREFETCH_ROWS(w, 2, rows, (cols / 256) * 144);
   GRID_DEPEND();
   mv_q4_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
     mv_q4_k_x16r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_PREFETCH_ROWS(w, 2, rows, (cols / 256) * 144);
   GRID_DEPEND();
   mv_q4_k_xn<2, 16>(w, xq, xd, y, rows, cols, nx);
 }
 KERNEL void __launch_bounds__(128)
     mv_q6_k_x8r2(const u8* w, const i8* xq, const float* xd, float* y, int rows, int cols, int nx) {
+  GRID_PREFETCH_ROWS(w, 2, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_xn<2, 8>(w, xq, xd, y, rows, cols, nx);
 }
