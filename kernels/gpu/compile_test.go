@@ -30,7 +30,7 @@ func kernelNames(t *testing.T, module, src string) []string {
 			names = append(names, "mv_"+ty+"_b1", "mv_"+ty+"_b2", "mv_"+ty+"_b4")
 		}
 		names = append(names, "mv_q4_k_x8r2", "mv_q4_k_x16r2", "mv_q6_k_x8r2", "mv_q4_0_x8", "mv_q4_1_x8", "mv_q5_0_x8", "mv_q5_1_x8", "mv_q8_0_x8")
-		names = append(names, "mv_q6_k_t1", "mv_q6_k_t2", "mv_q6_k_t4", "mv_q6_k_c1", "mv_q6_k_c2")
+		names = append(names, "mv_q6_k_t1", "mv_q6_k_t2", "mv_q6_k_t4", "mv_q6_k_c1", "mv_q6_k_c2", "mv_q4_k_n12m", "mv_q4_k_n12m6")
 		names = append(names, "mv_q4_k_r1u1", "mv_q4_k_r2u1", "mv_q4_k_r1u2", "mv_q4_k_r2u2")
 		for _, r := range []string{"11", "21", "12", "22", "14"} {
 			names = append(names, "mv_q4_k_q"+r, "mv_q6_k_q"+r, "mv_q4_k_n"+r)

@@ -177,7 +177,7 @@ func TestHIPCodeNoScratch(t *testing.T) {
 // int8Kernel matches the matrix–vector kernels on 8-bit activations: Q4_K
 // q/n, Q6_K q/t/c, the 32-element block types' b{R}, the multi-row x
 // kernels and the fused Q4_K n12m.
-var int8Kernel = regexp.MustCompile(`^mv_(q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q6_k)_([qn][0-9][0-9]|n12m|[tcb][0-9]|x[0-9]+(r[0-9])?)$`)
+var int8Kernel = regexp.MustCompile(`^mv_(q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q6_k)_([qn][0-9][0-9]|n12m6?|[tcb][0-9]|x[0-9]+(r[0-9])?)$`)
 
 // TestHIPCodeNativeDot4: every int8 matrix–vector kernel of the gfx90a and
 // gfx1030 objects holds the native four-way int8 dot product (v_dot4_i32_i8

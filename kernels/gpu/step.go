@@ -358,8 +358,12 @@ var (
 // MatMuls implements kernels.SharedInputMatMuler. For one row, the Q4_K
 // weights of the same width among ws (at most three) go through one launch
 // of mv_q4_k_n12m, the kernel MatMul picks for each of them alone, its
-// warps striding over the rows of all of them; the other weights, and
-// every weight for more rows, go through MatMul's kernels. x is quantized
+// warps striding over the rows of all of them; two Q4_K weights and one
+// Q6_K of at most a quarter of their rows (a Q4_K_M layer's Q, K and a
+// grouped-query V) go through one launch of mv_q4_k_n12m6, each Q6_K row
+// computed as MatMul's staged kernel does;
+// the other weights, and every weight for more rows, go through MatMul's
+// kernels. x is quantized
 // once, by the first product that reads 8 bits, and that copy handed to
 // the others.
 func (b *Backend) MatMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels.Tensor, n int) error {
@@ -406,17 +410,25 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		return err
 	}
 	var grouped [3]int // indices into ws of the weights in the launch
-	ng := 0
+	ng, q6 := 0, -1    // q6: a Q6_K weight riding with two Q4_K ones (mv_q4_k_n12m6)
 	if n == 1 && !prompt && b.mvVariant == "" && b.mvBlocksPerSM == 0 {
 		for i, w := range ws {
 			if ng < len(grouped) && w.Type == gguf.TypeQ4_K && w.Cols%256 == 0 {
 				grouped[ng] = i
 				ng++
+			} else if q6 < 0 && w.Type == gguf.TypeQ6_K && w.Cols%256 == 0 {
+				q6 = i
 			}
 		}
 	}
 	if ng < 2 {
 		ng = 0
+	}
+	if q6 >= 0 && (ng != 2 || 4*ws[q6].Rows > ws[grouped[0]].Rows+ws[grouped[1]].Rows) {
+		// Only a small Q6_K weight rides along: on the H100, 8B's V (1024
+		// rows next to 5120) decoded 3 % faster in the launch, 7B's (4096
+		// next to 8192) 0.5 % slower (bench/results/2026-11-26-decode-h100.md).
+		q6 = -1
 	}
 	if n >= vendorMinN {
 		b.waitVendor()
@@ -429,14 +441,17 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 			return err
 		}
 	}
+	if q6 >= 0 && uintptr(wps[q6])%16 != 0 {
+		q6 = -1 // the staged Q6_K rows need an aligned weight: its own launch
+	}
 	return b.do(func(c *rocm.Ctx) error {
 		if ng > 0 {
-			if err := b.matvecQ4KMulti(c, dsts, ws, wps, grouped[:ng], x, &shared); err != nil {
+			if err := b.matvecQ4KMulti(c, dsts, ws, wps, grouped[:ng], q6, x, &shared); err != nil {
 				return err
 			}
 		}
 		for i, w := range ws {
-			done := false
+			done := i == q6
 			for _, g := range grouped[:ng] {
 				done = done || g == i
 			}
@@ -453,8 +468,9 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 
 // matvecQ4KMulti queues dsts[g] = x · ws[g]ᵀ for the Q4_K weights of idx
 // (2 or 3 of them, at wps) in one launch, on q's copy of x
-// (q8For). Call with b.mu held, on the worker.
-func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kernels.Weight, wps []rocm.DevPtr, idx []int, x kernels.Tensor, q *q8x) error {
+// (q8For); with q6 ≥ 0 (two Q4_K weights), also the Q6_K weight ws[q6] in
+// the third slot (mv_q4_k_n12m6). Call with b.mu held, on the worker.
+func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kernels.Weight, wps []rocm.DevPtr, idx []int, q6 int, x kernels.Tensor, q *q8x) error {
 	cols := ws[idx[0]].Cols
 	var wp [3]rocm.DevPtr
 	var rows [3]int
@@ -471,10 +487,16 @@ func (b *Backend) matvecQ4KMulti(c *rocm.Ctx, dsts []kernels.Tensor, ws []*kerne
 	if err != nil {
 		return err
 	}
+	kernel := "mv_q4_k_n12m"
+	if q6 >= 0 {
+		kernel = "mv_q4_k_n12m6"
+		wp[2], rows[2], ys[2] = wps[q6], ws[q6].Rows, dptr(dsts[q6])
+		total += rows[2]
+	}
 	var a rocm.Args
 	for k := range 3 {
 		a.Ptr(wp[k]).Ptr(ys[k]).I32(int32(rows[k])) // unused slots: 0 rows
 	}
 	a.Ptr(x8.codes).Ptr(x8.scales).I32(int32(cols))
-	return b.launch(c, "mv_q4_k_n12m", rocm.D1(planQ4KMulti(b.launchDevice(), total, b.tune.q4Grid)), rocm.D1(mvBlock), &a)
+	return b.launch(c, kernel, rocm.D1(planQ4KMulti(b.launchDevice(), total, b.tune.q4Grid)), rocm.D1(mvBlock), &a)
 }

@@ -290,6 +290,7 @@ func TestMatMulsEqualsMatMul(t *testing.T) {
 		{{gguf.TypeQ4_K, 4096, 4096}, {gguf.TypeQ4_K, 1024, 4096}, {gguf.TypeQ4_K, 1024, 4096}},
 		{{gguf.TypeQ4_K, 3000, 2048}, {gguf.TypeQ4_K, 3000, 2048}},
 		{{gguf.TypeQ6_K, 512, 1024}, {gguf.TypeQ4_K, 300, 1024}},
+		{{gguf.TypeQ6_K, 120, 2816}, {gguf.TypeQ4_K, 300, 2816}, {gguf.TypeQ4_K, 200, 2816}}, // 11 super-blocks a row
 	}
 	for si, set := range sets {
 		for _, n := range []int{1, 3} {

@@ -641,68 +641,78 @@ DEV void q6_run(const u8* st, int stride, const int* off, const i8* __restrict__
 // the warp's stage for that row (S·210 + 16 bytes); lanes whose block lies
 // past the row's end add nothing, as in mv_q6_k_q8. A 16-byte word with
 // one byte of the weight lies within its allocation.
+// q6_staged_rows is one warp's R rows row0 … (the last row repeated past
+// rows) of w, staged through st (R·(S·210 + 16) bytes, 16-byte aligned):
+// each row's dot product with x, summed over the warp into acc.
+template <int R>
+DEV void q6_staged_rows(u8* st, const u8* __restrict__ w, int row0, int rows, int cols, const i8* __restrict__ xq,
+                        const float* __restrict__ xd, float (&acc)[R]) {
+  int lane = threadIdx.x % warpSize;
+  int S = warpSize / 4;       // super-blocks per run, one per 4 lanes
+  int stride = S * 210 + 16;  // stage bytes per row run
+  int nsb = cols / 256;
+  size_t rb = (size_t)nsb * 210;
+  int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  const u8* wa[R];  // each row's start, rounded down to 16 bytes
+  int off[R];
+  uint4 buf[R][4];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.0f;
+    const u8* a = w + (size_t)min(row0 + r, rows - 1) * rb;
+    off[r] = (int)((size_t)a & 15);
+    wa[r] = a - off[r];
+    int words = (off[r] + min(S, nsb) * 210 + 15) / 16;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+      int i = lane + m * warpSize;
+      if (i < words) buf[r][m] = ld16w<true>(wa[r] + 16 * (size_t)i);
+    }
+  }
+  for (int sb0 = 0; sb0 < nsb; sb0 += S) {
+    WARP_SYNC();  // every lane is done reading the previous run
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      uint4* dst = (uint4*)(st + r * stride);
+      int words = (off[r] + min(S, nsb - sb0) * 210 + 15) / 16;
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        int i = lane + m * warpSize;
+        if (i < words) dst[i] = buf[r][m];
+      }
+    }
+    if (sb0 + S < nsb) {  // next run in flight during this one's arithmetic
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const u8* src = wa[r] + (size_t)(sb0 + S) * 210;
+        int words = (off[r] + min(S, nsb - sb0 - S) * 210 + 15) / 16;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          int i = lane + m * warpSize;
+          if (i < words) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
+        }
+      }
+    }
+    WARP_SYNC();
+    if (sb0 + k < nsb) q6_run<R>(st, stride, off, xq, xd, sb0 + k, k, n, t, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+}
+
 template <int R>
 static __device__ void mv_q6_k_t8(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd,
                                   float* __restrict__ y, int rows, int cols) {
   __shared__ __attribute__((aligned(16))) u8 stage[R * (32 * 210 + 64) + 16];
   int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
-  int S = warpSize / 4;              // super-blocks per run, one per 4 lanes
-  int stride = S * 210 + 16;         // stage bytes per row run
-  u8* st = stage + warp * R * stride;  // this warp's R runs
-  int nsb = cols / 256;
-  size_t rb = (size_t)nsb * 210;
-  int k = lane >> 2, t4 = lane & 3, n = t4 >> 1, t = t4 & 1;
+  u8* st = stage + warp * R * (warpSize / 4 * 210 + 16);  // this warp's R runs
   for (int row0 = (blockIdx.x * (blockDim.x / warpSize) + warp) * R; row0 < rows;
        row0 += gridDim.x * (blockDim.x / warpSize) * R) {
     float acc[R];
-    const u8* wa[R];  // each row's start, rounded down to 16 bytes
-    int off[R];
-    uint4 buf[R][4];
+    q6_staged_rows<R>(st, w, row0, rows, cols, xq, xd, acc);
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      acc[r] = 0.0f;
-      const u8* a = w + (size_t)min(row0 + r, rows - 1) * rb;
-      off[r] = (int)((size_t)a & 15);
-      wa[r] = a - off[r];
-      int words = (off[r] + min(S, nsb) * 210 + 15) / 16;
-#pragma unroll
-      for (int m = 0; m < 4; m++) {
-        int i = lane + m * warpSize;
-        if (i < words) buf[r][m] = ld16w<true>(wa[r] + 16 * (size_t)i);
-      }
-    }
-    for (int sb0 = 0; sb0 < nsb; sb0 += S) {
-      WARP_SYNC();  // every lane is done reading the previous run
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        uint4* dst = (uint4*)(st + r * stride);
-        int words = (off[r] + min(S, nsb - sb0) * 210 + 15) / 16;
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-          int i = lane + m * warpSize;
-          if (i < words) dst[i] = buf[r][m];
-        }
-      }
-      if (sb0 + S < nsb) {  // next run in flight during this one's arithmetic
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-          const u8* src = wa[r] + (size_t)(sb0 + S) * 210;
-          int words = (off[r] + min(S, nsb - sb0 - S) * 210 + 15) / 16;
-#pragma unroll
-          for (int m = 0; m < 4; m++) {
-            int i = lane + m * warpSize;
-            if (i < words) buf[r][m] = ld16w<true>(src + 16 * (size_t)i);
-          }
-        }
-      }
-      WARP_SYNC();
-      if (sb0 + k < nsb) q6_run<R>(st, stride, off, xq, xd, sb0 + k, k, n, t, acc);
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      float s = warp_sum(acc[r]);
-      if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-    }
+    for (int r = 0; r < R; r++)
+      if (lane == 0 && row0 + r < rows) y[row0 + r] = acc[r];
   }
 }
 
@@ -721,6 +731,57 @@ KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const f
   GRID_PREFETCH_ROWS(w, 4, rows, (cols / 256) * 210);
   GRID_DEPEND();
   mv_q6_k_t8<4>(w, xq, xd, y, rows, cols);
+}
+
+// mv_q4_k_n12m6: mv_q4_k_n12m whose third weight is Q6_K (Q, K of Q4_K
+// and V of Q6_K: half the layers of a Q4_K_M file), so that V rides in the
+// Q and K launch instead of one of its own. A warp whose row is in the Q6_K
+// weight computes it as mv_q6_k_t{R} does (q6_staged_rows, one row): the
+// same bits.
+//   needs: w2 16-byte aligned
+DEV void q4k_list6_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols) {
+  size_t rb4 = (size_t)(cols / 256) * 144, rb6 = (size_t)(cols / 256) * 210;
+  int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+  if (v < r0) {
+    GRID_PREFETCH(w0 + (size_t)v * rb4, rb4);
+  } else if (v < r0 + r1) {
+    GRID_PREFETCH(w1 + (size_t)(v - r0) * rb4, rb4);
+  } else if (v < r0 + r1 + r2) {
+    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb6, rb6);
+  }
+}
+#define GRID_PREFETCH_LIST6(w0, r0, w1, r1, w2, r2, cols) q4k_list6_prefetch(w0, r0, w1, r1, w2, r2, cols)
+
+KERNEL void __launch_bounds__(128) mv_q4_k_n12m6(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                  const u8* w2, float* y2, int r2, const i8* xq, const float* xd,
+                                                  int cols) {
+  GRID_PREFETCH_LIST6(w0, r0, w1, r1, w2, r2, cols);
+  GRID_DEPEND();
+  __shared__ __attribute__((aligned(16))) u8 stage[32 * 210 + 64 + 16];
+  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+  u8* st = stage + warp * (warpSize / 4 * 210 + 16);
+  size_t rb = (size_t)(cols / 256) * 144;
+  int total = r0 + r1 + r2;
+  for (int v = blockIdx.x * (blockDim.x / warpSize) + warp; v < total; v += gridDim.x * (blockDim.x / warpSize)) {
+    float acc[1];
+    if (v >= r0 + r1) {  // the same for the whole warp
+      int row = v - r0 - r1;
+      q6_staged_rows<1>(st, w2, row, r2, cols, xq, xd, acc);
+      if (lane == 0) y2[row] = acc[0];
+      continue;
+    }
+    const u8* w = w0;
+    float* y = y0;
+    int row = v;
+    if (row >= r0) {
+      row -= r0;
+      w = w1;
+      y = y1;
+    }
+    const u8* wr[1] = {w + (size_t)row * rb};
+    q4k_q8_rows<1, 2, true>(wr, xq, xd, cols, acc);
+    if (lane == 0) y[row] = acc[0];
+  }
 }
 
 // Q6_K staged, one continuous stream per warp: as mv_q6_k_t8, but when the
