@@ -271,6 +271,16 @@ type QKVPreparer interface {
 	AttentionStoredQ8(out, q Tensor, c *KVCache, layer, pos int, a Attn, oq Q8) (Q8, error)
 }
 
+// QKVAttender is a QKVPreparer that also does the preparation inside the
+// attention, for a token whose queries and keys have no head norms: one
+// op (one GPU launch instead of two) with the bits of PrepareQKV (without
+// norms) then AttentionStoredQ8, in out, oq and the cache. It reports
+// false, having done nothing, where it has no such op (the model then
+// takes those two).
+type QKVAttender interface {
+	AttendQKVQ8(out, q, k, v Tensor, c *KVCache, layer, pos int, r Rope, a Attn, oq Q8) (Q8, bool, error)
+}
+
 // SharedInputMatMuler is a Backend that multiplies one input by several
 // weights at once (a block's Q, K and V; its gate and up projections): one
 // pass that a GPU can launch as one kernel. The model falls back to one

@@ -276,7 +276,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 					return err
 				}
 				ms, err = timeOn(cx, bk.stream, 2, b.N, func(int) error {
-					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), 0, ctx-1, 1, c.Ctx, a, q8x{oq, od})
+					return bk.attnDecode(cx, "f16", out, q, kb.base, kb.base+rocm.DevPtr(int64(c.Ctx)*1024*2), 0, ctx-1, 1, c.Ctx, a, q8x{oq, od}, nil)
 				})
 				return err
 			})

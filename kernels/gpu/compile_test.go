@@ -46,7 +46,7 @@ func kernelNames(t *testing.T, module, src string) []string {
 		}
 	case "attn.cu":
 		for _, kv := range []string{"f16", "f32"} {
-			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_prompt_"+kv, "kv_store_paged_"+kv, "attn_paged_"+kv)
+			names = append(names, "kv_store_"+kv, "attn_decode_"+kv, "attn_decode_rope_"+kv, "attn_prompt_"+kv, "kv_store_paged_"+kv, "attn_paged_"+kv)
 		}
 		names = append(names, "attn_paged_merge")
 	case "pagedfine.cu":

@@ -22,7 +22,8 @@ func fusedSame(t *testing.T, what string, a, b []float32) {
 // bits of RMSNormPair, RoPE over the queries and keys and AttentionQ8 at
 // every position of a 40-token run (each step attends over all the keys
 // and values stored before it, so the cache rows must match too), with
-// and without the head norms.
+// and without the head norms; without them, AttendQKVQ8 (one launch, its
+// own cache) gives the same output and 8-bit copy.
 func TestPrepareQKVMatchesOps(t *testing.T) {
 	b := gpuBackend(t, false)
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 42))
@@ -44,11 +45,18 @@ func TestPrepareQKVMatchesOps(t *testing.T) {
 			}
 			defer b.FreeKVCache(caches[i])
 		}
+		attend, err := b.NewKVCache(1, ctx, kvDim) // AttendQKVQ8's cache (no head norms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.FreeKVCache(attend)
+		wo := conformance.RandomWeight(rng, "attn_output", gguf.TypeQ4_K, 256, qDim)
 		for pos := range 40 {
 			qk := randVec(rng, qDim+kvDim, 2)
 			v := randVec(rng, kvDim, 1)
 			var outs [2][]float32
 			var qs [2][]float32
+			var ys [2][]float32 // the output projection on each path's 8-bit copy
 			for i, fused := range []bool{true, false} {
 				qkt, vt := upload(t, b, qk), upload(t, b, v)
 				q, k := qkt.View(0, qDim), qkt.View(qDim, kvDim)
@@ -74,9 +82,34 @@ func TestPrepareQKVMatchesOps(t *testing.T) {
 					t.Fatal(err)
 				}
 				outs[i], qs[i] = download(t, b, out), download(t, b, qkt)
+				if !norms {
+					y := upload(t, b, make([]float32, 256))
+					if err := b.MatMulQ8(y, wo, out, oq, 1); err != nil {
+						t.Fatal(err)
+					}
+					ys[i] = download(t, b, y)
+				}
 			}
 			fusedSame(t, fmt.Sprintf("norms %v, position %d: queries and keys", norms, pos), qs[0], qs[1])
 			fusedSame(t, fmt.Sprintf("norms %v, position %d: attention", norms, pos), outs[0], outs[1])
+			if norms {
+				continue
+			}
+			// AttendQKVQ8: the same token in one launch, on its own cache
+			qkt, vt := upload(t, b, qk), upload(t, b, v)
+			q, k := qkt.View(0, qDim), qkt.View(qDim, kvDim)
+			out := upload(t, b, make([]float32, qDim))
+			oq := allocQ8(t, b, 1, qDim)
+			made, ok, err := b.AttendQKVQ8(out, q, k, vt, attend, 0, pos, rope, at, oq)
+			if err != nil || !ok || made.Empty() {
+				t.Fatalf("position %d: AttendQKVQ8: ok %v, copy made %v, %v", pos, ok, !made.Empty(), err)
+			}
+			y := upload(t, b, make([]float32, 256))
+			if err := b.MatMulQ8(y, wo, out, made, 1); err != nil {
+				t.Fatal(err)
+			}
+			fusedSame(t, fmt.Sprintf("position %d: AttendQKVQ8's attention", pos), download(t, b, out), outs[1])
+			fusedSame(t, fmt.Sprintf("position %d: the product on AttendQKVQ8's 8-bit copy", pos), download(t, b, y), ys[1])
 		}
 	}
 }

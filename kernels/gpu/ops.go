@@ -721,6 +721,70 @@ func (b *Backend) AttentionStoredQ8(out, q kernels.Tensor, kc *kernels.KVCache, 
 	return b.attentionFrom(out, q, kernels.Tensor{}, kernels.Tensor{}, kc, layer, pos, 1, at, oq, true)
 }
 
+var _ kernels.QKVAttender = (*Backend)(nil)
+
+// AttendQKVQ8 implements kernels.QKVAttender: one launch of
+// attn_decode_rope, which does qkv_prep's rotation and store inside the
+// decode attention: each block rotates its query head in shared memory, and
+// the blocks whose split holds the new position rotate the new key, use it
+// and the new value as the cache would hold them, and the first query head
+// of each group stores them. It declines (false, nothing queued) where
+// PrepareQKV and AttentionStoredQ8 would take another kernel: a sliding
+// window or a soft-cap, no 8-bit copy, fusing off.
+func (b *Backend) AttendQKVQ8(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos int, r kernels.Rope, at kernels.Attn, oq kernels.Q8) (kernels.Q8, bool, error) {
+	const op = "attend qkv"
+	if at.Window > 0 || at.Softcap > 0 || oq.Empty() || b.noFuse || at.HeadDim%32 != 0 || at.HeadDim > 256 {
+		return kernels.Q8{}, false, nil
+	}
+	kp, vp, esize, err := b.cacheLayer(op, kc, layer, at)
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	if pos < 0 || pos >= kc.Ctx {
+		return kernels.Q8{}, false, fmt.Errorf("gpu: %s: position %d outside the context of %d", op, pos, kc.Ctx)
+	}
+	dim, scale, neox, err := ropeArgs(op, op+": q", q, 1, at.Heads, at.HeadDim, r)
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	qDim, kvDim := at.Heads*at.HeadDim, at.KVHeads*at.HeadDim
+	for _, c := range []struct {
+		what string
+		t    kernels.Tensor
+		n    int
+	}{{"out", out, qDim}, {"k", k, kvDim}, {"v", v, kvDim}} {
+		if err := checkTensor(op+": "+c.what, c.t, c.n); err != nil {
+			return kernels.Q8{}, false, err
+		}
+	}
+	dq, err := devQ8(op, oq, 1, qDim)
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	sfx := "f16"
+	if esize == 4 {
+		sfx = "f32"
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sp, err := b.sinkPtr(op, at)
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	fp, err := b.ropeFreqs(r, dim)
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	ro := ropeLaunch{k: dptr(k), v: dptr(v), dim: dim, base: r.Base, scale: scale, freqs: fp, neox: neox}
+	err = b.do(func(c *rocm.Ctx) error {
+		return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos, 1, kc.Ctx, at, dq, &ro)
+	})
+	if err != nil {
+		return kernels.Q8{}, false, err
+	}
+	return oq, true, nil
+}
+
 // cacheLayer checks kc against at and returns the device addresses of
 // layer's keys and values and the element size.
 func (b *Backend) cacheLayer(op string, kc *kernels.KVCache, layer int, at kernels.Attn) (kp, vp rocm.DevPtr, esize int, err error) {
@@ -811,7 +875,7 @@ func (b *Backend) attentionFrom(out, q, k, v kernels.Tensor, kc *kernels.KVCache
 			return b.attnExt(c, sfx, out, q, kp, vp, sp, pos0, n, at)
 		}
 		if n <= 2 {
-			return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos0, n, kc.Ctx, at, dq)
+			return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos0, n, kc.Ctx, at, dq, nil)
 		}
 		a.Ptr(dptr(out)).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(n)).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 			I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).Ptr(sp)
@@ -835,7 +899,10 @@ func (b *Backend) attentionFrom(out, q, k, v kernels.Tensor, kc *kernels.KVCache
 // the splits (splits past the end are empty). sp is the sinks' address
 // (sinkPtr; 0 for none). With oq (one token), it also quantizes the output
 // into it.
-func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x) error {
+//
+// With ro (one token), attn_decode_rope also rotates the query and the new
+// key and stores the new key and value (what qkv_prep does).
+func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp, vp, sp rocm.DevPtr, pos0, n, ctx int, at kernels.Attn, oq q8x, ro *ropeLaunch) error {
 	l, splits, splitLen := planAttnDecode(b.launchDevice(), sfx, at.Heads, n, pos0, ctx, b.tune.attnMinSplit) // splitLen: as the kernel computes it from posp
 	var part, count rocm.DevPtr
 	if splits > 1 {
@@ -852,7 +919,21 @@ func (b *Backend) attnDecode(c *rocm.Ctx, sfx string, out, q kernels.Tensor, kp,
 	a.Ptr(dptr(out)).Ptr(part).Ptr(dptr(q)).Ptr(kp).Ptr(vp).I32(int32(at.Heads)).I32(int32(at.KVHeads)).
 		I32(int32(at.HeadDim)).I32(int32(pos0)).F32(at.Scale).I32(int32(splitLen)).Ptr(b.stepPos()).Ptr(count).
 		Ptr(oq.codes).Ptr(oq.scales).Ptr(sp).I32(int32(b.tune.attnMinSplit))
+	if ro != nil {
+		a.Ptr(ro.k).Ptr(ro.v).I32(int32(ro.dim)).F32(ro.base).F32(ro.scale).Ptr(ro.freqs).I32(ro.neox)
+		return b.launch(c, "attn_decode_rope_"+sfx, l.Grid, l.Block, &a)
+	}
 	return b.launch(c, l.Kernel, l.Grid, l.Block, &a)
+}
+
+// ropeLaunch is what attn_decode_rope reads besides attn_decode's
+// arguments: the new key and value heads and RoPE's (ropeArgs).
+type ropeLaunch struct {
+	k, v        rocm.DevPtr
+	dim         int
+	base, scale float32
+	freqs       rocm.DevPtr
+	neox        int32
 }
 
 func (b *Backend) elementwise(op, kernel string, dst kernels.Tensor, srcs []kernels.Tensor, n int) error {

@@ -106,6 +106,7 @@ type Model struct {
 	// prep makes one token's queries, keys and values ready for attention
 	// in one op (selfAttention), where the backend can.
 	prep    kernels.QKVPreparer
+	attend  kernels.QKVAttender
 	pending bool
 	// mix, where its norm is set, is a mixture's weighted sum that a
 	// device-routed decode step left to the next preNorm, which fuses it
@@ -229,6 +230,7 @@ func newSpan(be kernels.Backend, cfg Config, w Weights, o Options, lo, hi int, h
 	m.resNorm, _ = kernels.As[kernels.ResidualNormer](be)
 	m.pairNorm, _ = kernels.As[kernels.NormPairer](be)
 	m.prep, _ = kernels.As[kernels.QKVPreparer](be)
+	m.attend, _ = kernels.As[kernels.QKVAttender](be)
 	m.multi, _ = kernels.As[kernels.SharedInputMatMuler](be)
 	m.q8, _ = kernels.As[kernels.Q8Ops](be)
 

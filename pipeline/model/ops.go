@@ -80,7 +80,8 @@ func (m *Model) ropeQK(a act, n, pos0, layer int) {
 // (Qwen3, Gemma), RoPE, the store of the keys and values in the cache, and
 // attention over it; it returns att's 8-bit copy as attention does. One
 // token of the single-sequence path on a kernels.QKVPreparer takes two ops
-// (prepare, attend) instead of four, with the same bits.
+// (prepare, attend) instead of four, with the same bits; without head
+// norms, on a kernels.QKVAttender, one.
 func (m *Model) selfAttention(a act, qw, kw *kernels.Weight, layer, pos0, n int) kernels.Q8 {
 	c := m.Cfg
 	if n == 1 && m.prep != nil && m.bat == nil && (qw == nil) == (kw == nil) {
@@ -88,6 +89,16 @@ func (m *Model) selfAttention(a act, qw, kw *kernels.Weight, layer, pos0, n int)
 			return kernels.Q8{}
 		}
 		at := m.attns[layer]
+		if m.attend != nil && qw == nil {
+			oq, ok, err := m.attend.AttendQKVQ8(a.att, a.q, a.k, a.v, m.kv, layer-m.lo, pos0, m.ropes[layer], at, m.q8Store(a.attQ, 1))
+			if err != nil {
+				m.err = fmt.Errorf("attention: %w", err)
+				return kernels.Q8{}
+			}
+			if ok {
+				return oq
+			}
+		}
 		if err := m.prep.PrepareQKV(a.q, a.k, a.v, qw, kw, c.NormEps, m.kv, layer-m.lo, pos0, m.ropes[layer], at); err != nil {
 			m.err = fmt.Errorf("prepare attention: %w", err)
 			return kernels.Q8{}

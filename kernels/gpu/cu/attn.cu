@@ -8,6 +8,7 @@
 // memory does not grow with the context.
 #include "common.h"
 #include "softmax.h"
+#include "rope.h"
 
 #define ATT_CH 256
 
@@ -126,10 +127,22 @@ DEV void combine_splits(float* out, size_t o0, const volatile float* pp, int D, 
 // sinks, when set, holds one logit per head (gpt-oss's attention sinks),
 // folded in where the output is normalised (combine_splits, sink_inv).
 //   grid (heads, n, splits), block 128, D ≤ 256
-template <class KT>
+// RopeIn is what attn_decode_rope adds: the token's key and value heads
+// (k, v [kvHeads·D] f32) before RoPE and the store, and the rotation's
+// arguments (rope_pair's).
+struct RopeIn {
+  const float* k;
+  const float* v;
+  int dim;
+  float base, scale;
+  const float* freqs;
+  int neox;
+};
+
+template <class KT, bool ROPE>
 static __device__ void attn_decode(float* out, float* part, const float* q, const KT* kc, const KT* vc, int heads,
                                    int kvHeads, int D, int pos0, float scale, int splitLen, const i32* posp,
-                                   int* count, i8* oq, float* od, const float* sinks, int minSplit) {
+                                   int* count, i8* oq, float* od, const float* sinks, int minSplit, RopeIn ro) {
   if (posp) {
     pos0 = *posp;
     splitLen = max(minSplit, (pos0 + (int)gridDim.y + (int)gridDim.z - 1) / (int)gridDim.z);
@@ -137,6 +150,9 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
   __shared__ float qs[256];
   __shared__ float ps[ATT_CH];
   __shared__ float scratch[32];
+  __shared__ float kf[ROPE ? 256 : 1];                             // the new key, rotated
+  __shared__ __attribute__((aligned(16))) KT kcur[ROPE ? 256 : 8];  // it and the new value as the cache holds them
+  __shared__ __attribute__((aligned(16))) KT vcur[ROPE ? 256 : 8];
   int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
   int kvDim = kvHeads * D;
   int kvh = h / (heads / kvHeads);
@@ -144,7 +160,30 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
   int p0 = z * splitLen, p1 = min(L, p0 + splitLen);
   const float* qh = q + ((size_t)t * heads + h) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = qh[d];
+  bool mine = ROPE && p0 <= pos0 && pos0 < p1;  // this split holds the new position
+  if (mine)
+    for (int d = threadIdx.x; d < D; d += blockDim.x) kf[d] = ro.k[(size_t)kvh * D + d];
   __syncthreads();
+  if (ROPE) {  // qkv_prep's rotation, in shared memory (one token: t = 0)
+    for (int p = threadIdx.x; p < ro.dim / 2; p += blockDim.x) {
+      rope_pair(qs, 0, 0, p, pos0, 1, D, ro.dim, ro.base, ro.scale, ro.freqs, ro.neox);
+      if (mine) rope_pair(kf, 0, 0, p, pos0, 1, D, ro.dim, ro.base, ro.scale, ro.freqs, ro.neox);
+    }
+    __syncthreads();
+    if (mine) {  // the cache's rounding of the new row; the group's first head stores it
+      size_t o = (size_t)pos0 * kvDim + (size_t)kvh * D;
+      for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float vv = ro.v[(size_t)kvh * D + d];
+        stkv(kcur, d, kf[d]);
+        stkv(vcur, d, vv);
+        if (h % (heads / kvHeads) == 0) {
+          stkv((KT*)kc, o + d, kf[d]);
+          stkv((KT*)vc, o + d, vv);
+        }
+      }
+      __syncthreads();
+    }
+  }
   float m = -3.0e38f, l = 0.0f;
   float acc0 = 0.0f, acc1 = 0.0f;
   int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
@@ -154,12 +193,15 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     int cl = min(ATT_CH, p1 - c0);
     // scores: one thread per position, its whole key row read in pairs
     // (many independent loads in flight, unlike a warp reduction per key)
-    for (int j = threadIdx.x; j < cl; j += blockDim.x) ps[j] = kdot(kb + (size_t)(c0 + j) * kvDim, qs, D) * scale;
+    for (int j = threadIdx.x; j < cl; j += blockDim.x) {
+      const KT* kr = mine && c0 + j == pos0 ? kcur : kb + (size_t)(c0 + j) * kvDim;  // the new key: not yet in the cache
+      ps[j] = kdot(kr, qs, D) * scale;
+    }
     __syncthreads();
     softmax_chunk(ps, cl, m, l, acc0, acc1, scratch);
 #pragma unroll 8
     for (int j = 0; j < cl; j++) {
-      const KT* vr = vb + (size_t)(c0 + j) * kvDim;
+      const KT* vr = mine && c0 + j == pos0 ? vcur : vb + (size_t)(c0 + j) * kvDim;
       float p = ps[j];
       if (d0 < D) acc0 = fmaf(p, ldkv(vr, d0), acc0);
       if (d1 < D) acc1 = fmaf(p, ldkv(vr, d1), acc1);
@@ -321,8 +363,16 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
                                 const i32* posp, int* count, i8* oq, float* od, const float* sinks,          \
                                 int minSplit) { GRID_DEPEND();                                                \
-    attn_decode<KT>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
-                    minSplit);                                                                                \
+    attn_decode<KT, false>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
+                           minSplit, RopeIn{});                                                               \
+  }                                                                                                         \
+  KERNEL void __launch_bounds__(128) attn_decode_rope_##sfx(float* out, float* part, const float* q, KT* kc, KT* vc,      \
+                                int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
+                                const i32* posp, int* count, i8* oq, float* od, const float* sinks,          \
+                                int minSplit, const float* k, const float* v, int dim, float base,           \
+                                float rscale, const float* freqs, int neox) { GRID_DEPEND();                  \
+    attn_decode<KT, true>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
+                          minSplit, RopeIn{k, v, dim, base, rscale, freqs, neox});                            \
   }                                                                                                         \
   KERNEL void __launch_bounds__(256) attn_prompt_##sfx(float* out, const float* q, const KT* kc,            \
                                                        const KT* vc, int n, int heads, int kvHeads, int D,   \

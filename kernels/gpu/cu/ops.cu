@@ -1,6 +1,7 @@
 // ops.cu: the element-wise and per-row ops of the forward pass.
 #include "common.h"
 #include "norm.h"
+#include "rope.h"
 
 // RMSNorm, one block per row: dst[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ w.
 KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const float* w, int cols, float eps) {
@@ -91,23 +92,6 @@ KERNEL void __launch_bounds__(256) add_bias(float* x, const float* b, int n, int
   GRID_DEPEND();
   int total = n * cols;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) x[i] += b[i % cols];
-}
-
-// rope_pair rotates pair p of head h of token t at position pos (the
-// arithmetic of both rope and rope_at, so the two agree bit for bit).
-DEV void rope_pair(float* x, int t, int h, int p, int pos, int heads, int headDim, int dim, float base, float scale,
-                   const float* freqs, int neox) {
-  int half = dim / 2;
-  double ang = (double)pos * (double)scale * pow((double)base, -2.0 * p / (double)dim);
-  if (freqs) ang /= (double)freqs[p];
-  double s, c;
-  sincos(ang, &s, &c);
-  float* hx = x + ((size_t)t * heads + h) * headDim;
-  int i0 = neox ? p : 2 * p;
-  int i1 = neox ? p + half : 2 * p + 1;
-  float x0 = hx[i0], x1 = hx[i1];
-  hx[i0] = (float)(x0 * c - x1 * s);
-  hx[i1] = (float)(x0 * s + x1 * c);
 }
 
 // RoPE in place, one thread per rotated pair.
