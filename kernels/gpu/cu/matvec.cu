@@ -540,24 +540,25 @@ static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1
   }
 }
 
-// GRID_PREFETCH_LIST: GRID_PREFETCH of the calling warp's first row of
-// mv_q4_k_q8m's list.
-#define GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols) q4k_list_prefetch(w0, r0, w1, r1, w2, r2, cols)
-DEV void q4k_list_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols) {
-  size_t rb = (size_t)(cols / 256) * 144;
+// GRID_PREFETCH_LIST: GRID_PREFETCH of the calling warp's first row of a
+// list of three weights (mv_q4_k_q8m's; mv_q4_k_n12m6's, whose third is
+// Q6_K: bpb2, the bytes of its super-blocks).
+#define GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, bpb2) q4k_list_prefetch(w0, r0, w1, r1, w2, r2, cols, bpb2)
+DEV void q4k_list_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols, int bpb2) {
+  size_t rb = (size_t)(cols / 256) * 144, rb2 = (size_t)(cols / 256) * bpb2;
   int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
   if (v < r0) {
     GRID_PREFETCH(w0 + (size_t)v * rb, rb);
   } else if (v < r0 + r1) {
     GRID_PREFETCH(w1 + (size_t)(v - r0) * rb, rb);
   } else if (v < r0 + r1 + r2) {
-    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb, rb);
+    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb2, rb2);
   }
 }
 
 KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
                          int r2, const i8* xq, const float* xd, int cols) {
-  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols);
+  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 144);
   GRID_DEPEND();
   mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
 }
@@ -739,23 +740,10 @@ KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const f
 // weight computes it as mv_q6_k_t{R} does (q6_staged_rows, one row): the
 // same bits.
 //   needs: w2 16-byte aligned
-DEV void q4k_list6_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols) {
-  size_t rb4 = (size_t)(cols / 256) * 144, rb6 = (size_t)(cols / 256) * 210;
-  int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
-  if (v < r0) {
-    GRID_PREFETCH(w0 + (size_t)v * rb4, rb4);
-  } else if (v < r0 + r1) {
-    GRID_PREFETCH(w1 + (size_t)(v - r0) * rb4, rb4);
-  } else if (v < r0 + r1 + r2) {
-    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb6, rb6);
-  }
-}
-#define GRID_PREFETCH_LIST6(w0, r0, w1, r1, w2, r2, cols) q4k_list6_prefetch(w0, r0, w1, r1, w2, r2, cols)
-
 KERNEL void __launch_bounds__(128) mv_q4_k_n12m6(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
                                                   const u8* w2, float* y2, int r2, const i8* xq, const float* xd,
                                                   int cols) {
-  GRID_PREFETCH_LIST6(w0, r0, w1, r1, w2, r2, cols);
+  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 210);
   GRID_DEPEND();
   __shared__ __attribute__((aligned(16))) u8 stage[32 * 210 + 64 + 16];
   int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
