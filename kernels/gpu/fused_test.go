@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/forge-llm/forge/gguf"
@@ -110,6 +111,41 @@ func TestPrepareQKVMatchesOps(t *testing.T) {
 			}
 			fusedSame(t, fmt.Sprintf("position %d: AttendQKVQ8's attention", pos), download(t, b, out), outs[1])
 			fusedSame(t, fmt.Sprintf("position %d: the product on AttendQKVQ8's 8-bit copy", pos), download(t, b, y), ys[1])
+		}
+	}
+}
+
+// TestPrepareQKVRefusesBadInput: PrepareQKV and AttendQKVQ8 refuse a
+// position past the cache's context and a key of the wrong size, each
+// with an error naming the op and what is wrong.
+func TestPrepareQKVRefusesBadInput(t *testing.T) {
+	b := gpuBackend(t, false)
+	at := kernels.Attn{Heads: 4, KVHeads: 2, HeadDim: 64, Scale: 0.125}
+	rope := kernels.Rope{Dim: 64, Base: 10000, Scale: 1}
+	const ctx = 16
+	kc, err := b.NewKVCache(1, ctx, at.KVHeads*at.HeadDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeKVCache(kc)
+	q := upload(t, b, make([]float32, at.Heads*at.HeadDim))
+	k := upload(t, b, make([]float32, at.KVHeads*at.HeadDim))
+	short := upload(t, b, make([]float32, at.KVHeads*at.HeadDim/2))
+	out := upload(t, b, make([]float32, at.Heads*at.HeadDim))
+	oq := allocQ8(t, b, 1, at.Heads*at.HeadDim)
+	for _, c := range []struct {
+		what string
+		k    kernels.Tensor
+		pos  int
+		want string
+	}{{"position past the context", k, ctx, "outside the context"}, {"short key", short, 3, ": k"}} {
+		err := b.PrepareQKV(q, c.k, k, nil, nil, 1e-6, kc, 0, c.pos, rope, at)
+		if err == nil || !strings.Contains(err.Error(), "prepare qkv") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("PrepareQKV, %s: %v, want an error naming prepare qkv and %q", c.what, err, c.want)
+		}
+		_, ok, err := b.AttendQKVQ8(out, q, c.k, k, kc, 0, c.pos, rope, at, oq)
+		if ok || err == nil || !strings.Contains(err.Error(), "attend qkv") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("AttendQKVQ8, %s: ok %v, %v, want an error naming attend qkv and %q", c.what, ok, err, c.want)
 		}
 	}
 }

@@ -661,24 +661,11 @@ var _ kernels.QKVPreparer = (*Backend)(nil)
 // that the norms keep their bits.
 func (b *Backend) PrepareQKV(q, k, v kernels.Tensor, qw, kw *kernels.Weight, eps float32, kc *kernels.KVCache, layer, pos int, r kernels.Rope, at kernels.Attn) error {
 	const op = "prepare qkv"
-	kp, vp, esize, err := b.cacheLayer(op, kc, layer, at)
+	pa, err := b.checkPrep(op, q, k, v, kc, layer, pos, r, at)
 	if err != nil {
 		return err
 	}
-	if pos < 0 || pos >= kc.Ctx {
-		return fmt.Errorf("gpu: %s: position %d outside the context of %d", op, pos, kc.Ctx)
-	}
-	dim, scale, neox, err := ropeArgs(op, op+": q", q, 1, at.Heads, at.HeadDim, r)
-	if err != nil {
-		return err
-	}
-	kvDim := at.KVHeads * at.HeadDim
-	if err := checkTensor(op+": k", k, kvDim); err != nil {
-		return err
-	}
-	if err := checkTensor(op+": v", v, kvDim); err != nil {
-		return err
-	}
+	kp, vp, dim, scale, neox, sfx := pa.kp, pa.vp, pa.dim, pa.scale, pa.neox, pa.sfx
 	for _, w := range []*kernels.Weight{qw, kw} {
 		if w != nil && w.Cols != at.HeadDim {
 			return fmt.Errorf("gpu: %s: norm %s of %d values for heads of %d", op, w.Name, w.Cols, at.HeadDim)
@@ -701,10 +688,6 @@ func (b *Backend) PrepareQKV(q, k, v kernels.Tensor, qw, kw *kernels.Weight, eps
 	if err != nil {
 		return err
 	}
-	sfx := "f16"
-	if esize == 4 {
-		sfx = "f32"
-	}
 	l, _ := planNorm(1, at.HeadDim, false, false) // rmsnorm_row's block: the norms' bits
 	return b.do(func(c *rocm.Ctx) error {
 		var a rocm.Args
@@ -713,6 +696,46 @@ func (b *Backend) PrepareQKV(q, k, v kernels.Tensor, qw, kw *kernels.Weight, eps
 			I32(int32(dim)).F32(r.Base).F32(scale).Ptr(fp).I32(neox)
 		return b.launch(c, "qkv_prep_"+sfx, rocm.D1(at.Heads+at.KVHeads), l.Block, &a)
 	})
+}
+
+// prepArgs is what PrepareQKV and AttendQKVQ8 both check and derive: the
+// layer's keys and values in the cache, RoPE's arguments (ropeArgs), the
+// cache's kernel suffix.
+type prepArgs struct {
+	kp, vp rocm.DevPtr
+	dim    int
+	scale  float32
+	neox   int32
+	sfx    string
+}
+
+// checkPrep checks one token's q, k and v against at, and its position
+// against kc's context.
+func (b *Backend) checkPrep(op string, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos int, r kernels.Rope, at kernels.Attn) (prepArgs, error) {
+	var pa prepArgs
+	kp, vp, esize, err := b.cacheLayer(op, kc, layer, at)
+	if err != nil {
+		return pa, err
+	}
+	if pos < 0 || pos >= kc.Ctx {
+		return pa, fmt.Errorf("gpu: %s: position %d outside the context of %d", op, pos, kc.Ctx)
+	}
+	dim, scale, neox, err := ropeArgs(op, op+": q", q, 1, at.Heads, at.HeadDim, r)
+	if err != nil {
+		return pa, err
+	}
+	kvDim := at.KVHeads * at.HeadDim
+	if err := checkTensor(op+": k", k, kvDim); err != nil {
+		return pa, err
+	}
+	if err := checkTensor(op+": v", v, kvDim); err != nil {
+		return pa, err
+	}
+	sfx := "f16"
+	if esize == 4 {
+		sfx = "f32"
+	}
+	return prepArgs{kp: kp, vp: vp, dim: dim, scale: scale, neox: neox, sfx: sfx}, nil
 }
 
 // AttentionStoredQ8 implements kernels.QKVPreparer: attention without the
@@ -733,37 +756,20 @@ var _ kernels.QKVAttender = (*Backend)(nil)
 // window or a soft-cap, no 8-bit copy, fusing off.
 func (b *Backend) AttendQKVQ8(out, q, k, v kernels.Tensor, kc *kernels.KVCache, layer, pos int, r kernels.Rope, at kernels.Attn, oq kernels.Q8) (kernels.Q8, bool, error) {
 	const op = "attend qkv"
-	if at.Window > 0 || at.Softcap > 0 || oq.Empty() || b.noFuse || at.HeadDim%32 != 0 || at.HeadDim > 256 {
+	if at.Window > 0 || at.Softcap > 0 || oq.Empty() || b.noFuse || at.HeadDim%32 != 0 {
 		return kernels.Q8{}, false, nil
 	}
-	kp, vp, esize, err := b.cacheLayer(op, kc, layer, at)
+	pa, err := b.checkPrep(op, q, k, v, kc, layer, pos, r, at)
 	if err != nil {
 		return kernels.Q8{}, false, err
 	}
-	if pos < 0 || pos >= kc.Ctx {
-		return kernels.Q8{}, false, fmt.Errorf("gpu: %s: position %d outside the context of %d", op, pos, kc.Ctx)
-	}
-	dim, scale, neox, err := ropeArgs(op, op+": q", q, 1, at.Heads, at.HeadDim, r)
-	if err != nil {
+	qDim := at.Heads * at.HeadDim
+	if err := checkTensor(op+": out", out, qDim); err != nil {
 		return kernels.Q8{}, false, err
-	}
-	qDim, kvDim := at.Heads*at.HeadDim, at.KVHeads*at.HeadDim
-	for _, c := range []struct {
-		what string
-		t    kernels.Tensor
-		n    int
-	}{{"out", out, qDim}, {"k", k, kvDim}, {"v", v, kvDim}} {
-		if err := checkTensor(op+": "+c.what, c.t, c.n); err != nil {
-			return kernels.Q8{}, false, err
-		}
 	}
 	dq, err := devQ8(op, oq, 1, qDim)
 	if err != nil {
 		return kernels.Q8{}, false, err
-	}
-	sfx := "f16"
-	if esize == 4 {
-		sfx = "f32"
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -771,13 +777,13 @@ func (b *Backend) AttendQKVQ8(out, q, k, v kernels.Tensor, kc *kernels.KVCache, 
 	if err != nil {
 		return kernels.Q8{}, false, err
 	}
-	fp, err := b.ropeFreqs(r, dim)
+	fp, err := b.ropeFreqs(r, pa.dim)
 	if err != nil {
 		return kernels.Q8{}, false, err
 	}
-	ro := ropeLaunch{k: dptr(k), v: dptr(v), dim: dim, base: r.Base, scale: scale, freqs: fp, neox: neox}
+	ro := ropeLaunch{k: dptr(k), v: dptr(v), dim: pa.dim, base: r.Base, scale: pa.scale, freqs: fp, neox: pa.neox}
 	err = b.do(func(c *rocm.Ctx) error {
-		return b.attnDecode(c, sfx, out, q, kp, vp, sp, pos, 1, kc.Ctx, at, dq, &ro)
+		return b.attnDecode(c, pa.sfx, out, q, pa.kp, pa.vp, sp, pos, 1, kc.Ctx, at, dq, &ro)
 	})
 	if err != nil {
 		return kernels.Q8{}, false, err

@@ -507,61 +507,6 @@ KERNEL void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float* d, 
 }
 
 
-// Up to three Q4_K matrices of the same width on the same q8 input in one
-// launch (Q, K and V; gate and up): the warps stride over the rows of all
-// of them as one list (rows r0, then r1, then r2), so the small ones do not
-// each pay a launch and a partly filled grid. One row per warp.
-template <int U>
-static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
-                                   float* y2, int r2, const i8* __restrict__ xq, const float* __restrict__ xd,
-                                   int cols) {
-  int lane = threadIdx.x % warpSize;
-  size_t rb = (size_t)(cols / 256) * 144;
-  int total = r0 + r1 + r2;
-  for (int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize; v < total;
-       v += gridDim.x * (blockDim.x / warpSize)) {
-    const u8* w = w0;
-    float* y = y0;
-    int row = v;
-    if (row >= r0) {
-      row -= r0;
-      w = w1;
-      y = y1;
-      if (row >= r1) {
-        row -= r1;
-        w = w2;
-        y = y2;
-      }
-    }
-    const u8* wr[1] = {w + (size_t)row * rb};
-    float acc[1];
-    q4k_q8_rows<1, U, true>(wr, xq, xd, cols, acc);
-    if (lane == 0) y[row] = acc[0];
-  }
-}
-
-// GRID_PREFETCH_LIST: GRID_PREFETCH of the calling warp's first row of a
-// list of three weights (mv_q4_k_q8m's; mv_q4_k_n12m6's, whose third is
-// Q6_K: bpb2, the bytes of its super-blocks).
-#define GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, bpb2) q4k_list_prefetch(w0, r0, w1, r1, w2, r2, cols, bpb2)
-DEV void q4k_list_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols, int bpb2) {
-  size_t rb = (size_t)(cols / 256) * 144, rb2 = (size_t)(cols / 256) * bpb2;
-  int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
-  if (v < r0) {
-    GRID_PREFETCH(w0 + (size_t)v * rb, rb);
-  } else if (v < r0 + r1) {
-    GRID_PREFETCH(w1 + (size_t)(v - r0) * rb, rb);
-  } else if (v < r0 + r1 + r2) {
-    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb2, rb2);
-  }
-}
-
-KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
-                         int r2, const i8* xq, const float* xd, int cols) {
-  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 144);
-  GRID_DEPEND();
-  mv_q4_k_q8m<2>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols);
-}
 
 
 #define MV_Q8X(R, U)                                                                                           \
@@ -734,25 +679,23 @@ KERNEL void __launch_bounds__(128) mv_q6_k_t4(const u8* w, const i8* xq, const f
   mv_q6_k_t8<4>(w, xq, xd, y, rows, cols);
 }
 
-// mv_q4_k_n12m6: mv_q4_k_n12m whose third weight is Q6_K (Q, K of Q4_K
-// and V of Q6_K: half the layers of a Q4_K_M file), so that V rides in the
-// Q and K launch instead of one of its own. A warp whose row is in the Q6_K
-// weight computes it as mv_q6_k_t{R} does (q6_staged_rows, one row): the
-// same bits.
-//   needs: w2 16-byte aligned
-KERNEL void __launch_bounds__(128) mv_q4_k_n12m6(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
-                                                  const u8* w2, float* y2, int r2, const i8* xq, const float* xd,
-                                                  int cols) {
-  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 210);
-  GRID_DEPEND();
-  __shared__ __attribute__((aligned(16))) u8 stage[32 * 210 + 64 + 16];
-  int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
-  u8* st = stage + warp * (warpSize / 4 * 210 + 16);
+// Up to three Q4_K matrices of the same width on the same q8 input in one
+// launch (Q, K and V; gate and up): the warps stride over the rows of all
+// of them as one list (rows r0, then r1, then r2), so the small ones do not
+// each pay a launch and a partly filled grid. One row per warp. With Q6,
+// the third matrix is Q6_K, its rows staged through st as mv_q6_k_t{R}
+// stages them (q6_staged_rows, one row): the same bits.
+template <int U, bool Q6>
+static __device__ void mv_q4_k_q8m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2,
+                                   float* y2, int r2, const i8* __restrict__ xq, const float* __restrict__ xd,
+                                   int cols, u8* st) {
+  int lane = threadIdx.x % warpSize;
   size_t rb = (size_t)(cols / 256) * 144;
   int total = r0 + r1 + r2;
-  for (int v = blockIdx.x * (blockDim.x / warpSize) + warp; v < total; v += gridDim.x * (blockDim.x / warpSize)) {
+  for (int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize; v < total;
+       v += gridDim.x * (blockDim.x / warpSize)) {
     float acc[1];
-    if (v >= r0 + r1) {  // the same for the whole warp
+    if (Q6 && v >= r0 + r1) {  // the same for the whole warp
       int row = v - r0 - r1;
       q6_staged_rows<1>(st, w2, row, r2, cols, xq, xd, acc);
       if (lane == 0) y2[row] = acc[0];
@@ -765,11 +708,53 @@ KERNEL void __launch_bounds__(128) mv_q4_k_n12m6(const u8* w0, float* y0, int r0
       row -= r0;
       w = w1;
       y = y1;
+      if (row >= r1) {
+        row -= r1;
+        w = w2;
+        y = y2;
+      }
     }
     const u8* wr[1] = {w + (size_t)row * rb};
-    q4k_q8_rows<1, 2, true>(wr, xq, xd, cols, acc);
+    q4k_q8_rows<1, U, true>(wr, xq, xd, cols, acc);
     if (lane == 0) y[row] = acc[0];
   }
+}
+
+// GRID_PREFETCH_LIST: GRID_PREFETCH of the calling warp's first row of a
+// list of three weights (mv_q4_k_q8m's; mv_q4_k_n12m6's, whose third is
+// Q6_K: bpb2, the bytes of its super-blocks).
+#define GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, bpb2) q4k_list_prefetch(w0, r0, w1, r1, w2, r2, cols, bpb2)
+DEV void q4k_list_prefetch(const u8* w0, int r0, const u8* w1, int r1, const u8* w2, int r2, int cols, int bpb2) {
+  size_t rb = (size_t)(cols / 256) * 144, rb2 = (size_t)(cols / 256) * bpb2;
+  int v = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+  if (v < r0) {
+    GRID_PREFETCH(w0 + (size_t)v * rb, rb);
+  } else if (v < r0 + r1) {
+    GRID_PREFETCH(w1 + (size_t)(v - r0) * rb, rb);
+  } else if (v < r0 + r1 + r2) {
+    GRID_PREFETCH(w2 + (size_t)(v - r0 - r1) * rb2, rb2);
+  }
+}
+
+KERNEL void __launch_bounds__(128) mv_q4_k_n12m(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1, const u8* w2, float* y2,
+                         int r2, const i8* xq, const float* xd, int cols) {
+  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 144);
+  GRID_DEPEND();
+  mv_q4_k_q8m<2, false>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols, nullptr);
+}
+
+// mv_q4_k_n12m6: mv_q4_k_n12m whose third weight is Q6_K (Q, K of Q4_K
+// and V of Q6_K: half the layers of a Q4_K_M file), so that V rides in the
+// Q and K launch instead of one of its own.
+//   needs: w2 16-byte aligned
+KERNEL void __launch_bounds__(128) mv_q4_k_n12m6(const u8* w0, float* y0, int r0, const u8* w1, float* y1, int r1,
+                                                  const u8* w2, float* y2, int r2, const i8* xq, const float* xd,
+                                                  int cols) {
+  GRID_PREFETCH_LIST(w0, r0, w1, r1, w2, r2, cols, 210);
+  GRID_DEPEND();
+  __shared__ __attribute__((aligned(16))) u8 stage[32 * 210 + 64 + 16];
+  u8* st = stage + threadIdx.x / warpSize * (warpSize / 4 * 210 + 16);  // this warp's run
+  mv_q4_k_q8m<2, true>(w0, y0, r0, w1, y1, r1, w2, y2, r2, xq, xd, cols, st);
 }
 
 // Q6_K staged, one continuous stream per warp: as mv_q6_k_t8, but when the
