@@ -14,7 +14,9 @@
 # objects. Then `forge bench gen -p 0 -n 128 -r 3` on the 8B Q4_K_M shape
 # (PRESETS to change), new and old alternating, ROUNDS times; with
 # TUNINGS (space-separated FORGE_DECODE_TUNING values), the new build again
-# under each of them in every round.
+# under each of them in every round; with OTHERS (space-separated names of
+# more builds in bin/device, e.g. a change in parts), each of them too,
+# on its own embedded objects or kernels compiled from its own sources.
 set -uo pipefail
 . bench/device-prelude.sh bin/device.tar.xz gen-ab.txt
 if [ -n "${GPU_TESTS:-}" ]; then
@@ -34,6 +36,10 @@ for pr in ${PRESETS:-llama3-8b}; do
     $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
     echo "== $pr round $r old" >>"$log"
     env -u FORGE_KERNEL_OBJECTS $B/forge-old bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
+    for o in ${OTHERS:-}; do
+      echo "== $pr round $r $o" >>"$log"
+      env -u FORGE_KERNEL_OBJECTS $B/$o bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
+    done
     for tun in ${TUNINGS:-}; do
       echo "== $pr round $r new FORGE_DECODE_TUNING=$tun" >>"$log"
       FORGE_DECODE_TUNING=$tun $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128|forge:" >>"$log"

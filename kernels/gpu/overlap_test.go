@@ -18,7 +18,7 @@ import (
 // before it still writes it. One GRID_PREFETCH… statement may come first:
 // it only asks L2 for weights, which no kernel of a step writes.
 func TestKernelsStartWithGridDepend(t *testing.T) {
-	body := regexp.MustCompile(`^\{[\s\\]*(GRID_PREFETCH\w*\([^;]*\);[\s\\]*)?GRID_DEPEND\(\);`)
+	body := regexp.MustCompile(`^\{[\s\\]*(GRID_PREFETCH\w*\([^;]*\);[\s\\]*)?GRID_(DEPEND|WAIT)\(\);`)
 	total := 0
 	for _, m := range Modules() {
 		src, err := Source(m)

@@ -208,6 +208,7 @@ static __device__ void attn_decode(float* out, float* part, const float* q, cons
     }
     __syncthreads();
   }
+  GRID_TRIGGER();  // the keys and values are read (common.h: GRID_WAIT)
   if (part) {
     float* pp = part + (((size_t)t * heads + h) * gridDim.z + z) * (D + 2);
     if (threadIdx.x == 0) {
@@ -362,7 +363,7 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
   KERNEL void __launch_bounds__(128) attn_decode_##sfx(float* out, float* part, const float* q, const KT* kc, const KT* vc,      \
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
                                 const i32* posp, int* count, i8* oq, float* od, const float* sinks,          \
-                                int minSplit) { GRID_DEPEND();                                                \
+                                int minSplit) { GRID_WAIT();                                                  \
     attn_decode<KT, false>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
                            minSplit, RopeIn{});                                                               \
   }                                                                                                         \
@@ -370,7 +371,7 @@ static __device__ void attn_prompt(float* out, const float* q, const KT* kc, con
                                 int heads, int kvHeads, int D, int pos0, float scale, int splitLen,          \
                                 const i32* posp, int* count, i8* oq, float* od, const float* sinks,          \
                                 int minSplit, const float* k, const float* v, int dim, float base,           \
-                                float rscale, const float* freqs, int neox) { GRID_DEPEND();                  \
+                                float rscale, const float* freqs, int neox) { GRID_WAIT();                    \
     attn_decode<KT, true>(out, part, q, kc, vc, heads, kvHeads, D, pos0, scale, splitLen, posp, count, oq, od, sinks,  \
                           minSplit, RopeIn{k, v, dim, base, rscale, freqs, neox});                            \
   }                                                                                                         \

@@ -45,11 +45,29 @@ typedef long long i64;
 // lets the next kernel be scheduled as soon as every block of this one has
 // started. Elsewhere (older GPUs, HIP, the emulator) it is nothing, and the
 // backend launches normally.
+//
+// A small kernel whose own loads sit on the decode step's critical path
+// (the norm, the decode attention, silu·mul) starts with GRID_WAIT() alone
+// and triggers its dependents with GRID_TRIGGER() once those loads have
+// returned. The next kernel's blocks, as soon as they are scheduled, ask
+// L2 for their first weight rows (GRID_PREFETCH: megabytes at once), and
+// the small kernel's loads then queued behind them; triggering after them
+// made the 7B and 8B decode steps 2–4 % faster on the H100
+// (bench/results/2026-11-26-trigger-h100.md). A kernel that never
+// triggers lets its dependents go when it exits; either way the wait
+// holds until the grid before has finished.
 #if defined(FORGE_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-#define GRID_DEPEND() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
-#define GRID_DEPEND() ((void)0)
+#define GRID_WAIT() ((void)0)
+#define GRID_TRIGGER() ((void)0)
 #endif
+#define GRID_DEPEND() \
+  do {                \
+    GRID_WAIT();      \
+    GRID_TRIGGER();   \
+  } while (0)
 // GRID_PREFETCH(p, n) may come before GRID_DEPEND(): the calling warp asks
 // L2 for the n bytes at p, without waiting for them. Only for memory no
 // kernel of the step writes (the weights), and only where GRID_DEPEND waits:

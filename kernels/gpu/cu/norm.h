@@ -40,21 +40,30 @@ DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, 
   bool keep = cols <= NORM_KEEP * (int)blockDim.x;
   float xv[NORM_KEEP], wv[NORM_KEEP];
   if (keep) {
+    // Every load is issued before the first store: x, r and w are not
+    // restrict, so a load written after a store of x could not be moved
+    // above it (one round trip to memory a column instead of one in all),
+    // and the trigger after the sum below then follows every load.
+    float rv[NORM_KEEP];
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
       int c = threadIdx.x + k * blockDim.x;
-      float v = 0.0f, wk = 0.0f;
+      xv[k] = c < cols ? x[c] : 0.0f;
+      rv[k] = c < cols && r ? r[c] : 0.0f;
+      wv[k] = c < cols ? w[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+      int c = threadIdx.x + k * blockDim.x;
       if (c < cols) {
-        v = x[c];
+        float v = xv[k];
         if (r) {
-          v = v + r[c];
+          v = v + rv[k];
           x[c] = v;
         }
-        wk = w[c];
+        xv[k] = v;
         s = fmaf(v, v, s);
       }
-      xv[k] = v;
-      wv[k] = wk;
     }
   } else if (r) {
 #pragma unroll 4
@@ -68,6 +77,7 @@ DEV void rmsnorm_row_body(float* dst, float* x, const float* r, const float* w, 
     for (int c = threadIdx.x; c < cols; c += blockDim.x) s = fmaf(x[c], x[c], s);
   }
   s = block_sum(s, scratch);
+  GRID_TRIGGER();  // every load of the row is in (common.h: GRID_WAIT)
   float inv = 1.0f / sqrtf(s / (float)cols + eps);
   if (keep) {
 #pragma unroll

@@ -18,7 +18,7 @@ KERNEL void __launch_bounds__(256) rmsnorm(float* dst, const float* x, const flo
 
 KERNEL void __launch_bounds__(1024) rmsnorm_row(float* dst, float* x, const float* r, const float* w, int cols,
                                                 float eps, i8* q, float* d) {
-  GRID_DEPEND();
+  GRID_WAIT();  // rmsnorm_row_body triggers the next kernel once its loads are in
   __shared__ float scratch[32];
   rmsnorm_row_body(dst, x, r, w, cols, eps, q, d, blockIdx.x, scratch);
 }
@@ -68,7 +68,7 @@ KERNEL void __launch_bounds__(256) silu_mul(float* dst, const float* gate, const
 // silu_mul that also writes dst quantized to 8-bit blocks of 32 (n a
 // multiple of 32), the input of the down projection.
 KERNEL void __launch_bounds__(256) silu_mul_q8(float* dst, const float* gate, const float* up, int n, i8* q, float* d) {
-  GRID_DEPEND();
+  GRID_WAIT();
   for (int i0 = blockIdx.x * blockDim.x; i0 < n; i0 += gridDim.x * blockDim.x) {
     int i = i0 + threadIdx.x;
     float v = 0.0f;
@@ -77,6 +77,7 @@ KERNEL void __launch_bounds__(256) silu_mul_q8(float* dst, const float* gate, co
       v = g / (1.0f + expf(-g)) * up[i];
       dst[i] = v;
     }
+    GRID_TRIGGER();  // v holds this thread's loads (common.h: GRID_WAIT)
     q8_group(v, i, n, q, d);
   }
 }
