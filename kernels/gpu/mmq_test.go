@@ -93,6 +93,72 @@ func TestMMQBatchInvariant(t *testing.T) {
 	}
 }
 
+// TestMMQPromptPieces: a prompt piece of 65 to mmqPromptMaxRows rows of a
+// weight the mmq kernels fit goes to them, not to cuBLAS (needsVendor is
+// false, so the first such prompt does not wait for cuBLAS's open), and
+// its rows come out bit for bit as each row alone; a longer piece, or a
+// weight they do not fit, still waits for cuBLAS.
+func TestMMQPromptPieces(t *testing.T) {
+	b := mmqBackend(t)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), 31))
+	for _, sh := range mmqShapes[:5] {
+		w := conformance.RandomWeight(rng, "w", sh.typ, sh.rows, sh.cols)
+		if err := b.LoadWeight(w); err != nil {
+			t.Fatal(err)
+		}
+		if b.needsVendor(w, mmqPromptMaxRows+1, true) != true || b.needsVendor(w, vendorMinN, false) != true {
+			t.Errorf("%s %d×%d: a piece of %d rows, or %d rows outside a prompt, would not wait for cuBLAS",
+				sh.typ, sh.rows, sh.cols, mmqPromptMaxRows+1, vendorMinN)
+		}
+		target := randVec(rng, sh.cols, 1)
+		xt := upload(t, b, target)
+		y1, _ := b.Alloc(sh.rows)
+		if err := b.MatMul(y1, w, xt, 1); err != nil {
+			t.Fatal(err)
+		}
+		alone := download(t, b, y1)
+		b.Free(y1)
+		b.Free(xt)
+		for _, n := range []int{vendorMinN, 100, mmqPromptMaxRows} {
+			if b.needsVendor(w, n, true) {
+				t.Fatalf("%s %d×%d: a prompt piece of %d rows waits for cuBLAS", sh.typ, sh.rows, sh.cols, n)
+			}
+			at := rng.IntN(n)
+			xs := randVec(rng, n*sh.cols, 2)
+			copy(xs[at*sh.cols:], target)
+			x := upload(t, b, xs)
+			y, _ := b.Alloc(n * sh.rows)
+			if err := b.Write(y, 0, nanVec(n*sh.rows)); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.MatMulPrompt(y, w, x, n); err != nil {
+				t.Fatal(err)
+			}
+			got := download(t, b, y)
+			if i := sameBits(got[at*sh.rows:(at+1)*sh.rows], alone); i >= 0 {
+				t.Errorf("%s %d×%d: the prompt row at %d of %d differs from it alone at output %d: %g vs %g",
+					sh.typ, sh.rows, sh.cols, at, n, i, got[at*sh.rows+i], alone[i])
+			}
+			for k := range got {
+				if got[k] != got[k] {
+					t.Fatalf("%s %d×%d n=%d: output %d (row %d) not written", sh.typ, sh.rows, sh.cols, n, k%sh.rows, k/sh.rows)
+				}
+			}
+			b.Free(y)
+			b.Free(x)
+		}
+		b.FreeWeight(w)
+	}
+	q8 := conformance.RandomWeight(rng, "q8", gguf.TypeQ8_0, 64, 256)
+	if err := b.LoadWeight(q8); err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeWeight(q8)
+	if !b.needsVendor(q8, vendorMinN, true) {
+		t.Errorf("a Q8_0 prompt piece of %d rows (no mmq kernel) does not wait for cuBLAS", vendorMinN)
+	}
+}
+
 // TestMMQMatchesCPU: the mmq kernels against the CPU backend (the
 // reference) with the conformance suite's measure, the error relative to
 // Σ|w·x| per output, for 2…64 rows.

@@ -430,8 +430,11 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		// next to 8192) 0.5 % slower (bench/results/2026-11-26-decode-h100.md).
 		q6 = -1
 	}
-	if n >= vendorMinN {
-		b.waitVendor()
+	for _, w := range ws {
+		if b.needsVendor(w, n, gemm) {
+			b.waitVendor()
+			break
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
