@@ -6,7 +6,7 @@ package gpu
 // 16 products, the same float steps in the same order, see mmq.cu), so
 // MatMul may use it for any row count and stay row-invariant: it takes it
 // from mmqMinRows rows on, and MatMulPrompt for pieces of up to
-// mmqPromptMaxRows rows (instead of dequantizing the weight for a GEMM).
+// kernels.MaxBatchRows rows (instead of dequantizing the weight for a GEMM).
 
 import (
 	"fmt"
@@ -99,41 +99,6 @@ func (b *Backend) mmqFits(w *kernels.Weight, wp rocm.DevPtr) bool {
 		return false // the grid's y counts tiles of 16 weight rows
 	}
 	return b.rowKernel(w, wp) == "x8"
-}
-
-// mmqPromptMaxRows is the most rows of a prompt piece (MatMulPrompt,
-// MatMulsPrompt) that go to the mmq kernels instead of the GEMM path,
-// which takes cuBLAS from vendorMinN rows. On the H100 the mmq kernels ran
-// level with cuBLAS's GEMM on the 8B shape at 128, 256 and 512 rows, and a
-// first prompt of 65 rows or more no longer waits for cuBLAS, which loads
-// its kernels at its first GEMM, 70–90 ms after the last weight was
-// resident (bench/results/2026-11-26-trigger-h100.md). From 257 rows
-// prompts stay on cuBLAS: at 512 rows the first repetition after bench
-// gen's warm-up ran ~20 % slower on mmq, which is not understood. The
-// choice depends on n and the weight alone, so a prompt's logits never
-// depend on whether cuBLAS has opened; every row gets the bits MatMul
-// gives it alone, as below.
-const mmqPromptMaxRows = 256
-
-// mmqPrompt reports whether a prompt piece of n rows of w (at wp), past
-// the batch rows, goes to the mmq kernels (mmqPromptMaxRows).
-func (b *Backend) mmqPrompt(w *kernels.Weight, wp rocm.DevPtr, n int) bool {
-	return !b.mmqNoPrompt && n > b.batchRows() && n <= mmqPromptMaxRows && b.mmqFits(w, wp)
-}
-
-// needsVendor reports whether a product of n rows of w (prompt: a prompt
-// piece) may take cuBLAS's GEMM, so that its caller waits for cuBLAS's
-// open first (without mu held). A weight not yet on the device gets an
-// allocation of its own (loadLocked: cuMemAlloc, 256-byte aligned).
-func (b *Backend) needsVendor(w *kernels.Weight, n int, prompt bool) bool {
-	if n < vendorMinN {
-		return false
-	}
-	wp := rocm.DevPtr(w.Dev)
-	if wp == 0 {
-		wp = 256
-	}
-	return !(prompt && b.mmqPrompt(w, wp, n))
 }
 
 // mmqUse reports whether MatMul takes the mmq kernels for n rows of w.

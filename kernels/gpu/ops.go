@@ -15,9 +15,7 @@ import (
 // through the multi-row matvec kernels (matvecRows).
 //
 // vendorMinN is the smallest n whose GEMM goes to cuBLAS (where found):
-// the first row count past the batch rows (kernels.MaxBatchRows); a prompt
-// piece of a weight the mmq kernels fit takes them up to mmqPromptMaxRows
-// rows instead.
+// the first row count past the mmq kernels' range (kernels.MaxBatchRows).
 // Smaller ones (the weights without mmq kernels) run gemm.cu; at tens of
 // rows the dequantization to f16 dominates either way, and a short first
 // prompt then never waits for cuBLAS, which opens in the background
@@ -125,10 +123,9 @@ const promptGEMMMinN = 16
 // rows or more go through the GEMM path (gemm.cu, cuBLAS from vendorMinN
 // rows), shorter ones through MatMul's kernels. The choice depends on n
 // alone (and the weight): where the mmq kernels fit (mmq.go), pieces of up
-// to mmqPromptMaxRows rows take them instead of the GEMM: on the H100 up
+// to kernels.MaxBatchRows rows take them instead of the GEMM: on the H100 up
 // to 8× faster at 16 rows, level at 64 rows of the widest Q4_K weight
-// (bench/results/2026-11-25-mmq-h100.md) and at 128 to 512 rows of the 8B
-// shape.
+// (bench/results/2026-11-25-mmq-h100.md).
 func (b *Backend) MatMulPrompt(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor, n int) error {
 	return b.matMul(dst, w, x, kernels.Q8{}, n, n >= promptGEMMMinN)
 }
@@ -147,7 +144,7 @@ func (b *Backend) matMul(dst kernels.Tensor, w *kernels.Weight, x kernels.Tensor
 	if err != nil {
 		return err
 	}
-	if b.needsVendor(w, n, gemm) {
+	if n >= vendorMinN {
 		b.waitVendor()
 	}
 	b.mu.Lock()
@@ -189,13 +186,6 @@ func (b *Backend) checkProduct(op string, dst kernels.Tensor, w *kernels.Weight,
 func (b *Backend) product(c *rocm.Ctx, kt string, w *kernels.Weight, wp rocm.DevPtr, dst, x kernels.Tensor, n int, gemm bool, q *q8x) error {
 	if gemm && n <= b.batchRows() && !b.mmqNoPrompt && b.mmqUse(w, wp, n) {
 		gemm = false // a prompt piece of few rows: the mmq kernels beat dequantizing the weight
-	}
-	if gemm && b.mmqPrompt(w, wp, n) { // a longer piece, up to mmqPromptMaxRows rows
-		x8, err := b.q8For(c, dptr(x), n*w.Cols, q)
-		if err != nil {
-			return err
-		}
-		return b.mmqRows(c, kt, w, wp, x8.codes, x8.scales, dst, n)
 	}
 	if (gemm || n > b.batchRows()) && w.Type != gguf.TypeF32 {
 		if n <= mmq32MaxRows && b.mmq32Fits(w, wp) {

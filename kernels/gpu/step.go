@@ -430,11 +430,8 @@ func (b *Backend) matMuls(dsts []kernels.Tensor, ws []*kernels.Weight, x kernels
 		// next to 8192) 0.5 % slower (bench/results/2026-11-26-decode-h100.md).
 		q6 = -1
 	}
-	for _, w := range ws {
-		if b.needsVendor(w, n, gemm) {
-			b.waitVendor()
-			break
-		}
+	if n >= vendorMinN {
+		b.waitVendor()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
