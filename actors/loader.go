@@ -382,17 +382,16 @@ func (up *uploader) Receive(c actor.Context) {
 		c.Send(s.dequant, &reserved{})
 	case *converted:
 		ch, t := m.c, m.c.t
-		// The chunk leaves the loader's count here, or (a paced
-		// uploader's) once it leaves the uploader's queue.
+		// The chunk leaves the loader's count once it is uploaded, or (a
+		// paced uploader's) once it leaves the uploader's queue; a failed
+		// chunk only after its failure is recorded, so that the read it
+		// lets go finds its unit dropped (before, a reader could check
+		// the next chunk of a unit whose converter had just faulted and
+		// report the file's change as the unit's error instead).
 		paced, _ := s.cfg.Uploader.(PacedUploader)
 		left := func() { c.Send(s.loader, &chunkDone{c: ch}) }
-		if paced == nil {
-			left()
-		}
 		if s.dropped(t.unit) {
-			if paced != nil {
-				left()
-			}
+			left()
 			return
 		}
 		var err error
@@ -413,11 +412,12 @@ func (up *uploader) Receive(c actor.Context) {
 			}
 		}
 		if err != nil {
-			if paced != nil {
-				left()
-			}
 			s.fail(t.unit, t.Name(), err)
+			left()
 			return
+		}
+		if paced == nil {
+			left()
 		}
 		if t.uploaded++; t.uploaded < t.chunks {
 			return
