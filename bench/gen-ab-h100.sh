@@ -34,10 +34,8 @@ for pr in ${PRESETS:-llama3-8b}; do
   for r in $(seq 1 "${ROUNDS:-2}"); do
     echo "== $pr round $r new" >>"$log"
     $B/forge bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
-    echo "== $pr round $r old" >>"$log"
-    env -u FORGE_KERNEL_OBJECTS $B/forge-old bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
-    for o in ${OTHERS:-}; do
-      echo "== $pr round $r $o" >>"$log"
+    for o in forge-old ${OTHERS:-}; do # each on its own objects (or its sources, compiled)
+      echo "== $pr round $r ${o/#forge-old/old}" >>"$log"
       env -u FORGE_KERNEL_OBJECTS $B/$o bench gen -m $f --device gpu -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" >>"$log"
     done
     for tun in ${TUNINGS:-}; do
